@@ -1,0 +1,1 @@
+"""Benchmarks: same-run ratios against competitors (``nox -s bench``)."""

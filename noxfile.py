@@ -1,0 +1,46 @@
+"""Sessions: tests, conformance, lint, bench, docs, demo. ``nox -l`` lists them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nox
+
+nox.options.sessions = ["tests", "conformance", "lint"]
+nox.options.default_venv_backend = "venv"
+
+HERE = Path(__file__).parent
+SHARED_VECTORS = sorted((HERE.parent / "shared" / "conformance").glob("*.jsonl"))
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Install segack (not editable) with its test extras and run pytest."""
+    session.install(".[test]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def conformance(session: nox.Session) -> None:
+    """Check kernel and spec against the vector files: ours, Axon's sample, and any after ``--``."""
+    session.install(".")
+    files = [str(path) for path in sorted((HERE / "tests" / "vectors").glob("*.jsonl"))]
+    files += [str(path) for path in SHARED_VECTORS]
+    session.run("python", "-m", "segack.conformance", *files, *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff on Python, mypy on the pure-Python parts, cython-lint on the .pyx sources."""
+    session.install(".[test]", "ruff", "mypy", "cython-lint")
+    session.run("ruff", "check", "src", "tests", "noxfile.py", "setup.py", "bench")
+    session.run("mypy")
+    pyx_dir = HERE / "src" / "segack" / "pyx"
+    session.run("cython-lint", *[str(p) for p in sorted([*pyx_dir.glob("*.pyx"), *pyx_dir.glob("*.pxd")])])
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Same-run ratios against the competitors, printed as tables."""
+    session.install(".[test]", "pyroaring", "portion")
+    session.run("python", "-m", "bench", *session.posargs)

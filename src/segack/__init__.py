@@ -1,0 +1,13 @@
+"""segack: ordered, resumable, rescalable event processing on Spark.
+
+The public API is the compiled kernel's; :mod:`segack.specs` holds the
+pure-Python reference with the same names.
+"""
+
+from __future__ import annotations
+
+from segack.kernel import *  # noqa: F403
+from segack.kernel import __all__ as _kernel_all
+
+__version__ = "0.1.0"
+__all__ = [*_kernel_all, "__version__"]

@@ -1,0 +1,469 @@
+# cython: language_level=3, embedsignature=True, boundscheck=False, wraparound=False, cdivision=True
+"""Segments of the 32-bit hash space: the compiled kernel.
+
+Mirrors :mod:`segack.specs.segments` name for name, errors included.
+"""
+
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+
+import operator
+
+import numpy as np
+
+__all__ = ["ROOT", "Segment", "SegmentSet", "MAX_MASK_BITS"]
+
+MAX_MASK_BITS = 31
+cdef uint64_t _HASH_SPACE = 2147483648
+# A lookup table indexed by a hash's low bits answers most assignments in one
+# load; it covers masks up to this many bits and deeper members are scanned.
+cdef int _TABLE_BITS_MAX = 20
+
+ctypedef fused hash_t:
+    int32_t
+    int64_t
+
+
+cdef object _as_int(object value, str what):
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an integer, not {type(value).__name__}") from None
+
+
+cdef inline int _mask_bits(uint32_t mask) noexcept nogil:
+    cdef int bits = 0
+    while mask:
+        bits += 1
+        mask >>= 1
+    return bits
+
+
+cdef inline uint32_t _reverse31(uint32_t value) noexcept nogil:
+    cdef uint32_t result = 0
+    cdef int _
+    for _ in range(31):
+        result = (result << 1) | (value & 1)
+        value >>= 1
+    return result
+
+
+cdef Segment _make(uint32_t segment_id, uint32_t mask):
+    cdef Segment segment = Segment.__new__(Segment)
+    segment.segment_id = segment_id
+    segment.mask = mask
+    return segment
+
+
+cdef Segment _as_segment(object value, str what):
+    if not isinstance(value, Segment):
+        raise TypeError(f"{what} must be a Segment, not {type(value).__name__}")
+    return <Segment>value
+
+
+cdef list _id_list(object segment_ids):
+    cdef list ids = [_as_int(segment_id, "segment id") for segment_id in segment_ids]
+    cdef set seen = set()
+    for segment_id in ids:
+        if segment_id < 0 or segment_id >= _HASH_SPACE:
+            raise ValueError(f"segment id {segment_id} is outside 0..2**31-1")
+        if segment_id in seen:
+            raise ValueError(f"segment id {segment_id} is given twice")
+        seen.add(segment_id)
+    return ids
+
+
+cdef class Segment:
+    """One segment: the hashes ``h`` with ``h & mask == segment_id``.
+
+    Rules (each broken rule is a ``ValueError`` that names it; a non-integer is
+    a ``TypeError``): ``mask`` is ``2**k - 1`` for ``k`` in 0..31, and
+    ``segment_id`` is non-negative and uses only the mask's bits.
+    Immutable and hashable; equality by ``(segment_id, mask)``, ordering by id.
+    """
+
+    def __init__(self, segment_id, mask):
+        segment_id = _as_int(segment_id, "segment_id")
+        mask = _as_int(mask, "mask")
+        if mask < 0 or mask >= _HASH_SPACE or mask & (mask + 1) != 0:
+            raise ValueError(f"mask must be 2**k - 1 for k in 0..31, got {mask}")
+        if segment_id < 0 or segment_id & ~mask != 0:
+            raise ValueError(
+                f"segment_id {segment_id} uses bits outside mask {mask} "
+                f"(segment_id & ~mask must be 0)"
+            )
+        self.segment_id = segment_id
+        self.mask = mask
+
+    @property
+    def depth(self):
+        """How many splits of the root this segment is away from it (the ``k``)."""
+        return _mask_bits(self.mask)
+
+    @property
+    def share(self):
+        """The fraction of all hashes this segment owns: ``1 / (mask + 1)``."""
+        return 1.0 / (<double>self.mask + 1.0)
+
+    def matches(self, hash_value):
+        """Whether the segment owns ``hash_value`` (any int; its low 32 bits count)."""
+        hash_value = _as_int(hash_value, "hash_value")
+        return segment_matches(self.segment_id, self.mask, <uint32_t>(hash_value & 0xFFFFFFFF))
+
+    cdef int _check_can_split(self) except -1:
+        if _mask_bits(self.mask) == MAX_MASK_BITS:
+            raise ValueError(f"{self!r} has a 31-bit mask and cannot split further")
+        return 0
+
+    def split_segment_id(self):
+        """The id of the second child of a split: ``segment_id + mask + 1``."""
+        self._check_can_split()
+        return self.segment_id + self.mask + 1
+
+    def split(self):
+        """The two children ``(id, mask')`` and ``(id + mask + 1, mask')``, ``mask' = (mask << 1) | 1``."""
+        self._check_can_split()
+        cdef uint32_t new_mask = (self.mask << 1) | 1
+        return (_make(self.segment_id, new_mask), _make(self.segment_id + self.mask + 1, new_mask))
+
+    def mergeable_segment_id(self):
+        """The sibling's id: ``segment_id`` with the mask's highest bit flipped. Root: ``ValueError``."""
+        if self.mask == 0:
+            raise ValueError("the root segment (0, 0) has no sibling to merge with")
+        return self.segment_id ^ ((self.mask + 1) >> 1)
+
+    def is_mergeable_with(self, other):
+        """Whether ``other`` is this segment's sibling (False for the root)."""
+        cdef Segment that = _as_segment(other, "other")
+        if self.mask == 0 or that.mask != self.mask:
+            return False
+        return that.segment_id == (self.segment_id ^ ((self.mask + 1) >> 1))
+
+    def merged_with(self, other):
+        """The parent of two siblings: ``(min(ids), mask >> 1)``; not siblings: ``ValueError``."""
+        cdef Segment that = _as_segment(other, "other")
+        if not self.is_mergeable_with(that):
+            raise ValueError(f"{self!r} and {that!r} are not siblings and cannot merge")
+        return _make(min(self.segment_id, that.segment_id), self.mask >> 1)
+
+    @staticmethod
+    def compute_segments(segment_ids):
+        """The segments for ids that arose from splits of the root, sorted by id.
+
+        A duplicate, negative or missing-0 id, or one that cannot arise by
+        splitting, is a ``ValueError`` naming it.
+        """
+        cdef list ids = _id_list(segment_ids)
+        cdef set available = set(ids)
+        if 0 not in available:
+            raise ValueError("segment ids must include 0 (the root's first child line)")
+        cdef list leaves = []
+        cdef list pending = [ROOT]
+        cdef Segment segment
+        while pending:
+            segment = pending.pop()
+            if _mask_bits(segment.mask) < MAX_MASK_BITS and (
+                segment.segment_id + segment.mask + 1
+            ) in available:
+                pending.extend(segment.split())
+            else:
+                leaves.append(segment)
+        reached = {(<Segment>leaf).segment_id for leaf in leaves}
+        for segment_id in ids:
+            if segment_id not in reached:
+                raise ValueError(
+                    f"segment id {segment_id} cannot arise from splits of the root "
+                    f"together with the other ids"
+                )
+        return sorted(leaves)
+
+    @staticmethod
+    def compute_segment(segment_id, available_segment_ids):
+        """The segment of ``segment_id`` among the live ids (which must include it)."""
+        segment_id = _as_int(segment_id, "segment_id")
+        cdef set available = set(_id_list(available_segment_ids))
+        if segment_id not in available:
+            raise ValueError(f"segment id {segment_id} is not among the available ids")
+        cdef uint64_t candidate = 1 if segment_id == 0 else (<uint64_t>1) << _mask_bits(segment_id)
+        cdef uint32_t sid = segment_id
+        while candidate < _HASH_SPACE and (sid | candidate) in available:
+            candidate <<= 1
+        return _make(sid, <uint32_t>(candidate - 1))
+
+    @staticmethod
+    def split_balanced(segment, times):
+        """Split ``segment`` ``times`` times, each time the widest member (ties: lowest id)."""
+        cdef Segment start = _as_segment(segment, "segment")
+        times = _as_int(times, "times")
+        if times < 0:
+            raise ValueError(f"times must be non-negative, got {times}")
+        cdef list members = [start]
+        cdef Segment widest
+        for _ in range(times):
+            widest = min(members, key=_width_key)
+            members.remove(widest)
+            members.extend(widest.split())
+        return sorted(members)
+
+    def __richcmp__(self, other, int op):
+        if not isinstance(other, Segment):
+            return NotImplemented
+        cdef Segment that = <Segment>other
+        left = (self.segment_id, self.mask)
+        right = (that.segment_id, that.mask)
+        if op == 0:
+            return left < right
+        if op == 1:
+            return left <= right
+        if op == 2:
+            return left == right
+        if op == 3:
+            return left != right
+        if op == 4:
+            return left > right
+        return left >= right
+
+    def __hash__(self):
+        return hash((self.segment_id, self.mask))
+
+    def __repr__(self):
+        return f"Segment({self.segment_id}, {self.mask})"
+
+    def __reduce__(self):
+        return (Segment, (self.segment_id, self.mask))
+
+
+def _width_key(Segment member):
+    return (member.mask, member.segment_id)
+
+
+ROOT = _make(0, 0)
+
+
+cdef class SegmentSet:
+    """A complete set of segments: every 32-bit hash is owned by exactly one member.
+
+    Members are sorted by id; a gap or an overlap is a ``ValueError`` naming it.
+    """
+
+    def __cinit__(self, *args, **kwargs):
+        self._ids = NULL
+        self._masks = NULL
+        self._table = NULL
+        self._deep_order = NULL
+        self._count = 0
+
+    def __dealloc__(self):
+        PyMem_Free(self._ids)
+        PyMem_Free(self._masks)
+        PyMem_Free(self._table)
+        PyMem_Free(self._deep_order)
+
+    def __init__(self, segments):
+        cdef list members = [_as_segment(segment, "member") for segment in segments]
+        _check_complete(members)
+        self._members = tuple(sorted(members))
+        self._build_lookup()
+
+    cdef _build_lookup(self):
+        cdef Py_ssize_t count = len(self._members)
+        cdef Py_ssize_t position, slot, deep_count = 0
+        cdef Segment member
+        cdef int depth, max_depth = 0, table_bits
+        self._ids = <uint32_t *>PyMem_Malloc(count * sizeof(uint32_t))
+        self._masks = <uint32_t *>PyMem_Malloc(count * sizeof(uint32_t))
+        self._deep_order = <int32_t *>PyMem_Malloc(count * sizeof(int32_t))
+        if self._ids == NULL or self._masks == NULL or self._deep_order == NULL:
+            raise MemoryError()
+        self._count = count
+        for position in range(count):
+            member = self._members[position]
+            self._ids[position] = member.segment_id
+            self._masks[position] = member.mask
+            max_depth = max(max_depth, _mask_bits(member.mask))
+        table_bits = min(max_depth, _TABLE_BITS_MAX)
+        self._table_mask = ((<uint32_t>1) << table_bits) - 1
+        self._table = <int32_t *>PyMem_Malloc((self._table_mask + 1) * sizeof(int32_t))
+        if self._table == NULL:
+            raise MemoryError()
+        # Deep members, grouped by their low table bits; each group's table slot
+        # holds -(start + 1), the group's start in _deep_order.
+        deep = sorted(
+            (position for position in range(count) if _mask_bits(self._masks[position]) > table_bits),
+            key=lambda p: (self._ids[p] & self._table_mask, p),
+        )
+        for position in range(count):
+            depth = _mask_bits(self._masks[position])
+            if depth <= table_bits:
+                slot = self._ids[position]
+                while slot <= self._table_mask:
+                    self._table[slot] = <int32_t>position
+                    slot += self._masks[position] + 1
+        for deep_count, position in enumerate(deep):
+            self._deep_order[deep_count] = <int32_t>position
+            slot = self._ids[position] & self._table_mask
+            if deep_count == 0 or (self._ids[self._deep_order[deep_count - 1]] & self._table_mask) != slot:
+                self._table[slot] = -(<int32_t>deep_count + 1)
+
+    cdef int32_t owner_index_c(self, uint32_t hash_value) noexcept nogil:
+        cdef int32_t entry = self._table[hash_value & self._table_mask]
+        cdef int32_t position
+        if entry >= 0:
+            return entry
+        entry = -entry - 1
+        while True:
+            position = self._deep_order[entry]
+            if (hash_value & self._masks[position]) == self._ids[position]:
+                return position
+            entry += 1
+
+    @classmethod
+    def balanced(cls, count):
+        """``count`` segments made by :meth:`Segment.split_balanced` from the root."""
+        count = _as_int(count, "count")
+        if count < 1:
+            raise ValueError(f"count must be at least 1, got {count}")
+        return cls(Segment.split_balanced(ROOT, count - 1))
+
+    @classmethod
+    def from_ids(cls, segment_ids):
+        """The set whose members have these ids (see :meth:`Segment.compute_segments`)."""
+        return cls(Segment.compute_segments(segment_ids))
+
+    @property
+    def members(self):
+        """The members, sorted by id."""
+        return self._members
+
+    @property
+    def ids(self):
+        """The members' ids, sorted."""
+        return tuple((<Segment>member).segment_id for member in self._members)
+
+    def shares(self):
+        """Each member's fraction of the hash space, in member order."""
+        return tuple(member.share for member in self._members)
+
+    def index(self, segment):
+        """The member index of ``segment``; ``ValueError`` if it is not a member."""
+        cdef Segment wanted = _as_segment(segment, "segment")
+        cdef Py_ssize_t position
+        for position in range(self._count):
+            if self._ids[position] == wanted.segment_id and self._masks[position] == wanted.mask:
+                return position
+        raise ValueError(f"{wanted!r} is not a member of this set")
+
+    def owner_index(self, hash_value):
+        """The index of the member that owns ``hash_value`` (low 32 bits count)."""
+        hash_value = _as_int(hash_value, "hash_value")
+        return self.owner_index_c(<uint32_t>(hash_value & 0xFFFFFFFF))
+
+    def owner(self, hash_value):
+        """The member that owns ``hash_value``."""
+        return self._members[self.owner_index(hash_value)]
+
+    def assign(self, hashes):
+        """Each hash's member index as a NumPy int32 array, in one C pass without the GIL.
+
+        ``hashes``: a one-dimensional int32 or int64 array (or what ``numpy.asarray``
+        makes one of); other dtypes are a ``TypeError``.
+        """
+        array = np.asarray(hashes)
+        if array.ndim != 1:
+            raise ValueError(f"hashes must be one-dimensional, got {array.ndim} dimensions")
+        if array.dtype != np.int32 and array.dtype != np.int64:
+            if array.size == 0:
+                return np.empty(0, dtype=np.int32)
+            raise TypeError(f"hashes must be int32 or int64, not {array.dtype}")
+        array = np.ascontiguousarray(array)
+        result = np.empty(len(array), dtype=np.int32)
+        if array.dtype == np.int32:
+            _assign_into[int32_t](self, array, result)
+        else:
+            _assign_into[int64_t](self, array, result)
+        return result
+
+    def split(self, member):
+        """A new set with ``member`` replaced by its two children."""
+        position = self.index(member)
+        members = list(self._members)
+        del members[position]
+        members.extend(member.split())
+        return SegmentSet(members)
+
+    def merge(self, first, second):
+        """A new set with two sibling members replaced by their parent."""
+        first_position = self.index(first)
+        second_position = self.index(second)
+        parent = first.merged_with(second)
+        members = [
+            member
+            for position, member in enumerate(self._members)
+            if position not in (first_position, second_position)
+        ]
+        members.append(parent)
+        return SegmentSet(members)
+
+    def __iter__(self):
+        return iter(self._members)
+
+    def __len__(self):
+        return self._count
+
+    def __getitem__(self, position):
+        return self._members[position]
+
+    def __contains__(self, segment):
+        return segment in self._members
+
+    def __richcmp__(self, other, int op):
+        if op not in (2, 3) or not isinstance(other, SegmentSet):
+            return NotImplemented
+        equal = self._members == (<SegmentSet>other)._members
+        return equal if op == 2 else not equal
+
+    def __hash__(self):
+        return hash(self._members)
+
+    def __repr__(self):
+        inner = ", ".join(f"({m.segment_id}, {m.mask})" for m in self._members)
+        return f"SegmentSet([{inner}])"
+
+    def __reduce__(self):
+        return (SegmentSet, (list(self._members),))
+
+
+cdef void _assign_into(SegmentSet self, const hash_t[::1] hashes, int32_t[::1] out) noexcept:
+    cdef Py_ssize_t i, n = hashes.shape[0]
+    cdef int32_t entry
+    with nogil:
+        for i in range(n):
+            entry = self._table[<uint32_t>hashes[i] & self._table_mask]
+            if entry < 0:
+                entry = self.owner_index_c(<uint32_t>hashes[i])
+            out[i] = entry
+
+
+def _reversed_key(Segment member):
+    return (_reverse31(member.segment_id), member.mask)
+
+
+cdef _check_complete(list members):
+    if not members:
+        raise ValueError("a segment set needs at least one member (the empty set owns no hash)")
+    cdef list ordered = sorted(members, key=_reversed_key)
+    cdef uint64_t covered_up_to = 0, start
+    cdef Segment member
+    cdef object previous = None
+    for member in ordered:
+        start = _reverse31(member.segment_id)
+        if start > covered_up_to:
+            raise ValueError(f"hash {_reverse31(<uint32_t>covered_up_to)} has no owner")
+        if start < covered_up_to:
+            raise ValueError(
+                f"{previous!r} and {member!r} overlap: hash {member.segment_id} matches both"
+            )
+        covered_up_to = start + (<uint64_t>_HASH_SPACE >> _mask_bits(member.mask))
+        previous = member
+    if covered_up_to < _HASH_SPACE:
+        raise ValueError(f"hash {_reverse31(<uint32_t>covered_up_to)} has no owner")

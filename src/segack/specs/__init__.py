@@ -1,0 +1,40 @@
+"""The executable specification: plain Python, written to be read.
+
+Every public name of :mod:`segack.kernel` has a twin here with the same
+signature and behaviour, errors included. The tests run against both.
+"""
+
+from __future__ import annotations
+
+from segack.specs.hashes import (
+    SPARK_DTYPES,
+    SPARK_HASH_SEED,
+    java_hash,
+    java_hash_many,
+    spark_hash,
+    spark_hash_many,
+)
+from segack.specs.policies import (
+    ConcurrentPolicy,
+    PerKeyPolicy,
+    SequencingPolicy,
+    SequentialPolicy,
+)
+from segack.specs.segments import MAX_MASK_BITS, ROOT, Segment, SegmentSet
+
+__all__ = [
+    "MAX_MASK_BITS",
+    "ROOT",
+    "SPARK_DTYPES",
+    "SPARK_HASH_SEED",
+    "ConcurrentPolicy",
+    "PerKeyPolicy",
+    "Segment",
+    "SegmentSet",
+    "SequencingPolicy",
+    "SequentialPolicy",
+    "java_hash",
+    "java_hash_many",
+    "spark_hash",
+    "spark_hash_many",
+]

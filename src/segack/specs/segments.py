@@ -1,0 +1,443 @@
+"""Segments of the 32-bit hash space: the executable specification.
+
+A segment is a pair ``(segment_id, mask)``. The mask is ``2**k - 1`` for some
+``k`` in 0..31 and the id uses only the mask's bits. A hash ``h`` belongs to the
+segment when ``h & mask == segment_id``; the root segment ``(0, 0)`` owns every
+hash. Splitting a segment adds one bit to its mask and yields two children that
+share the parent's hashes between them; two siblings merge back into their
+parent. The arithmetic matches Axon Framework's ``Segment`` class; where this
+module is stricter than Axon, the docstring says so.
+
+This module is the reference: the compiled kernel (:mod:`segack.kernel`) must
+behave exactly like it, errors included.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ROOT", "Segment", "SegmentSet", "MAX_MASK_BITS"]
+
+#: The deepest a segment can be: a mask of 31 one-bits. Hashes are 32-bit, but
+#: Axon's ids are non-negative Java ints, so the sign bit is never part of a mask.
+MAX_MASK_BITS = 31
+
+_HASH_SPACE = 1 << MAX_MASK_BITS
+
+
+def _as_int(value: Any, what: str) -> int:
+    """``value`` as a Python int; ``TypeError`` for anything that is not an integer."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an integer, not {type(value).__name__}") from None
+
+
+def _mask_bits(mask: int) -> int:
+    """The ``k`` of a mask ``2**k - 1``."""
+    return mask.bit_length()
+
+
+def _reverse_bits(value: int, width: int) -> int:
+    """``value``'s low ``width`` bits in reverse order."""
+    result = 0
+    for _ in range(width):
+        result = (result << 1) | (value & 1)
+        value >>= 1
+    return result
+
+
+class Segment:
+    """One segment: the hashes ``h`` with ``h & mask == segment_id``.
+
+    Rules (each broken rule is a ``ValueError`` that names it; a non-integer is
+    a ``TypeError``):
+
+    - ``mask`` is ``2**k - 1`` for ``k`` in 0..31;
+    - ``segment_id`` is non-negative and uses only the mask's bits
+      (``segment_id & ~mask == 0``). Axon checks only the mask.
+
+    Segments are immutable and hashable; equality is by ``(segment_id, mask)``
+    and ordering by id (then mask).
+    """
+
+    __slots__ = ("_mask", "_segment_id")
+
+    def __init__(self, segment_id: int, mask: int) -> None:
+        segment_id = _as_int(segment_id, "segment_id")
+        mask = _as_int(mask, "mask")
+        if mask < 0 or mask >= _HASH_SPACE or mask & (mask + 1) != 0:
+            raise ValueError(f"mask must be 2**k - 1 for k in 0..31, got {mask}")
+        if segment_id < 0 or segment_id & ~mask != 0:
+            raise ValueError(
+                f"segment_id {segment_id} uses bits outside mask {mask} "
+                f"(segment_id & ~mask must be 0)"
+            )
+        self._segment_id = segment_id
+        self._mask = mask
+
+    @property
+    def segment_id(self) -> int:
+        """The id: the value that a hash, masked, must equal."""
+        return self._segment_id
+
+    @property
+    def mask(self) -> int:
+        """The mask ``2**k - 1``."""
+        return self._mask
+
+    @property
+    def depth(self) -> int:
+        """How many splits of the root this segment is away from it (the ``k``)."""
+        return _mask_bits(self._mask)
+
+    @property
+    def share(self) -> float:
+        """The fraction of all hashes this segment owns: ``1 / (mask + 1)``."""
+        return 1.0 / (self._mask + 1)
+
+    def matches(self, hash_value: int) -> bool:
+        """Whether the segment owns ``hash_value``.
+
+        Any Python int is accepted as a 32-bit hash in two's complement: only its
+        low 32 bits count. True when the mask is 0 or ``hash_value & mask == segment_id``.
+        """
+        hash_value = _as_int(hash_value, "hash_value")
+        return self._mask == 0 or (hash_value & self._mask) == self._segment_id
+
+    def split_segment_id(self) -> int:
+        """The id of the second child of a split: ``segment_id + mask + 1``.
+
+        A segment with a 31-bit mask cannot split: ``ValueError``.
+        """
+        self._check_can_split()
+        return self._segment_id + self._mask + 1
+
+    def split(self) -> tuple[Segment, Segment]:
+        """The two children: ``(segment_id, mask')`` and ``(segment_id + mask + 1, mask')``
+        with ``mask' = (mask << 1) | 1``. A segment with a 31-bit mask cannot split."""
+        self._check_can_split()
+        new_mask = (self._mask << 1) | 1
+        return (
+            Segment(self._segment_id, new_mask),
+            Segment(self._segment_id + self._mask + 1, new_mask),
+        )
+
+    def mergeable_segment_id(self) -> int:
+        """The sibling's id: ``segment_id`` with the mask's highest bit flipped.
+
+        The root has no sibling: ``ValueError`` (Axon answers 0).
+        """
+        if self._mask == 0:
+            raise ValueError("the root segment (0, 0) has no sibling to merge with")
+        highest_bit = (self._mask + 1) >> 1
+        return self._segment_id ^ highest_bit
+
+    def is_mergeable_with(self, other: Segment) -> bool:
+        """Whether ``other`` is this segment's sibling: same mask, and its id is
+        :meth:`mergeable_segment_id`. False for the root (Axon answers True)."""
+        other = _as_segment(other, "other")
+        if self._mask == 0 or other._mask != self._mask:
+            return False
+        return other._segment_id == self.mergeable_segment_id()
+
+    def merged_with(self, other: Segment) -> Segment:
+        """The parent of two siblings: ``(min(ids), mask >> 1)``.
+
+        Segments that are not siblings: ``ValueError``.
+        """
+        other = _as_segment(other, "other")
+        if not self.is_mergeable_with(other):
+            raise ValueError(f"{self!r} and {other!r} are not siblings and cannot merge")
+        return Segment(min(self._segment_id, other._segment_id), self._mask >> 1)
+
+    def _check_can_split(self) -> None:
+        if _mask_bits(self._mask) == MAX_MASK_BITS:
+            raise ValueError(f"{self!r} has a 31-bit mask and cannot split further")
+
+    @staticmethod
+    def compute_segments(segment_ids: Iterable[int]) -> list[Segment]:
+        """The segments, with their masks, for ids that arose from splits of the root.
+
+        Starting from the root, a segment is split while its split id is among the
+        given ids; the leaves are the answer, sorted by id. Every given id must be
+        a leaf: a duplicate, a negative id, a missing 0, or an id that cannot
+        arise this way is a ``ValueError`` naming it (Axon drops such ids).
+        """
+        ids = _id_list(segment_ids)
+        available = set(ids)
+        if 0 not in available:
+            raise ValueError("segment ids must include 0 (the root's first child line)")
+        leaves: list[Segment] = []
+        pending = [ROOT]
+        while pending:
+            segment = pending.pop()
+            if _mask_bits(segment._mask) < MAX_MASK_BITS and segment.split_segment_id() in available:
+                pending.extend(segment.split())
+            else:
+                leaves.append(segment)
+        reached = {leaf._segment_id for leaf in leaves}
+        for segment_id in ids:
+            if segment_id not in reached:
+                raise ValueError(
+                    f"segment id {segment_id} cannot arise from splits of the root "
+                    f"together with the other ids"
+                )
+        return sorted(leaves)
+
+    @staticmethod
+    def compute_segment(segment_id: int, available_segment_ids: Iterable[int]) -> Segment:
+        """The segment (with its mask) of ``segment_id`` among the live ids.
+
+        Start with ``candidate = 1`` for id 0, else twice the highest set bit of
+        the id; while ``segment_id | candidate`` is live, double ``candidate``; the
+        mask is ``candidate - 1``. ``segment_id`` must be among the live ids.
+        """
+        segment_id = _as_int(segment_id, "segment_id")
+        available = set(_id_list(available_segment_ids))
+        if segment_id not in available:
+            raise ValueError(f"segment id {segment_id} is not among the available ids")
+        candidate = 1 if segment_id == 0 else 1 << segment_id.bit_length()
+        while candidate < _HASH_SPACE and (segment_id | candidate) in available:
+            candidate <<= 1
+        return Segment(segment_id, candidate - 1)
+
+    @staticmethod
+    def split_balanced(segment: Segment, times: int) -> list[Segment]:
+        """Split ``segment`` ``times`` times, each time the widest member (smallest
+        mask; ties: lowest id), and return the members sorted by id."""
+        segment = _as_segment(segment, "segment")
+        times = _as_int(times, "times")
+        if times < 0:
+            raise ValueError(f"times must be non-negative, got {times}")
+        members = [segment]
+        for _ in range(times):
+            widest = min(members, key=lambda member: (member._mask, member._segment_id))
+            members.remove(widest)
+            members.extend(widest.split())
+        return sorted(members)
+
+    def _key(self) -> tuple[int, int]:
+        return (self._segment_id, self._mask)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Segment):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __lt__(self, other: Segment) -> bool:
+        if not isinstance(other, Segment):
+            return NotImplemented
+        return self._key() < other._key()
+
+    def __le__(self, other: Segment) -> bool:
+        if not isinstance(other, Segment):
+            return NotImplemented
+        return self._key() <= other._key()
+
+    def __gt__(self, other: Segment) -> bool:
+        if not isinstance(other, Segment):
+            return NotImplemented
+        return self._key() > other._key()
+
+    def __ge__(self, other: Segment) -> bool:
+        if not isinstance(other, Segment):
+            return NotImplemented
+        return self._key() >= other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"Segment({self._segment_id}, {self._mask})"
+
+    def __reduce__(self) -> tuple[Any, tuple[int, int]]:
+        return (Segment, self._key())
+
+
+#: The segment that owns every hash.
+ROOT = Segment(0, 0)
+
+
+def _as_segment(value: Any, what: str) -> Segment:
+    if not isinstance(value, Segment):
+        raise TypeError(f"{what} must be a Segment, not {type(value).__name__}")
+    return value
+
+
+def _id_list(segment_ids: Iterable[int]) -> list[int]:
+    """The ids as ints, each in 0..2**31-1 and none repeated."""
+    ids = [_as_int(segment_id, "segment id") for segment_id in segment_ids]
+    seen: set[int] = set()
+    for segment_id in ids:
+        if segment_id < 0 or segment_id >= _HASH_SPACE:
+            raise ValueError(f"segment id {segment_id} is outside 0..2**31-1")
+        if segment_id in seen:
+            raise ValueError(f"segment id {segment_id} is given twice")
+        seen.add(segment_id)
+    return ids
+
+
+class SegmentSet:
+    """A complete set of segments: every 32-bit hash is owned by exactly one member.
+
+    Members are kept sorted by id; a member's *index* is its position in that
+    order. A gap (a hash no member owns) or an overlap (a hash two members own)
+    is a ``ValueError`` naming it. Sets are immutable: :meth:`split` and
+    :meth:`merge` return new sets.
+
+    Why the check works: reversing the low 31 bits of a hash turns the hashes of
+    a segment with a ``k``-bit mask into one interval of length ``2**(31-k)``
+    starting at the reversed id. The set is complete when those intervals,
+    sorted, tile ``0..2**31-1`` with no hole and no overlap.
+    """
+
+    __slots__ = ("_members",)
+
+    def __init__(self, segments: Iterable[Segment]) -> None:
+        members = [_as_segment(segment, "member") for segment in segments]
+        _check_complete(members)
+        self._members: tuple[Segment, ...] = tuple(sorted(members))
+
+    @classmethod
+    def balanced(cls, count: int) -> SegmentSet:
+        """``count`` segments made by :meth:`Segment.split_balanced` from the root."""
+        count = _as_int(count, "count")
+        if count < 1:
+            raise ValueError(f"count must be at least 1, got {count}")
+        return cls(Segment.split_balanced(ROOT, count - 1))
+
+    @classmethod
+    def from_ids(cls, segment_ids: Iterable[int]) -> SegmentSet:
+        """The set whose members have these ids (see :meth:`Segment.compute_segments`)."""
+        return cls(Segment.compute_segments(segment_ids))
+
+    @property
+    def members(self) -> tuple[Segment, ...]:
+        """The members, sorted by id."""
+        return self._members
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        """The members' ids, sorted."""
+        return tuple(member.segment_id for member in self._members)
+
+    def shares(self) -> tuple[float, ...]:
+        """Each member's fraction of the hash space, in member order."""
+        return tuple(member.share for member in self._members)
+
+    def index(self, segment: Segment) -> int:
+        """The member index of ``segment``; ``ValueError`` if it is not a member."""
+        segment = _as_segment(segment, "segment")
+        for position, member in enumerate(self._members):
+            if member == segment:
+                return position
+        raise ValueError(f"{segment!r} is not a member of this set")
+
+    def owner_index(self, hash_value: int) -> int:
+        """The index of the member that owns ``hash_value`` (low 32 bits count)."""
+        hash_value = _as_int(hash_value, "hash_value")
+        for position, member in enumerate(self._members):
+            if member.matches(hash_value):
+                return position
+        raise AssertionError("a complete set owns every hash")  # pragma: no cover
+
+    def owner(self, hash_value: int) -> Segment:
+        """The member that owns ``hash_value``."""
+        return self._members[self.owner_index(hash_value)]
+
+    def assign(self, hashes: Any) -> np.ndarray:
+        """Each hash's member index, as a NumPy int32 array of the same length.
+
+        ``hashes`` is a one-dimensional NumPy array of int32 or int64 (or anything
+        ``numpy.asarray`` turns into one); other dtypes are a ``TypeError``.
+        """
+        array = _hash_array(hashes)
+        result = np.empty(len(array), dtype=np.int32)
+        for position, hash_value in enumerate(array.tolist()):
+            result[position] = self.owner_index(hash_value)
+        return result
+
+    def split(self, member: Segment) -> SegmentSet:
+        """A new set with ``member`` replaced by its two children."""
+        position = self.index(member)
+        members = list(self._members)
+        del members[position]
+        members.extend(member.split())
+        return SegmentSet(members)
+
+    def merge(self, first: Segment, second: Segment) -> SegmentSet:
+        """A new set with two sibling members replaced by their parent."""
+        first_position = self.index(first)
+        second_position = self.index(second)
+        parent = first.merged_with(second)
+        members = [
+            member
+            for position, member in enumerate(self._members)
+            if position not in (first_position, second_position)
+        ]
+        members.append(parent)
+        return SegmentSet(members)
+
+    def __iter__(self) -> Iterator[Segment]:
+        return iter(self._members)
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __getitem__(self, position: int) -> Segment:
+        return self._members[position]
+
+    def __contains__(self, segment: object) -> bool:
+        return segment in self._members
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SegmentSet):
+            return NotImplemented
+        return self._members == other._members
+
+    def __hash__(self) -> int:
+        return hash(self._members)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"({m.segment_id}, {m.mask})" for m in self._members)
+        return f"SegmentSet([{inner}])"
+
+
+def _hash_array(hashes: Any) -> np.ndarray:
+    array = np.asarray(hashes)
+    if array.ndim != 1:
+        raise ValueError(f"hashes must be one-dimensional, got {array.ndim} dimensions")
+    if array.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
+        if array.size == 0:
+            return array.astype(np.int64)
+        raise TypeError(f"hashes must be int32 or int64, not {array.dtype}")
+    return array
+
+
+def _check_complete(members: Sequence[Segment]) -> None:
+    """``ValueError`` naming the first gap or overlap among ``members``."""
+    if not members:
+        raise ValueError("a segment set needs at least one member (the empty set owns no hash)")
+    by_reversed_id = sorted(
+        members, key=lambda member: (_reverse_bits(member.segment_id, MAX_MASK_BITS), member.mask)
+    )
+    covered_up_to = 0
+    previous: Segment | None = None
+    for member in by_reversed_id:
+        start = _reverse_bits(member.segment_id, MAX_MASK_BITS)
+        if start > covered_up_to:
+            raise ValueError(f"hash {_reverse_bits(covered_up_to, MAX_MASK_BITS)} has no owner")
+        if start < covered_up_to:
+            raise ValueError(
+                f"{previous!r} and {member!r} overlap: "
+                f"hash {member.segment_id} matches both"
+            )
+        covered_up_to = start + (_HASH_SPACE >> member.depth)
+        previous = member
+    if covered_up_to < _HASH_SPACE:
+        raise ValueError(f"hash {_reverse_bits(covered_up_to, MAX_MASK_BITS)} has no owner")

@@ -1,0 +1,42 @@
+"""Shared fixtures: every test that takes ``impl`` runs against the kernel and the spec."""
+
+from __future__ import annotations
+
+import os
+import types
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+import segack.kernel
+import segack.specs
+
+settings.register_profile(
+    "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", max_examples=100, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+IMPLEMENTATIONS = {"kernel": segack.kernel, "spec": segack.specs}
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS), ids=lambda name: name)
+def impl(request: pytest.FixtureRequest) -> types.ModuleType:
+    """The implementation under test: the compiled kernel or the pure-Python spec."""
+    return IMPLEMENTATIONS[request.param]
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A real local Spark session (needs a JDK); shared by the whole test run."""
+    from segack.spark_adapter.session import local_session
+
+    session = local_session("segack-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def jvm(spark):
+    """The session's JVM, through its Py4J gateway."""
+    return spark.sparkContext._jvm

@@ -1,0 +1,29 @@
+"""Helpers to compare what two implementations did, errors included."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+def plain(value: Any) -> Any:
+    """A comparable form of a result: segments become ``(id, mask)`` tuples."""
+    if hasattr(value, "segment_id") and hasattr(value, "mask"):
+        return (value.segment_id, value.mask)
+    if isinstance(value, np.ndarray):
+        return ("array", str(value.dtype), value.tolist())
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    if hasattr(value, "members"):
+        return ("set", [plain(member) for member in value.members])
+    return value
+
+
+def outcome(call: Callable[[], Any]) -> tuple[str, Any]:
+    """``("ok", result)`` or ``(error type name, message)``."""
+    try:
+        return ("ok", plain(call()))
+    except (ValueError, TypeError, KeyError, OverflowError) as error:
+        return (type(error).__name__, str(error))
