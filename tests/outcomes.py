@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from segack.errors import AckerFullError
+
 
 def plain(value: Any) -> Any:
     """A comparable form of a result: segments become ``(id, mask)`` tuples."""
@@ -25,5 +27,5 @@ def outcome(call: Callable[[], Any]) -> tuple[str, Any]:
     """``("ok", result)`` or ``(error type name, message)``."""
     try:
         return ("ok", plain(call()))
-    except (ValueError, TypeError, KeyError, OverflowError) as error:
+    except (ValueError, TypeError, KeyError, OverflowError, AckerFullError) as error:
         return (type(error).__name__, str(error))

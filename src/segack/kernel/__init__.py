@@ -6,7 +6,14 @@ extension is an ``ImportError`` that says how to build it.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from typing import Any
+
+from segack.errors import AckerFullError, DuplicateAckError
+from segack.specs import commits as _commits
+
 try:
+    from segack.pyx.acker import OffsetAcker
     from segack.pyx.hashes import (
         SPARK_DTYPES,
         SPARK_HASH_SEED,
@@ -29,7 +36,44 @@ from segack.specs.policies import (
     SequentialPolicy,
 )
 
+
+def commit_points(
+    completions: Iterable[tuple[int, Any]],
+    *,
+    every: int | None = None,
+    interval: float | None = None,
+    acker: OffsetAcker | None = None,
+) -> Iterator[Any]:
+    """Committable offsets as completions arrive; see :func:`segack.specs.commit_points`.
+
+    Feeds the compiled :class:`OffsetAcker` (a new one at index 0 unless given).
+    """
+    return _commits.commit_points(
+        completions, every=every, interval=interval,
+        acker=OffsetAcker() if acker is None else acker,
+    )
+
+
+def commit_points_async(
+    completions: AsyncIterable[tuple[int, Any]],
+    *,
+    every: int | None = None,
+    interval: float | None = None,
+    acker: OffsetAcker | None = None,
+) -> AsyncIterator[Any]:
+    """:func:`commit_points` for an async iterable of completions."""
+    return _commits.commit_points_async(
+        completions, every=every, interval=interval,
+        acker=OffsetAcker() if acker is None else acker,
+    )
+
+
 __all__ = [
+    "AckerFullError",
+    "DuplicateAckError",
+    "OffsetAcker",
+    "commit_points",
+    "commit_points_async",
     "MAX_MASK_BITS",
     "ROOT",
     "SPARK_DTYPES",

@@ -6,6 +6,9 @@ signature and behaviour, errors included. The tests run against both.
 
 from __future__ import annotations
 
+from segack.errors import AckerFullError, DuplicateAckError
+from segack.specs.acker import OffsetAcker
+from segack.specs.commits import commit_points, commit_points_async
 from segack.specs.hashes import (
     SPARK_DTYPES,
     SPARK_HASH_SEED,
@@ -23,6 +26,11 @@ from segack.specs.policies import (
 from segack.specs.segments import MAX_MASK_BITS, ROOT, Segment, SegmentSet
 
 __all__ = [
+    "AckerFullError",
+    "DuplicateAckError",
+    "OffsetAcker",
+    "commit_points",
+    "commit_points_async",
     "MAX_MASK_BITS",
     "ROOT",
     "SPARK_DTYPES",

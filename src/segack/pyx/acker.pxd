@@ -1,0 +1,56 @@
+# cython: language_level=3
+"""C-level declarations of the offset acker, for other Cython code to cimport."""
+
+from cpython.ref cimport PyObject
+from libc.stdint cimport int64_t
+
+
+cdef struct Run:
+    int64_t first
+    int64_t last
+    int64_t offset      # the offset of ``last`` when ``obj`` is NULL
+    PyObject *obj       # an owned reference to a non-native offset, or NULL
+
+
+cdef struct Block:
+    Run *runs
+    Py_ssize_t count
+
+
+cdef class OffsetAcker:
+    cdef int64_t _start
+    cdef int64_t _next
+    cdef int64_t _committed_native
+    cdef object _committed_object
+    cdef bint _committed_is_native
+    cdef Block *_blocks
+    cdef int64_t *_block_firsts
+    cdef Py_ssize_t _block_count
+    cdef Py_ssize_t _block_capacity
+    cdef Py_ssize_t _run_count
+    cdef int64_t _pending_count
+    cdef int64_t _duplicates
+    cdef bint _ignore_duplicates
+    cdef object _max_runs
+
+    cdef bint is_done_c(self, int64_t index) noexcept nogil
+    cdef void _clear(self) noexcept
+    cdef Py_ssize_t _find_block(self, int64_t index) noexcept nogil
+    cdef bint _locate(self, int64_t index, Py_ssize_t *block, Py_ssize_t *position) noexcept nogil
+    cdef int _insert_block(self, Py_ssize_t at) except -1 nogil
+    cdef int _insert_run(self, Py_ssize_t b, Py_ssize_t r, Run run) except -1 nogil
+    cdef void _remove_run(self, Py_ssize_t b, Py_ssize_t r) noexcept nogil
+    cdef void _set_committed(self, int64_t offset, PyObject *obj) noexcept nogil
+    cdef int _add(self, int64_t index, int64_t offset, PyObject *obj) except -1 nogil
+    cdef int64_t _check_index(self, object index) except? -1
+    cdef int _run_change(self, int64_t index) noexcept nogil
+    cdef int _check_room(self, Py_ssize_t runs_after) except -1
+    cdef _validate_batch(self, const int64_t[::1] indexes)
+    cdef int _has_duplicate(self, const int64_t[::1] indexes, int64_t low, int64_t high) except -1
+    cdef _raise_first_error(self, const int64_t[::1] indexes)
+    cdef Py_ssize_t _runs_after_batch(self, const int64_t[::1] indexes) except -1
+    cdef _apply_native(self, const int64_t[::1] indexes, const int64_t[::1] offsets)
+    cdef _apply_objects(self, const int64_t[::1] indexes, list offsets)
+    cdef _load(self, state)
+    cdef int add_native_c(self, int64_t index, int64_t offset) except -1 nogil
+    cdef int add_object_c(self, int64_t index, object offset) except -1

@@ -1,0 +1,618 @@
+# cython: language_level=3, embedsignature=True, boundscheck=False, wraparound=False, cdivision=True
+"""The offset acker, compiled. Mirrors :mod:`segack.specs.acker`, errors included.
+
+Runs live in a two-level sorted structure, the list-of-lists design of
+``sortedcontainers`` in C: blocks of at most ``BLOCK_SIZE`` runs, plus an array
+of each block's first index. Finding a run is two binary searches
+(O(log runs)); inserting or removing one moves at most a block's worth of
+32-byte runs. In-order acks only touch the committed point: O(1), no memory.
+"""
+
+from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
+from libc.stdint cimport int64_t, uint8_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcpy, memmove
+
+import numpy as np
+
+from segack.errors import AckerFullError, DuplicateAckError
+from segack.specs import snapshot as _snapshot
+from segack.specs.acker import INDEX_MAX, _check_settings, _index_array, merged_state
+
+__all__ = ["OffsetAcker", "AckerFullError", "DuplicateAckError", "INDEX_MAX", "BLOCK_SIZE"]
+
+#: Runs per block: a block of 32-byte runs fills two pages.
+BLOCK_SIZE = 256
+cdef Py_ssize_t _BLOCK = BLOCK_SIZE
+cdef int64_t _INDEX_MAX = INDEX_MAX
+
+
+cdef inline void _release(PyObject *obj) noexcept nogil:
+    if obj != NULL:
+        with gil:
+            Py_XDECREF(obj)
+
+
+cdef class OffsetAcker:
+    """Tracks out-of-order completions and answers the safe commit point.
+
+    ``OffsetAcker(next_index=0, *, on_duplicate="error", max_runs=None)``; see
+    :class:`segack.specs.OffsetAcker` for the rules. Every failing call changes
+    nothing.
+    """
+
+    def __cinit__(self, *args, **kwargs):
+        self._blocks = NULL
+        self._block_firsts = NULL
+        self._block_count = 0
+        self._block_capacity = 0
+        self._committed_object = None
+        self._committed_is_native = False
+
+    def __dealloc__(self):
+        self._clear()
+
+    def __init__(self, next_index=0, *, on_duplicate="error", max_runs=None):
+        start = _check_settings(next_index, on_duplicate, max_runs)
+        self._clear()
+        self._start = start
+        self._next = start
+        self._committed_object = None
+        self._committed_is_native = False
+        self._run_count = 0
+        self._pending_count = 0
+        self._duplicates = 0
+        self._ignore_duplicates = on_duplicate == "ignore"
+        self._max_runs = max_runs
+
+    cdef void _clear(self) noexcept:
+        cdef Py_ssize_t b, r
+        for b in range(self._block_count):
+            for r in range(self._blocks[b].count):
+                Py_XDECREF(self._blocks[b].runs[r].obj)
+            free(self._blocks[b].runs)
+        free(self._blocks)
+        free(self._block_firsts)
+        self._blocks = NULL
+        self._block_firsts = NULL
+        self._block_count = 0
+        self._block_capacity = 0
+        self._run_count = 0
+        self._pending_count = 0
+
+    # ------------------------------------------------------------ the run structure
+
+    cdef Py_ssize_t _find_block(self, int64_t index) noexcept nogil:
+        """The last block whose first index is <= ``index``, or -1."""
+        cdef Py_ssize_t low = 0, high = self._block_count, middle
+        while low < high:
+            middle = (low + high) >> 1
+            if self._block_firsts[middle] <= index:
+                low = middle + 1
+            else:
+                high = middle
+        return low - 1
+
+    cdef bint _locate(self, int64_t index, Py_ssize_t *block, Py_ssize_t *position) noexcept nogil:
+        """Where the last run whose first index is <= ``index`` is; False if there is none."""
+        cdef Py_ssize_t b = self._find_block(index), low, high, middle
+        cdef Run *runs
+        if b < 0:
+            return False
+        runs = self._blocks[b].runs
+        low = 0
+        high = self._blocks[b].count
+        while low < high:
+            middle = (low + high) >> 1
+            if runs[middle].first <= index:
+                low = middle + 1
+            else:
+                high = middle
+        block[0] = b
+        position[0] = low - 1
+        return True
+
+    cdef bint is_done_c(self, int64_t index) noexcept nogil:
+        cdef Py_ssize_t b, r
+        if index < self._next:
+            return True
+        if not self._locate(index, &b, &r):
+            return False
+        return self._blocks[b].runs[r].last >= index
+
+    cdef int _insert_block(self, Py_ssize_t at) except -1 nogil:
+        cdef Py_ssize_t capacity
+        cdef Block *blocks
+        cdef int64_t *firsts
+        if self._block_count == self._block_capacity:
+            capacity = 8 if self._block_capacity == 0 else self._block_capacity * 2
+            blocks = <Block *>realloc(self._blocks, capacity * sizeof(Block))
+            if blocks == NULL:
+                with gil:
+                    raise MemoryError()
+            self._blocks = blocks
+            firsts = <int64_t *>realloc(self._block_firsts, capacity * sizeof(int64_t))
+            if firsts == NULL:
+                with gil:
+                    raise MemoryError()
+            self._block_firsts = firsts
+            self._block_capacity = capacity
+        cdef Run *runs = <Run *>malloc(_BLOCK * sizeof(Run))
+        if runs == NULL:
+            with gil:
+                raise MemoryError()
+        memmove(self._blocks + at + 1, self._blocks + at, (self._block_count - at) * sizeof(Block))
+        memmove(
+            self._block_firsts + at + 1, self._block_firsts + at,
+            (self._block_count - at) * sizeof(int64_t),
+        )
+        self._blocks[at].runs = runs
+        self._blocks[at].count = 0
+        self._block_count += 1
+        return 0
+
+    cdef int _insert_run(self, Py_ssize_t b, Py_ssize_t r, Run run) except -1 nogil:
+        """Insert ``run`` before position ``r`` of block ``b``, splitting a full block."""
+        cdef Block *block
+        cdef Block *upper
+        cdef Py_ssize_t half = _BLOCK // 2
+        if self._block_count == 0:
+            self._insert_block(0)
+            b = 0
+            r = 0
+        block = &self._blocks[b]
+        if block.count == _BLOCK:
+            self._insert_block(b + 1)
+            block = &self._blocks[b]
+            upper = &self._blocks[b + 1]
+            memcpy(upper.runs, block.runs + half, (_BLOCK - half) * sizeof(Run))
+            upper.count = _BLOCK - half
+            block.count = half
+            self._block_firsts[b + 1] = upper.runs[0].first
+            if r > half:
+                b += 1
+                r -= half
+                block = upper
+        memmove(block.runs + r + 1, block.runs + r, (block.count - r) * sizeof(Run))
+        block.runs[r] = run
+        block.count += 1
+        if r == 0:
+            self._block_firsts[b] = run.first
+        self._run_count += 1
+        return 0
+
+    cdef void _remove_run(self, Py_ssize_t b, Py_ssize_t r) noexcept nogil:
+        """Drop the run at (b, r); the caller has taken or released its offset."""
+        cdef Block *block = &self._blocks[b]
+        memmove(block.runs + r, block.runs + r + 1, (block.count - r - 1) * sizeof(Run))
+        block.count -= 1
+        self._run_count -= 1
+        if block.count == 0:
+            free(block.runs)
+            memmove(self._blocks + b, self._blocks + b + 1, (self._block_count - b - 1) * sizeof(Block))
+            memmove(
+                self._block_firsts + b, self._block_firsts + b + 1,
+                (self._block_count - b - 1) * sizeof(int64_t),
+            )
+            self._block_count -= 1
+        elif r == 0:
+            self._block_firsts[b] = block.runs[0].first
+
+    cdef void _set_committed(self, int64_t offset, PyObject *obj) noexcept nogil:
+        """Make (offset, obj) the committed offset; takes ownership of ``obj``."""
+        if obj == NULL:
+            if not self._committed_is_native:
+                with gil:
+                    self._committed_object = None
+            self._committed_native = offset
+            self._committed_is_native = True
+        else:
+            with gil:
+                self._committed_object = <object>obj
+                Py_XDECREF(obj)
+            self._committed_is_native = False
+
+    cdef int _add(self, int64_t index, int64_t offset, PyObject *obj) except -1 nogil:
+        """Record a not-done, valid index; takes ownership of ``obj``. 1 if the point advanced."""
+        cdef Py_ssize_t b = 0, r = -1, sb, sr
+        cdef bint has_left, left, right
+        cdef Run *pred = NULL
+        cdef Run *succ = NULL
+        cdef Run *first_run
+        cdef Run fresh
+        if index == self._next:
+            self._next = index + 1
+            self._set_committed(offset, obj)
+            if self._run_count > 0:
+                first_run = &self._blocks[0].runs[0]
+                if first_run.first == self._next:
+                    self._next = first_run.last + 1
+                    self._pending_count -= first_run.last - first_run.first + 1
+                    self._set_committed(first_run.offset, first_run.obj)
+                    self._remove_run(0, 0)
+            return 1
+        self._pending_count += 1
+        has_left = self._locate(index, &b, &r)
+        if has_left:
+            pred = &self._blocks[b].runs[r]
+            sb = b
+            sr = r + 1
+            if sr == self._blocks[sb].count:
+                sb += 1
+                sr = 0
+        else:
+            sb = 0
+            sr = 0
+        if sb < self._block_count:
+            succ = &self._blocks[sb].runs[sr]
+        left = pred != NULL and pred.last == index - 1
+        right = succ != NULL and succ.first == index + 1
+        if left and right:
+            _release(pred.obj)
+            pred.last = succ.last
+            pred.offset = succ.offset
+            pred.obj = succ.obj
+            _release(obj)
+            self._remove_run(sb, sr)
+        elif left:
+            _release(pred.obj)
+            pred.last = index
+            pred.offset = offset
+            pred.obj = obj
+        elif right:
+            succ.first = index
+            if sr == 0:
+                self._block_firsts[sb] = index
+            _release(obj)
+        else:
+            fresh.first = index
+            fresh.last = index
+            fresh.offset = offset
+            fresh.obj = obj
+            if has_left:
+                self._insert_run(b, r + 1, fresh)
+            else:
+                self._insert_run(0, 0, fresh)
+        return 0
+
+    cdef int add_native_c(self, int64_t index, int64_t offset) except -1 nogil:
+        return self._add(index, offset, NULL)
+
+    cdef int add_object_c(self, int64_t index, object offset) except -1:
+        if type(offset) is int and -(1 << 63) <= offset < (1 << 63):
+            return self._add(index, <int64_t>offset, NULL)
+        Py_INCREF(offset)
+        return self._add(index, 0, <PyObject *>offset)
+
+    # ------------------------------------------------------------ what it knows
+
+    @property
+    def start_index(self):
+        """The first index of the stream."""
+        return self._start
+
+    @property
+    def next_index(self):
+        """The first index that is not done: the committed point plus one."""
+        return self._next
+
+    @property
+    def committed_offset(self):
+        """The offset of the committed point, or ``None`` before the first commit."""
+        return self._committed_native if self._committed_is_native else self._committed_object
+
+    @property
+    def pending_runs(self):
+        """How many runs of done indexes lie beyond the committed point."""
+        return self._run_count
+
+    @property
+    def pending_count(self):
+        """How many done indexes lie beyond the committed point."""
+        return self._pending_count
+
+    @property
+    def duplicates(self):
+        """How many duplicate acks were counted and skipped (``on_duplicate="ignore"``)."""
+        return self._duplicates
+
+    @property
+    def on_duplicate(self):
+        """``"error"`` or ``"ignore"``."""
+        return "ignore" if self._ignore_duplicates else "error"
+
+    @property
+    def max_runs(self):
+        """The bound on pending runs, or ``None``."""
+        return self._max_runs
+
+    def runs(self):
+        """The done runs beyond the committed point as ``(first, last)``, ascending."""
+        cdef Py_ssize_t b, r
+        return [
+            (self._blocks[b].runs[r].first, self._blocks[b].runs[r].last)
+            for b in range(self._block_count) for r in range(self._blocks[b].count)
+        ]
+
+    def runs_with_offsets(self):
+        """The done runs as ``(first, last, offset of last)``, ascending."""
+        cdef Py_ssize_t b, r
+        cdef Run *run
+        result = []
+        for b in range(self._block_count):
+            for r in range(self._blocks[b].count):
+                run = &self._blocks[b].runs[r]
+                result.append(
+                    (run.first, run.last, run.offset if run.obj == NULL else <object>run.obj)
+                )
+        return result
+
+    cdef int64_t _check_index(self, object index) except? -1:
+        if isinstance(index, bool):
+            raise TypeError("index must be an integer, not bool")
+        try:
+            value = index.__index__()
+        except AttributeError:
+            raise TypeError(f"index must be an integer, not {type(index).__name__}") from None
+        if value < 0:
+            raise ValueError(f"index {value} is negative")
+        if value < self._start:
+            raise ValueError(f"index {value} is below the start index {self._start}")
+        if value > INDEX_MAX:
+            raise ValueError(f"index {value} is larger than {INDEX_MAX}")
+        return value
+
+    def is_done(self, index):
+        """Whether ``index`` is done. Errors as for :meth:`ack`."""
+        return self.is_done_c(self._check_index(index))
+
+    # ------------------------------------------------------------ acking
+
+    cdef int _run_change(self, int64_t index) noexcept nogil:
+        cdef bint touches_left = index == self._next or self.is_done_c(index - 1)
+        cdef bint touches_right = self.is_done_c(index + 1)
+        return 1 - <int>touches_left - <int>touches_right
+
+    cdef int _check_room(self, Py_ssize_t runs_after) except -1:
+        if self._max_runs is not None and runs_after > self._max_runs and runs_after > self._run_count:
+            raise AckerFullError(runs_after, self._max_runs)
+        return 0
+
+    def ack(self, index, offset=None):
+        """Mark ``index`` done with ``offset`` (default: the index itself).
+
+        Returns the new committed offset when the committed point advanced, else
+        ``None``. Errors (nothing changes): ``TypeError`` for a non-integer index,
+        ``ValueError`` for a negative one or one below the start,
+        :class:`DuplicateAckError`, :class:`AckerFullError`.
+        """
+        cdef int64_t value = self._check_index(index)
+        if self.is_done_c(value):
+            if self._ignore_duplicates:
+                self._duplicates += 1
+                return None
+            raise DuplicateAckError(value)
+        if self._max_runs is not None:
+            self._check_room(self._run_count + self._run_change(value))
+        if offset is None:
+            advanced = self._add(value, value, NULL)
+        else:
+            advanced = self.add_object_c(value, offset)
+        return self.committed_offset if advanced else None
+
+    def ack_many(self, indexes, offsets=None):
+        """Ack every index of an integer array, with the matching offsets (default: the indexes).
+
+        Same result and errors as the equivalent :meth:`ack` calls in order,
+        except that ``max_runs`` is checked once against the runs after the
+        batch; all or nothing. With an int64 offsets array (or none) the loop
+        runs in C without the GIL.
+        """
+        array = _index_array(indexes)
+        cdef Py_ssize_t n = len(array)
+        native_offsets = None
+        offset_list = None
+        if offsets is not None:
+            if isinstance(offsets, np.ndarray) and offsets.dtype.kind in "iu" and np.can_cast(
+                offsets.dtype, np.int64
+            ):
+                native_offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+                if native_offsets.ndim != 1 or len(native_offsets) != n:
+                    raise ValueError(f"{native_offsets.size} offsets for {n} indexes")
+            else:
+                offset_list = offsets.tolist() if isinstance(offsets, np.ndarray) else list(offsets)
+                if len(offset_list) != n:
+                    raise ValueError(f"{len(offset_list)} offsets for {n} indexes")
+        if n == 0:
+            return None
+        array = np.ascontiguousarray(array)
+        self._validate_batch(array)
+        if self._max_runs is not None:
+            self._check_room(self._runs_after_batch(array))
+        before = self._next
+        if offset_list is not None:
+            self._apply_objects(array, offset_list)
+        else:
+            self._apply_native(array, array if native_offsets is None else native_offsets)
+        return self.committed_offset if self._next > before else None
+
+    cdef _validate_batch(self, const int64_t[::1] indexes):
+        """Raise the first error the equivalent ``ack`` calls would raise, if any."""
+        cdef Py_ssize_t i, n = indexes.shape[0]
+        cdef int64_t low = indexes[0], high = indexes[0], value
+        cdef bint problem = False
+        for i in range(n):
+            value = indexes[i]
+            low = min(low, value)
+            high = max(high, value)
+        if low < self._start or high > _INDEX_MAX:
+            problem = True
+        elif not self._ignore_duplicates:
+            problem = self._has_duplicate(indexes, low, high)
+        if problem:
+            self._raise_first_error(indexes)
+
+    cdef int _has_duplicate(self, const int64_t[::1] indexes, int64_t low, int64_t high) except -1:
+        cdef Py_ssize_t i, n = indexes.shape[0]
+        cdef uint8_t[::1] seen
+        cdef bint found = False
+        if high - low <= 8 * n + 65536:
+            seen = np.zeros(high - low + 1, dtype=np.uint8)
+            with nogil:
+                for i in range(n):
+                    if seen[indexes[i] - low] or self.is_done_c(indexes[i]):
+                        found = True
+                        break
+                    seen[indexes[i] - low] = 1
+            return found
+        if len(np.unique(np.asarray(indexes))) != n:
+            return True
+        with nogil:
+            for i in range(n):
+                if self.is_done_c(indexes[i]):
+                    found = True
+                    break
+        return found
+
+    cdef _raise_first_error(self, const int64_t[::1] indexes):
+        cdef Py_ssize_t i
+        seen = set()
+        for i in range(indexes.shape[0]):
+            value = self._check_index(indexes[i])
+            if not self._ignore_duplicates and (value in seen or self.is_done_c(value)):
+                raise DuplicateAckError(value)
+            seen.add(value)
+
+    cdef Py_ssize_t _runs_after_batch(self, const int64_t[::1] indexes) except -1:
+        """The pending runs after acking these valid indexes: each maximal group of new,
+        consecutive indexes adds a run, less one for each done neighbour it touches."""
+        cdef int64_t[::1] fresh = np.unique(np.asarray(indexes))
+        cdef Py_ssize_t i = 0, n = fresh.shape[0], runs = self._run_count
+        cdef int64_t first, last
+        with nogil:
+            while i < n:
+                if self.is_done_c(fresh[i]):
+                    i += 1
+                    continue
+                first = fresh[i]
+                while i + 1 < n and fresh[i + 1] == fresh[i] + 1 and not self.is_done_c(fresh[i + 1]):
+                    i += 1
+                last = fresh[i]
+                runs += 1
+                if first == self._next or self.is_done_c(first - 1):
+                    runs -= 1
+                if self.is_done_c(last + 1):
+                    runs -= 1
+                i += 1
+        return runs
+
+    cdef _apply_native(self, const int64_t[::1] indexes, const int64_t[::1] offsets):
+        cdef Py_ssize_t i, n = indexes.shape[0]
+        cdef int64_t skipped = 0
+        with nogil:
+            for i in range(n):
+                if self.is_done_c(indexes[i]):
+                    skipped += 1
+                else:
+                    self._add(indexes[i], offsets[i], NULL)
+        self._duplicates += skipped
+
+    cdef _apply_objects(self, const int64_t[::1] indexes, list offsets):
+        cdef Py_ssize_t i
+        for i in range(indexes.shape[0]):
+            if self.is_done_c(indexes[i]):
+                self._duplicates += 1
+            elif offsets[i] is None:
+                self._add(indexes[i], indexes[i], NULL)
+            else:
+                self.add_object_c(indexes[i], offsets[i])
+
+    # ------------------------------------------------------------ merging
+
+    def merge(self, other):
+        """Add every index ``other`` has done (the union); see the spec for the rules."""
+        if not isinstance(other, OffsetAcker):
+            raise TypeError(f"can only merge an OffsetAcker, not {type(other).__name__}")
+        state = merged_state(self._state(), (<OffsetAcker>other)._state())
+        self._check_room(len(state.runs))
+        before = self._next
+        self._load(state)
+        return self.committed_offset if self._next > before else None
+
+    # ------------------------------------------------------------ snapshots
+
+    def snapshot(self):
+        """The acker as bytes (see :mod:`segack.specs.snapshot`)."""
+        return _snapshot.encode(self._state())
+
+    @classmethod
+    def restore(cls, data):
+        """The acker a snapshot holds; a damaged, truncated or foreign token is a ``ValueError``."""
+        state = _snapshot.decode(data)
+        cdef OffsetAcker acker = cls(
+            state.start_index, on_duplicate=state.on_duplicate, max_runs=state.max_runs
+        )
+        acker._load(state)
+        return acker
+
+    def _state(self):
+        return _snapshot.AckerState(
+            self._start, self._next, self.committed_offset, self._duplicates,
+            self.on_duplicate, self._max_runs, self.runs_with_offsets(),
+        )
+
+    cdef _load(self, state):
+        """Replace the done indexes with those of ``state`` (same start and settings)."""
+        cdef Run run
+        self._clear()
+        self._next = state.next_index
+        self._committed_is_native = False
+        self._committed_object = None
+        if state.committed_offset is not None:
+            committed = state.committed_offset
+            if type(committed) is int and -(1 << 63) <= committed < (1 << 63):
+                self._committed_native = committed
+                self._committed_is_native = True
+            else:
+                self._committed_object = committed
+        self._duplicates = state.duplicates
+        for first, last, offset in state.runs:
+            run.first = first
+            run.last = last
+            if type(offset) is int and -(1 << 63) <= offset < (1 << 63):
+                run.offset = offset
+                run.obj = NULL
+            else:
+                Py_INCREF(offset)
+                run.offset = 0
+                run.obj = <PyObject *>offset
+            if self._block_count == 0:
+                self._insert_run(0, 0, run)
+            else:
+                self._insert_run(self._block_count - 1, self._blocks[self._block_count - 1].count, run)
+            self._pending_count += last - first + 1
+
+    def copy(self):
+        """An independent acker with the same state."""
+        cdef OffsetAcker acker = type(self)(
+            self._start, on_duplicate=self.on_duplicate, max_runs=self._max_runs
+        )
+        acker._load(self._state())
+        return acker
+
+    def __richcmp__(self, other, int op):
+        if op not in (2, 3) or not isinstance(other, OffsetAcker):
+            return NotImplemented
+        equal = self._state() == (<OffsetAcker>other)._state()
+        return equal if op == 2 else not equal
+
+    __hash__ = None
+
+    def __reduce__(self):
+        return (type(self).restore, (self.snapshot(),))
+
+    def __repr__(self):
+        return (
+            f"OffsetAcker(next_index={self._next}, committed_offset={self.committed_offset!r}, "
+            f"pending_runs={self._run_count}, pending_count={self._pending_count})"
+        )

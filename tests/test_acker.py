@@ -1,0 +1,267 @@
+"""The offset acker, written once and run against the kernel and the spec."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from segack.errors import AckerFullError, DuplicateAckError
+
+
+def state_of(acker):
+    """Every observable of an acker, to prove a failed call changed nothing."""
+    return (
+        acker.next_index, acker.committed_offset, acker.pending_runs, acker.pending_count,
+        acker.duplicates, acker.runs_with_offsets(),
+    )
+
+
+def test_in_order_acks_commit_each_one(impl):
+    acker = impl.OffsetAcker()
+    assert acker.committed_offset is None
+    assert [acker.ack(i) for i in range(5)] == [0, 1, 2, 3, 4]
+    assert acker.next_index == 5 and acker.pending_runs == 0
+
+
+def test_out_of_order_acks_wait_for_the_gap(impl):
+    acker = impl.OffsetAcker()
+    assert acker.ack(2, "c") is None
+    assert acker.ack(1, "b") is None
+    assert acker.runs() == [(1, 2)]
+    assert acker.ack(0, "a") == "c"
+    assert acker.next_index == 3 and acker.runs() == []
+
+
+def test_runs_keep_the_offset_of_their_last_index(impl):
+    acker = impl.OffsetAcker(10)
+    acker.ack(12, "x12")
+    acker.ack(14, "x14")
+    acker.ack(13, "x13")
+    assert acker.runs_with_offsets() == [(12, 14, "x14")]
+    acker.ack(11, "x11")
+    assert acker.pending_count == 4 and acker.is_done(13) and not acker.is_done(15)
+    assert acker.ack(10, "x10") == "x14"
+
+
+def test_duplicates_are_errors_naming_the_index_and_change_nothing(impl):
+    acker = impl.OffsetAcker()
+    acker.ack(0)
+    acker.ack(5)
+    before = state_of(acker)
+    for index in (0, 5):
+        with pytest.raises(DuplicateAckError, match=f"index {index} was already acked") as info:
+            acker.ack(index)
+        assert info.value.index == index
+    assert state_of(acker) == before
+
+
+def test_duplicates_can_be_counted_and_skipped(impl):
+    acker = impl.OffsetAcker(on_duplicate="ignore")
+    acker.ack(0)
+    acker.ack(3, "first")
+    assert acker.ack(3, "second") is None and acker.ack(0) is None
+    assert acker.duplicates == 2 and acker.runs_with_offsets() == [(3, 3, "first")]
+
+
+@pytest.mark.parametrize(
+    ("index", "error", "message"),
+    [(-1, ValueError, "negative"), (4, ValueError, "below the start index 5"),
+     (1.0, TypeError, "integer"), ("7", TypeError, "integer"), (None, TypeError, "integer"),
+     (True, TypeError, "bool"), (2**63, ValueError, "larger than")],
+)
+def test_bad_indexes_are_rejected_and_change_nothing(impl, index, error, message):
+    acker = impl.OffsetAcker(5)
+    acker.ack(7)
+    before = state_of(acker)
+    with pytest.raises(error, match=message):
+        acker.ack(index)
+    if error is ValueError and index < 2**63:
+        with pytest.raises(ValueError, match=message):
+            acker.ack_many([8, index])
+    elif error is TypeError:
+        with pytest.raises(TypeError, match="integer array"):
+            acker.ack_many(np.array([8, index], dtype=object))
+    assert state_of(acker) == before
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"next_index": -1}, {"on_duplicate": "skip"}, {"max_runs": -1}, {"next_index": "0"}]
+)
+def test_bad_settings(impl, kwargs):
+    with pytest.raises((ValueError, TypeError)):
+        impl.OffsetAcker(**kwargs)
+
+
+def test_max_runs_refuses_before_any_change(impl):
+    acker = impl.OffsetAcker(max_runs=2)
+    acker.ack(2)
+    acker.ack(4)
+    before = state_of(acker)
+    with pytest.raises(AckerFullError, match="3 pending runs, more than max_runs=2"):
+        acker.ack(6)
+    with pytest.raises(AckerFullError):
+        acker.ack_many([8, 10, 3])
+    assert state_of(acker) == before
+    acker.ack(3)  # joins two runs: fewer runs is always allowed
+    acker.ack(6)
+    assert acker.runs() == [(2, 4), (6, 6)]
+    assert acker.ack_many([0, 1, 5]) == 6
+
+
+def test_ack_many_equals_ack_one_by_one(impl):
+    rng = np.random.default_rng(3)
+    order = rng.permutation(2000)
+    one_by_one = impl.OffsetAcker()
+    for index in order[:1500].tolist():
+        one_by_one.ack(index)
+    batch = impl.OffsetAcker()
+    batch.ack_many(order[:700])
+    batch.ack_many(order[700:1500].astype(np.int32))
+    assert state_of(batch) == state_of(one_by_one)
+
+
+def test_ack_many_is_all_or_nothing(impl):
+    acker = impl.OffsetAcker()
+    acker.ack(3)
+    before = state_of(acker)
+    with pytest.raises(DuplicateAckError, match="index 3"):
+        acker.ack_many([0, 1, 3, 4])
+    with pytest.raises(DuplicateAckError, match="index 1"):
+        acker.ack_many([0, 1, 2, 1])
+    with pytest.raises(ValueError, match="negative"):
+        acker.ack_many([0, -5, 3])
+    with pytest.raises(TypeError, match="integer array"):
+        acker.ack_many(np.array([0.0, 1.0]))
+    with pytest.raises(ValueError, match="2 offsets for 3 indexes"):
+        acker.ack_many([0, 1, 2], offsets=["a", "b"])
+    assert state_of(acker) == before
+
+
+def test_ack_many_offsets(impl):
+    acker = impl.OffsetAcker()
+    assert acker.ack_many([1, 0], offsets=np.array([100, 99])) == 100
+    assert acker.ack_many([3, 2], offsets=["d", "c"]) == "d"
+    assert acker.ack_many(np.array([], dtype=np.int64)) is None
+
+
+def test_snapshot_round_trip(impl):
+    acker = impl.OffsetAcker(5, on_duplicate="ignore", max_runs=1000)
+    acker.ack(5, "s5")
+    for index in (7, 8, 20, 2**40):
+        acker.ack(index, -index if index % 2 else f"o{index}")
+    acker.ack(7)
+    restored = impl.OffsetAcker.restore(acker.snapshot())
+    assert restored == acker and state_of(restored) == state_of(acker)
+    assert (restored.start_index, restored.on_duplicate, restored.max_runs) == (5, "ignore", 1000)
+    assert pickle.loads(pickle.dumps(acker)) == acker
+
+
+def test_snapshot_is_compact(impl):
+    acker = impl.OffsetAcker()
+    acker.ack_many(np.arange(1, 20_000, 2))  # 10,000 single-index runs
+    token = acker.snapshot()
+    assert acker.pending_runs == 10_000
+    assert len(token) <= 3 * 10_000 + 32
+
+
+def test_snapshot_rejects_offsets_it_cannot_keep(impl):
+    acker = impl.OffsetAcker()
+    acker.ack(1, 1.5)
+    with pytest.raises(TypeError, match="only int and str offsets"):
+        acker.snapshot()
+
+
+def test_restore_rejects_foreign_and_damaged_tokens(impl):
+    with pytest.raises(ValueError, match="not a segack acker snapshot"):
+        impl.OffsetAcker.restore(b"PK\x03\x04 a zip file")
+    with pytest.raises(TypeError):
+        impl.OffsetAcker.restore("SGAK")
+    token = bytearray(impl.OffsetAcker().snapshot())
+    token[4] = 9
+    with pytest.raises(ValueError, match="version 9"):
+        impl.OffsetAcker.restore(bytes(token))
+
+
+def _tokens(impl):
+    plain = impl.OffsetAcker()
+    busy = impl.OffsetAcker(3, on_duplicate="ignore", max_runs=50)
+    for index, offset in [(3, "a"), (4, 44), (9, None), (10, "z"), (30, -7), (31, None), (2**35, "big")]:
+        busy.ack(index, offset)
+    return [plain.snapshot(), busy.snapshot()]
+
+
+def test_every_single_byte_change_and_truncation_is_rejected(impl):
+    for token in _tokens(impl):
+        for position in range(len(token)):
+            for value in range(256):
+                if value == token[position]:
+                    continue
+                damaged = token[:position] + bytes([value]) + token[position + 1 :]
+                with pytest.raises(ValueError):
+                    impl.OffsetAcker.restore(damaged)
+        for length in range(len(token)):
+            with pytest.raises(ValueError):
+                impl.OffsetAcker.restore(token[:length])
+
+
+def test_merge_is_the_union(impl):
+    driver = impl.OffsetAcker()
+    task_a, task_b = impl.OffsetAcker(), impl.OffsetAcker()
+    for index in (0, 2, 4, 6):
+        task_a.ack(index)
+    for index in (1, 3, 7, 9):
+        task_b.ack(index)
+    assert driver.merge(task_a) == 0
+    assert driver.merge(task_b) == 4
+    assert driver.runs() == [(6, 7), (9, 9)]
+    assert driver.merge(task_a) is None  # merging again adds nothing
+
+
+def test_merge_rejects_conflicts_and_earlier_streams(impl):
+    driver = impl.OffsetAcker(10)
+    driver.ack(12, "a")
+    before = state_of(driver)
+    other = impl.OffsetAcker(10)
+    other.ack(12, "b")
+    with pytest.raises(ValueError, match="index 12 has offset 'a' here and 'b'"):
+        driver.merge(other)
+    with pytest.raises(ValueError, match="below the start index 10"):
+        driver.merge(impl.OffsetAcker(5))
+    with pytest.raises(TypeError):
+        driver.merge({12: "a"})
+    assert state_of(driver) == before
+
+
+def test_merge_respects_max_runs(impl):
+    driver = impl.OffsetAcker(max_runs=1)
+    driver.ack(2)
+    other = impl.OffsetAcker()
+    other.ack(4)
+    with pytest.raises(AckerFullError):
+        driver.merge(other)
+    assert driver.runs() == [(2, 2)]
+
+
+def test_many_runs_split_and_empty_blocks_like_the_spec():
+    """Thousands of runs: the kernel's blocks split, shrink and vanish; the spec has no blocks."""
+    import segack.kernel as kernel
+    import segack.specs as spec
+
+    rng = np.random.default_rng(11)
+    evens = np.arange(0, 6000, 2)
+    odds = rng.permutation(np.arange(1, 6000, 2))
+    fast, slow = kernel.OffsetAcker(), spec.OffsetAcker()
+    fast.ack_many(evens[1:])
+    for index in evens[1:].tolist():
+        slow.ack(index)
+    assert fast.pending_runs == slow.pending_runs == 2999
+    for chunk in np.array_split(odds, 40):
+        fast.ack_many(chunk)
+        slow.ack_many(chunk)
+        assert state_of(fast) == state_of(slow)
+        probe = rng.integers(0, 6000, size=50).tolist()
+        assert [fast.is_done(i) for i in probe] == [slow.is_done(i) for i in probe]
+    assert fast.ack(0) == slow.ack(0) == 5999
+    assert fast.pending_runs == 0 and fast.next_index == 6000
