@@ -1,0 +1,31 @@
+"""``python -m bench [hashes] [assign] [acker] [spark]``: same-run ratios against competitors.
+
+Every table times segack and its competitor in this one process, on the same
+input, and prints the ratio; absolute times on shared machines are noise, the
+ratio is the result. Each timing is the best of a few repeats. Results are also
+written as JSON to ``bench/results/`` for the docs' plots.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from bench.common import cpus
+
+def main(argv: list[str]) -> int:
+    from bench import acker, hashes, spark
+
+    suites = {"hashes": hashes.run, "acker": acker.run, "spark": spark.run}
+    chosen = argv or ["hashes", "acker", "spark"]
+    unknown = [name for name in chosen if name not in suites]
+    if unknown:
+        print(f"unknown suite(s): {', '.join(unknown)}; choose from {', '.join(suites)}")
+        return 2
+    print(f"# segack benchmarks (python {sys.version.split()[0]}, {cpus()} cpus)")
+    for name in chosen:
+        suites[name]()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
