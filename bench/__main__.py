@@ -12,6 +12,7 @@ import sys
 
 from bench.common import cpus
 
+
 def main(argv: list[str]) -> int:
     from bench import acker, hashes, spark
 

@@ -6,8 +6,11 @@ import pickle
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from segack.errors import AckerFullError, DuplicateAckError
+from tests.outcomes import outcome
 
 
 def state_of(acker):
@@ -265,3 +268,50 @@ def test_many_runs_split_and_empty_blocks_like_the_spec():
         assert [fast.is_done(i) for i in probe] == [slow.is_done(i) for i in probe]
     assert fast.ack(0) == slow.ack(0) == 5999
     assert fast.pending_runs == 0 and fast.next_index == 6000
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    span=st.integers(100, 20_000),
+    density=st.floats(0.05, 1.0),
+    batches=st.integers(1, 6),
+    max_runs=st.one_of(st.none(), st.integers(1, 3000)),
+)
+def test_large_batches_agree_with_the_spec(seed, span, density, batches, max_runs):
+    """Batches big enough for the kernel's byte-map and linear-merge paths, over runs that
+    already hold Python offsets, including duplicates and overflow of ``max_runs``."""
+    import segack.kernel as kernel
+    import segack.specs as spec
+
+    rng = np.random.default_rng(seed)
+    fast = kernel.OffsetAcker(on_duplicate="ignore" if seed % 2 else "error", max_runs=max_runs)
+    slow = spec.OffsetAcker(on_duplicate="ignore" if seed % 2 else "error", max_runs=max_runs)
+    order = rng.permutation(span)
+    for index in order[:40].tolist():
+        offset = f"event-{index}"
+        assert outcome(lambda i=index, o=offset: fast.ack(i, o)) == outcome(
+            lambda i=index, o=offset: slow.ack(i, o))
+    fresh = order[40:int(span * density)]
+    for chosen in np.array_split(fresh, batches):
+        if rng.random() < 0.2:
+            chosen = np.concatenate([chosen, order[:1] if rng.random() < 0.5 else chosen[:1]])
+        offsets = chosen * 3 if rng.random() < 0.5 else None
+        assert outcome(lambda c=chosen, o=offsets: fast.ack_many(c, o)) == outcome(
+            lambda c=chosen, o=offsets: slow.ack_many(c, o))
+        assert state_of(fast) == state_of(slow)
+
+
+def test_kernel_memory_follows_the_runs_and_is_given_back():
+    """``sys.getsizeof`` counts the run blocks: it grows with pending runs, not with acks."""
+    import sys
+
+    import segack.kernel as kernel
+
+    acker = kernel.OffsetAcker()
+    empty = sys.getsizeof(acker)
+    acker.ack_many(np.arange(1, 200_000, 2))
+    assert sys.getsizeof(acker) - empty >= 32 * acker.pending_runs
+    acker.ack_many(np.arange(0, 200_000, 2))
+    acker.ack_many(np.arange(200_000, 1_200_000))
+    assert acker.pending_runs == 0 and sys.getsizeof(acker) - empty < 4096

@@ -42,7 +42,12 @@ cdef class OffsetAcker:
     cdef void _remove_run(self, Py_ssize_t b, Py_ssize_t r) noexcept nogil
     cdef void _set_committed(self, int64_t offset, PyObject *obj) noexcept nogil
     cdef int _add(self, int64_t index, int64_t offset, PyObject *obj) except -1 nogil
+    cdef int _add_range(self, int64_t first, int64_t last, int64_t offset, PyObject *obj) except -1 nogil
+    cdef bint _ack_dense(self, const int64_t[::1] indexes, const int64_t[::1] offsets) except -1
+    cdef bint _overlaps_done(self, int64_t first, int64_t last) noexcept nogil
+    cdef int _rebuild_with(self, Run *batch, Py_ssize_t count) except -1 nogil
     cdef int64_t _check_index(self, object index) except? -1
+    cdef object _committed(self)
     cdef int _run_change(self, int64_t index) noexcept nogil
     cdef int _check_room(self, Py_ssize_t runs_after) except -1
     cdef _validate_batch(self, const int64_t[::1] indexes)

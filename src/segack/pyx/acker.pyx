@@ -8,9 +8,10 @@ of each block's first index. Finding a run is two binary searches
 32-byte runs. In-order acks only touch the committed point: O(1), no memory.
 """
 
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from libc.stdint cimport int64_t, uint8_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memmove
 
 import numpy as np
@@ -22,7 +23,7 @@ from segack.specs.acker import INDEX_MAX, _check_settings, _index_array, merged_
 __all__ = ["OffsetAcker", "AckerFullError", "DuplicateAckError", "INDEX_MAX", "BLOCK_SIZE"]
 
 #: Runs per block: a block of 32-byte runs fills two pages.
-BLOCK_SIZE = 256
+BLOCK_SIZE = 64
 cdef Py_ssize_t _BLOCK = BLOCK_SIZE
 cdef int64_t _INDEX_MAX = INDEX_MAX
 
@@ -214,14 +215,21 @@ cdef class OffsetAcker:
 
     cdef int _add(self, int64_t index, int64_t offset, PyObject *obj) except -1 nogil:
         """Record a not-done, valid index; takes ownership of ``obj``. 1 if the point advanced."""
+        return self._add_range(index, index, offset, obj)
+
+    cdef int _add_range(self, int64_t first, int64_t last, int64_t offset, PyObject *obj) except -1 nogil:
+        """Record ``first..last``, none of them done; ``offset``/``obj`` belong to ``last``.
+
+        Takes ownership of ``obj``. Returns 1 if the committed point advanced.
+        """
         cdef Py_ssize_t b = 0, r = -1, sb, sr
         cdef bint has_left, left, right
         cdef Run *pred = NULL
         cdef Run *succ = NULL
         cdef Run *first_run
         cdef Run fresh
-        if index == self._next:
-            self._next = index + 1
+        if first == self._next:
+            self._next = last + 1
             self._set_committed(offset, obj)
             if self._run_count > 0:
                 first_run = &self._blocks[0].runs[0]
@@ -231,8 +239,8 @@ cdef class OffsetAcker:
                     self._set_committed(first_run.offset, first_run.obj)
                     self._remove_run(0, 0)
             return 1
-        self._pending_count += 1
-        has_left = self._locate(index, &b, &r)
+        self._pending_count += last - first + 1
+        has_left = self._locate(first, &b, &r)
         if has_left:
             pred = &self._blocks[b].runs[r]
             sb = b
@@ -245,8 +253,8 @@ cdef class OffsetAcker:
             sr = 0
         if sb < self._block_count:
             succ = &self._blocks[sb].runs[sr]
-        left = pred != NULL and pred.last == index - 1
-        right = succ != NULL and succ.first == index + 1
+        left = pred != NULL and pred.last == first - 1
+        right = succ != NULL and succ.first == last + 1
         if left and right:
             _release(pred.obj)
             pred.last = succ.last
@@ -256,17 +264,17 @@ cdef class OffsetAcker:
             self._remove_run(sb, sr)
         elif left:
             _release(pred.obj)
-            pred.last = index
+            pred.last = last
             pred.offset = offset
             pred.obj = obj
         elif right:
-            succ.first = index
+            succ.first = first
             if sr == 0:
-                self._block_firsts[sb] = index
+                self._block_firsts[sb] = first
             _release(obj)
         else:
-            fresh.first = index
-            fresh.last = index
+            fresh.first = first
+            fresh.last = last
             fresh.offset = offset
             fresh.obj = obj
             if has_left:
@@ -299,6 +307,9 @@ cdef class OffsetAcker:
     @property
     def committed_offset(self):
         """The offset of the committed point, or ``None`` before the first commit."""
+        return self._committed()
+
+    cdef inline object _committed(self):
         return self._committed_native if self._committed_is_native else self._committed_object
 
     @property
@@ -348,6 +359,12 @@ cdef class OffsetAcker:
         return result
 
     cdef int64_t _check_index(self, object index) except? -1:
+        cdef int overflow = 0
+        cdef long long value_c
+        if PyLong_CheckExact(index):
+            value_c = PyLong_AsLongLongAndOverflow(index, &overflow)
+            if not overflow and self._start <= value_c <= _INDEX_MAX:
+                return value_c
         if isinstance(index, bool):
             raise TypeError("index must be an integer, not bool")
         try:
@@ -361,6 +378,14 @@ cdef class OffsetAcker:
         if value > INDEX_MAX:
             raise ValueError(f"index {value} is larger than {INDEX_MAX}")
         return value
+
+    def __sizeof__(self):
+        """Bytes held: the object, its block index and every block's run array."""
+        return (
+            object.__sizeof__(self)
+            + self._block_capacity * (sizeof(Block) + sizeof(int64_t))
+            + self._block_count * _BLOCK * sizeof(Run)
+        )
 
     def is_done(self, index):
         """Whether ``index`` is done. Errors as for :meth:`ack`."""
@@ -398,7 +423,7 @@ cdef class OffsetAcker:
             advanced = self._add(value, value, NULL)
         else:
             advanced = self.add_object_c(value, offset)
-        return self.committed_offset if advanced else None
+        return self._committed() if advanced else None
 
     def ack_many(self, indexes, offsets=None):
         """Ack every index of an integer array, with the matching offsets (default: the indexes).
@@ -426,15 +451,169 @@ cdef class OffsetAcker:
         if n == 0:
             return None
         array = np.ascontiguousarray(array)
+        before = self._next
+        if offset_list is None and self._ack_dense(
+            array, array if native_offsets is None else native_offsets
+        ):
+            return self._committed() if self._next > before else None
         self._validate_batch(array)
         if self._max_runs is not None:
             self._check_room(self._runs_after_batch(array))
-        before = self._next
         if offset_list is not None:
             self._apply_objects(array, offset_list)
         else:
             self._apply_native(array, array if native_offsets is None else native_offsets)
-        return self.committed_offset if self._next > before else None
+        return self._committed() if self._next > before else None
+
+    cdef bint _ack_dense(self, const int64_t[::1] indexes, const int64_t[::1] offsets) except -1:
+        """The batch path: mark the batch in a byte map, read its runs off the map, add each
+        run at once. Returns False, having changed nothing, when the batch is too sparse for
+        a map, holds an index twice, or touches a done index: the general path then decides."""
+        cdef Py_ssize_t i, n = indexes.shape[0], count = 0, position
+        cdef int64_t low = indexes[0], high = indexes[0], value, first, span
+        cdef uint8_t *marks = NULL
+        cdef int64_t *ends = NULL
+        cdef Run *batch = NULL
+        cdef bint usable = True
+        cdef Py_ssize_t runs_after
+        for i in range(n):
+            value = indexes[i]
+            if value < low:
+                low = value
+            if value > high:
+                high = value
+        if low < self._start or high > _INDEX_MAX or high - low > 4 * n + 4096:
+            return False
+        span = high - low + 1
+        marks = <uint8_t *>calloc(span + 1, 1)
+        ends = <int64_t *>malloc(span * sizeof(int64_t))
+        batch = <Run *>malloc(n * sizeof(Run))
+        if marks == NULL or ends == NULL or batch == NULL:
+            free(marks)
+            free(ends)
+            free(batch)
+            raise MemoryError()
+        try:
+            with nogil:
+                for i in range(n):
+                    position = indexes[i] - low
+                    if marks[position]:
+                        usable = False
+                        break
+                    marks[position] = 1
+                    ends[position] = offsets[i]
+                if usable:
+                    position = 0
+                    while position < span:
+                        if not marks[position]:
+                            position += 1
+                            continue
+                        first = low + position
+                        while marks[position + 1]:
+                            position += 1
+                        batch[count].first = first
+                        batch[count].last = low + position
+                        batch[count].offset = ends[position]
+                        batch[count].obj = NULL
+                        if self._overlaps_done(first, low + position):
+                            usable = False
+                            break
+                        count += 1
+                        position += 1
+            if not usable:
+                return False
+            if self._max_runs is not None:
+                runs_after = self._run_count
+                for i in range(count):
+                    runs_after += 1
+                    if batch[i].first == self._next or self.is_done_c(batch[i].first - 1):
+                        runs_after -= 1
+                    if self.is_done_c(batch[i].last + 1):
+                        runs_after -= 1
+                self._check_room(runs_after)
+            with nogil:
+                if count > 64 and count * 8 > self._run_count:
+                    self._rebuild_with(batch, count)
+                else:
+                    for i in range(count):
+                        self._add_range(batch[i].first, batch[i].last, batch[i].offset, NULL)
+            return True
+        finally:
+            free(marks)
+            free(ends)
+            free(batch)
+
+    cdef bint _overlaps_done(self, int64_t first, int64_t last) noexcept nogil:
+        """Whether any index of ``first..last`` is done."""
+        cdef Py_ssize_t b, r
+        if first < self._next:
+            return True
+        if not self._locate(last, &b, &r):
+            return False
+        return self._blocks[b].runs[r].last >= first
+
+    cdef int _rebuild_with(self, Run *batch, Py_ssize_t count) except -1 nogil:
+        """Merge sorted, not-done ``batch`` runs into the structure in one linear pass."""
+        cdef Py_ssize_t total = self._run_count + count, produced = 0, b = 0, r = 0, k = 0
+        cdef Run *merged = <Run *>malloc((total + 1) * sizeof(Run))
+        cdef Run current
+        cdef bint take_batch
+        cdef Block *old_blocks = self._blocks
+        cdef Py_ssize_t old_count = self._block_count, chunk, at
+        if merged == NULL:
+            with gil:
+                raise MemoryError()
+        while b < old_count or k < count:
+            if b >= old_count:
+                take_batch = True
+            elif k >= count:
+                take_batch = False
+            else:
+                take_batch = batch[k].first < old_blocks[b].runs[r].first
+            if take_batch:
+                current = batch[k]
+                self._pending_count += current.last - current.first + 1
+                k += 1
+            else:
+                current = old_blocks[b].runs[r]
+                r += 1
+                if r == old_blocks[b].count:
+                    free(old_blocks[b].runs)
+                    b += 1
+                    r = 0
+            if produced > 0 and merged[produced - 1].last + 1 == current.first:
+                _release(merged[produced - 1].obj)
+                merged[produced - 1].last = current.last
+                merged[produced - 1].offset = current.offset
+                merged[produced - 1].obj = current.obj
+            else:
+                merged[produced] = current
+                produced += 1
+        free(old_blocks)
+        free(self._block_firsts)
+        self._blocks = NULL
+        self._block_firsts = NULL
+        self._block_count = 0
+        self._block_capacity = 0
+        self._run_count = 0
+        at = 0
+        if produced > 0 and merged[0].first == self._next:
+            self._next = merged[0].last + 1
+            self._pending_count -= merged[0].last - merged[0].first + 1
+            self._set_committed(merged[0].offset, merged[0].obj)
+            at = 1
+        try:
+            while at < produced:
+                chunk = min(produced - at, (_BLOCK * 7) // 8)
+                self._insert_block(self._block_count)
+                memcpy(self._blocks[self._block_count - 1].runs, merged + at, chunk * sizeof(Run))
+                self._blocks[self._block_count - 1].count = chunk
+                self._block_firsts[self._block_count - 1] = merged[at].first
+                self._run_count += chunk
+                at += chunk
+        finally:
+            free(merged)
+        return 0
 
     cdef _validate_batch(self, const int64_t[::1] indexes):
         """Raise the first error the equivalent ``ack`` calls would raise, if any."""
@@ -537,7 +716,7 @@ cdef class OffsetAcker:
         self._check_room(len(state.runs))
         before = self._next
         self._load(state)
-        return self.committed_offset if self._next > before else None
+        return self._committed() if self._next > before else None
 
     # ------------------------------------------------------------ snapshots
 
