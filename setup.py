@@ -13,7 +13,7 @@ COMPILER_DIRECTIVES = {
 
 extensions = [
     Extension(f"segack.pyx.{name}", [f"src/segack/pyx/{name}.pyx"], extra_compile_args=["-O3"])
-    for name in ("segments", "hashes", "acker")
+    for name in ("segments", "hashes", "acker", "partitioner")
 ]
 
 setup(ext_modules=cythonize(extensions, compiler_directives=COMPILER_DIRECTIVES))

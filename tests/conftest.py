@@ -31,6 +31,9 @@ def spark():
     """A real local Spark session (needs a JDK); shared by the whole test run."""
     from segack.spark_adapter.session import local_session
 
+    # The Python workers import the tests' handlers (tests/spark_handlers.py) by name.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    os.environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
     session = local_session("segack-tests")
     yield session
     session.stop()

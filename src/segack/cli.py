@@ -42,7 +42,61 @@ def build_parser() -> argparse.ArgumentParser:
         "--hash", choices=["java", "spark"], default="java",
         help="java: Axon's String.hashCode; spark: Spark SQL's hash() (default: java)",
     )
+    replay = commands.add_parser(
+        "replay", help="replay events through a handler, in order per key, resumably",
+        description="Call a handler once per event of INPUT, never before every earlier event of its "
+        "key (by the order column) has been handled. Progress is checkpointed as it goes; running "
+        "again with the same checkpoint resumes, with another --segments it rescales.",
+    )
+    replay.add_argument("input", metavar="INPUT", help="a file or directory Spark can read")
+    replay.add_argument("--key", required=True, metavar="COL", help="the sequencing key column")
+    replay.add_argument("--order", required=True, metavar="COL",
+                        help="the column that orders each key's events (need not be sorted)")
+    replay.add_argument("--handler", required=True, metavar="MODULE:FUNCTION",
+                        help="called with each event as a dict of its columns")
+    replay.add_argument("--checkpoint", required=True, metavar="DIR",
+                        help="a local directory or a pyarrow.fs URI")
+    replay.add_argument("--format", choices=["parquet", "csv", "json"], default="parquet",
+                        help="the input format (default: parquet; csv needs a header line)")
+    replay.add_argument("--segments", type=_positive, default=None, metavar="N",
+                        help="parallel segments (default: the last run's, else Spark's parallelism)")
+    replay.add_argument("--hash", choices=["java", "spark"], default="spark",
+                        help="spark: Spark's hash(), in the JVM; java: Axon's hashCode (default: spark)")
+    replay.add_argument("--master", default="local[2]", metavar="URL",
+                        help="the Spark master (default: local[2])")
+    replay.add_argument("--flush-every", type=_positive, default=10_000, metavar="N",
+                        help="tasks save progress after this many events (default: 10000)")
+    replay.add_argument("--flush-interval", type=float, default=5.0, metavar="SECONDS",
+                        help="... or after this many seconds (default: 5)")
+
+    status = commands.add_parser(
+        "status", help="show a checkpoint",
+        description="Print a checkpoint's committed point, its done runs beyond it and the "
+        "settings of the run that wrote it.",
+    )
+    status.add_argument("checkpoint", metavar="CHECKPOINT", help="a local directory or a pyarrow.fs URI")
+
+    demo = commands.add_parser(
+        "demo", help="replay a generated event log into SQLite, crash it, resume it, check it",
+        description="Generate a skewed event log, replay it into a SQLite database through an "
+        "idempotent handler on an embedded local Spark, kill the run partway, resume it with another "
+        "segment count, and check the database against sequential processing.",
+    )
+    demo.add_argument("--events", type=_positive, default=120_000, metavar="N",
+                      help="events to generate (default: 120000)")
+    demo.add_argument("--workdir", default=None, metavar="DIR",
+                      help="where to put the log, checkpoint and databases (default: a temporary directory)")
     return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}")
+    return value
 
 
 def _locate(args: argparse.Namespace) -> int:
@@ -59,11 +113,47 @@ def _locate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _status(args: argparse.Namespace) -> int:
+    from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore
+
+    try:
+        state = CheckpointStore(args.checkpoint).load()
+    except CheckpointError as error:
+        print(f"segack status: {error}", file=sys.stderr)
+        return 1
+    if state is None:
+        print(f"segack status: no checkpoint at {args.checkpoint}", file=sys.stderr)
+        return 1
+    acker, settings = state.acker, state.settings
+    total = settings.get("total")
+    print(f"checkpoint      {args.checkpoint}")
+    print(f"committed       {acker.next_index} of {total} events (every index below it is done)")
+    print(f"done beyond it  {acker.pending_count} events in {acker.pending_runs} runs")
+    for first, last in acker.runs()[:10]:
+        print(f"                {first}..{last}")
+    if acker.pending_runs > 10:
+        print(f"                ... {acker.pending_runs - 10} more")
+    for name in ("status", "source", "key", "order", "hash", "runs", "flush_every", "flush_interval"):
+        if name in settings:
+            print(f"{name:<15} {settings[name]}")
+    if "segments" in settings:
+        print(f"{'segments':<15} {len(settings['segments'])} (ids {settings['segments']})")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``segack`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
     if args.command == "locate":
         return _locate(args)
+    if args.command == "status":
+        return _status(args)
+    from segack import spark_cli
+
+    if args.command == "replay":
+        return spark_cli.replay_command(args)
+    if args.command == "demo":
+        return spark_cli.demo_command(args)
     raise AssertionError(f"unhandled command {args.command}")  # pragma: no cover
 
 

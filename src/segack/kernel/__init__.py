@@ -22,6 +22,7 @@ try:
         spark_hash,
         spark_hash_many,
     )
+    from segack.pyx.partitioner import SegmentPartitioner
     from segack.pyx.segments import MAX_MASK_BITS, ROOT, Segment, SegmentSet
 except ImportError as error:  # pragma: no cover - only without a build
     raise ImportError(
@@ -81,6 +82,7 @@ __all__ = [
     "ConcurrentPolicy",
     "PerKeyPolicy",
     "Segment",
+    "SegmentPartitioner",
     "SegmentSet",
     "SequencingPolicy",
     "SequentialPolicy",

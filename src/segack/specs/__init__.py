@@ -17,6 +17,7 @@ from segack.specs.hashes import (
     spark_hash,
     spark_hash_many,
 )
+from segack.specs.partitioner import SegmentPartitioner
 from segack.specs.policies import (
     ConcurrentPolicy,
     PerKeyPolicy,
@@ -38,6 +39,7 @@ __all__ = [
     "ConcurrentPolicy",
     "PerKeyPolicy",
     "Segment",
+    "SegmentPartitioner",
     "SegmentSet",
     "SequencingPolicy",
     "SequentialPolicy",

@@ -1,0 +1,130 @@
+"""Hash and segment columns, computed in the JVM wherever Spark can.
+
+``hash="spark"`` is Spark SQL's own ``hash()`` (Murmur3, seed 42): native, and
+equal to :func:`segack.spark_hash` for string, int and bigint columns.
+``hash="java"`` is the Axon-compatible hash (``Objects.hashCode`` of the key):
+for integer keys it is plain JVM arithmetic (``Long.hashCode``); for string keys
+Spark has no native ``String.hashCode``, so two candidates exist and
+``nox -s bench -- spark`` measures them side by side:
+
+* ``"reflect"``: Spark's ``reflect`` calling ``java.util.Objects.hashCode``;
+* ``"arrow"``: an Arrow UDF over the compiled :func:`segack.java_hash_many`.
+
+``method="auto"`` picks the faster one as measured (see the performance page).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from segack.kernel import SegmentSet
+
+__all__ = ["HASHES", "JAVA_HASH_METHODS", "hash_column", "member_index_column", "segment_column"]
+
+HASHES = ("java", "spark")
+JAVA_HASH_METHODS = ("reflect", "arrow")
+#: The candidate ``method="auto"`` uses for string keys under ``hash="java"``.
+FASTEST_JAVA_HASH_METHOD = "reflect"
+#: Above this many table entries, owners are found by a CASE chain instead of a lookup array.
+_TABLE_LIMIT = 4096
+
+
+def _column(key: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return F.col(key) if isinstance(key, str) else key
+
+
+def _low_int(value: Any) -> Any:
+    """The low 32 bits of a bigint column as a signed int, without ANSI overflow errors."""
+    from pyspark.sql import functions as F
+
+    low = value.bitwiseAND(F.lit(0xFFFFFFFF))
+    return (low.bitwiseXOR(F.lit(0x80000000)) - F.lit(0x80000000)).cast("int")
+
+
+def _java_hash_arrow() -> Any:
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    from segack.kernel import java_hash_many
+
+    def java_hash_batch(keys):  # type: ignore[no-untyped-def]
+        return pa.array(java_hash_many(keys), type=pa.int32())
+
+    # Spark reads the UDF's kind from type hints it evaluates itself; say it outright instead.
+    return F.arrow_udf(java_hash_batch, "int", F.ArrowUDFType.SCALAR)  # type: ignore[attr-defined]
+
+
+def hash_column(key: Any, key_type: str, hash: str = "spark", method: str = "auto") -> Any:
+    """The 32-bit hash of ``key`` (a column or column name) whose Spark type is ``key_type``.
+
+    ``key_type`` is a simple type string (``"string"``, ``"int"``, ``"bigint"``).
+    Rejects (``ValueError``) an unknown ``hash`` or ``method``, and key types other
+    than string and integers.
+    """
+    from pyspark.sql import functions as F
+
+    if hash not in HASHES:
+        raise ValueError(f"hash must be one of {HASHES}, not {hash!r}")
+    if method not in ("auto", *JAVA_HASH_METHODS):
+        raise ValueError(f"method must be 'auto' or one of {JAVA_HASH_METHODS}, not {method!r}")
+    if key_type not in ("string", "int", "bigint", "smallint", "tinyint"):
+        raise ValueError(f"key columns must be strings or integers, not {key_type}")
+    column = _column(key)
+    if hash == "spark":
+        return F.hash(column)
+    if key_type != "string":
+        value = column.cast("bigint")
+        return _low_int(value.bitwiseXOR(F.shiftrightunsigned(value, 32)))
+    chosen = FASTEST_JAVA_HASH_METHOD if method == "auto" else method
+    if chosen == "reflect":
+        return F.coalesce(
+            F.call_function("reflect", F.lit("java.util.Objects"), F.lit("hashCode"), column).cast("int"),
+            F.lit(0),
+        )
+    return _java_hash_arrow()(column)
+
+
+def member_index_column(hashes: Any, segments: SegmentSet) -> Any:
+    """The index in ``segments`` of the member owning each hash, as a JVM expression.
+
+    A lookup array over the deepest mask when it is small, else a CASE chain that
+    tries the widest members first.
+    """
+    from pyspark.sql import functions as F
+
+    if not isinstance(segments, SegmentSet):
+        raise TypeError(f"segments must be a segack.SegmentSet, not {type(segments).__name__}")
+    if len(segments) == 1:
+        return F.lit(0)
+    deepest = max(member.mask for member in segments)
+    if all(member.mask == deepest for member in segments):
+        # A balanced power-of-two set: members sorted by id are 0..mask, so the index is the id.
+        return hashes.bitwiseAND(F.lit(deepest))
+    if deepest < _TABLE_LIMIT:
+        table = [segments.owner_index(value) for value in range(deepest + 1)]
+        position = hashes.bitwiseAND(F.lit(deepest)) + F.lit(1)
+        return F.element_at(F.array(*[F.lit(owner) for owner in table]), position)
+    widest_first = sorted(range(len(segments)), key=lambda i: segments[i].mask)
+    chain = None
+    for position in widest_first[:-1]:
+        member = segments[position]
+        test = hashes.bitwiseAND(F.lit(member.mask)) == F.lit(member.segment_id)
+        chain = F.when(test, F.lit(position)) if chain is None else chain.when(test, F.lit(position))
+    assert chain is not None
+    return chain.otherwise(F.lit(widest_first[-1]))
+
+
+def segment_column(
+    df: Any, key: str, segments: SegmentSet, hash: str = "spark", method: str = "auto"
+) -> Any:
+    """The index in ``segments`` of the segment that owns each row's ``key``.
+
+    ``df`` supplies the key's type. Errors as for :func:`hash_column`, plus a
+    ``ValueError`` naming an absent key column.
+    """
+    if key not in df.columns:
+        raise ValueError(f"no column {key!r}; the columns are {df.columns}")
+    key_type = df.schema[key].dataType.simpleString()
+    return member_index_column(hash_column(key, key_type, hash, method), segments)

@@ -1,0 +1,48 @@
+"""Replay handlers for the Spark tests; importable by Spark's Python workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+LOG_ENV = "SEGACK_TEST_LOG"
+
+
+class Recorder:
+    """Appends each event it handles to a JSON-lines file; raises on ``fail_on`` (a key, order pair)."""
+
+    def __init__(self, path: str, fail_on: tuple[Any, Any] | None = None) -> None:
+        self.path = path
+        self.fail_on = fail_on
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if self.fail_on is not None and (event["user"], event["seq"]) == self.fail_on:
+            raise ValueError("the handler refuses this event")
+        line = json.dumps({"user": event["user"], "seq": event["seq"], "pid": os.getpid()})
+        with open(self.path, "a") as log:
+            log.write(line + "\n")
+
+
+def record_slowly(event: dict[str, Any]) -> None:
+    """The kill test's handler: log the event (path from the environment), then pause a little."""
+    line = json.dumps({"user": event["user"], "seq": event["seq"], "run": os.environ.get("SEGACK_TEST_RUN")})
+    with open(os.environ[LOG_ENV], "a") as log:
+        log.write(line + "\n")
+    time.sleep(0.0005)
+
+
+def fail_on_tenth(event: dict[str, Any]) -> None:
+    """Refuses the tenth event of user u1, to test the failure message."""
+    if event["user"] == "u1" and event["seq"] == 10:
+        raise RuntimeError("cannot apply this part")
+
+
+def read_log(path: str) -> list[dict[str, Any]]:
+    """The complete lines of a handler log (a line cut by a kill is not an event handled)."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as log:
+        text = log.read()
+    return [json.loads(line) for line in text.split("\n")[:-1] if line]

@@ -1,0 +1,153 @@
+"""``segack replay`` and ``segack status`` as processes: crashes, rescales, failures, damage."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from segack.cli import main
+from segack.demo import generate_events
+from segack.spark_adapter.checkpoint import CheckpointStore
+from tests.spark_handlers import LOG_ENV, read_log
+from tests.test_spark_adapter import _index_by_rank, assert_each_key_in_order
+
+pytestmark = pytest.mark.spark
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _start(tmp_path, handler, segments, run, extra=()):
+    environment = dict(os.environ, **{LOG_ENV: str(tmp_path / "log.jsonl"), "SEGACK_TEST_RUN": str(run)})
+    command = [sys.executable, "-m", "segack", "replay", str(tmp_path / "events.parquet"),
+               "--key", "user", "--order", "ts", "--handler", handler,
+               "--checkpoint", str(tmp_path / "checkpoint"), "--segments", str(segments), *extra]
+    return subprocess.Popen(command, cwd=ROOT, env=environment, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _kill_group(process):
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise AssertionError("the killed replay left processes behind")
+
+
+def _done_indexes(tmp_path, total):
+    store = CheckpointStore(str(tmp_path / "checkpoint"))
+    state = store.load()
+    done = set() if state is None else {i for i in range(total) if state.acker.is_done(i)}
+    # Progress files a killed run left behind are done work too: the next run merges them.
+    for _, acker in store.read_progress(store.progress_files()):
+        done |= {i for i in range(total) if acker.is_done(i)}
+    return done
+
+
+def test_sigkilled_replays_resume_rescale_and_finish(tmp_path):
+    total = 12_000
+    table = generate_events(total, seed=21)
+    pq.write_table(table, tmp_path / "events.parquet")
+    index_of = _index_by_rank(table)
+    rng = random.Random(2026)
+    done_before = []
+    handled_per_run = []
+    for run, segments in enumerate([2, 5, 3]):
+        done_before.append(_done_indexes(tmp_path, total))
+        process = _start(tmp_path, "tests.spark_handlers:record_slowly", segments, run,
+                         ["--flush-every", "300", "--flush-interval", "0.3"])
+        # Kill at a random moment once this run has started handling events.
+        handled_so_far = len(read_log(str(tmp_path / "log.jsonl")))
+        deadline = time.monotonic() + 180
+        while (process.poll() is None and time.monotonic() < deadline
+               and len(read_log(str(tmp_path / "log.jsonl"))) == handled_so_far):
+            time.sleep(0.1)
+        time.sleep(rng.uniform(0.2, 2.5))
+        if process.poll() is None:
+            _kill_group(process)
+    done_before.append(_done_indexes(tmp_path, total))
+    final = _start(tmp_path, "tests.spark_handlers:record_slowly", 4, 3)
+    out, err = final.communicate(timeout=600)
+    assert final.returncode == 0, err
+
+    handled = read_log(str(tmp_path / "log.jsonl"))
+    assert_each_key_in_order(handled, table)
+    for run in range(4):
+        indexes = {index_of[(e["user"], e["seq"])] for e in handled if e["run"] == str(run)}
+        handled_per_run.append(len(indexes))
+        assert not indexes & done_before[run], f"run {run} redid work the checkpoint had recorded"
+    assert len(done_before[3]) > 0, "no kill landed after the first flush; the test proved nothing"
+    assert handled_per_run[3] == total - len(done_before[3])
+    state = CheckpointStore(str(tmp_path / "checkpoint")).load()
+    assert state.acker.next_index == total and state.settings["segments"] == list(range(4))
+    assert "already done" in out
+
+
+def test_handler_failure_exits_non_zero_with_one_line_naming_the_event(tmp_path):
+    import pyarrow as pa
+
+    users = [f"u{n % 5}" for n in range(100)]
+    seqs = [n // 5 for n in range(100)]
+    pq.write_table(pa.table({"user": users, "seq": seqs, "ts": [1000 + n for n in range(100)]}),
+                   tmp_path / "events.parquet")
+    process = _start(tmp_path, "tests.spark_handlers:fail_on_tenth", 2, 0)
+    _, err = process.communicate(timeout=600)
+    reason = [line for line in err.splitlines() if line.startswith("segack replay:")]
+    assert process.returncode == 1
+    assert len(reason) == 1
+    assert "key 'u1'" in reason[0] and "order 1051" in reason[0] and "cannot apply this part" in reason[0]
+    state = CheckpointStore(str(tmp_path / "checkpoint")).load()
+    assert state.settings["status"] == "failed"
+    assert not state.acker.is_done(51) and state.acker.is_done(46)
+
+
+def test_a_damaged_checkpoint_fails_the_command_and_is_kept(tmp_path, capsys):
+    (tmp_path / "checkpoint").mkdir()
+    state = tmp_path / "checkpoint" / "checkpoint.json"
+    state.write_bytes(b'{"format": "segack-checkpoint", "version": 1, "crc32": 1}')
+    pq.write_table(generate_events(10), tmp_path / "events.parquet")
+    code = main(["replay", str(tmp_path / "events.parquet"), "--key", "user", "--order", "ts",
+                 "--handler", "tests.spark_handlers:record_slowly",
+                 "--checkpoint", str(tmp_path / "checkpoint")])
+    assert code == 1
+    assert "damaged" in capsys.readouterr().err
+    assert state.read_bytes() == b'{"format": "segack-checkpoint", "version": 1, "crc32": 1}'
+    assert main(["status", str(tmp_path / "checkpoint")]) == 1
+
+
+def test_status_shows_the_committed_point_runs_and_settings(tmp_path, capsys):
+    import numpy as np
+
+    from segack.kernel import OffsetAcker
+    from segack.spark_adapter.checkpoint import Checkpoint
+
+    acker = OffsetAcker()
+    acker.ack_many(np.array([0, 1, 2, 7, 8, 11], dtype=np.int64))
+    settings = {"total": 20, "key": "user", "segments": [0, 1]}
+    CheckpointStore(str(tmp_path / "c")).save(Checkpoint(acker, settings))
+    assert main(["status", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    assert "committed       3 of 20" in out
+    assert "3 events in 2 runs" in out and "7..8" in out and "11..11" in out
+    assert "key             user" in out
+    assert main(["status", str(tmp_path / "missing")]) == 1
+
+
+def test_replay_rejects_a_handler_it_cannot_import(tmp_path, capsys):
+    pq.write_table(generate_events(10), tmp_path / "events.parquet")
+    code = main(["replay", str(tmp_path / "events.parquet"), "--key", "user", "--order", "ts",
+                 "--handler", "no_such_module:handle", "--checkpoint", str(tmp_path / "checkpoint")])
+    assert code == 1
+    assert "cannot import handler module 'no_such_module'" in capsys.readouterr().err
+    assert not (tmp_path / "checkpoint").exists()
