@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -242,3 +243,31 @@ def test_checkpoint_round_trip_and_every_damage_is_refused(tmp_path):
     store.save(original)
     assert store.load().acker.runs() == [(5, 6), (9, 9)]
     assert [name for name in os.listdir(tmp_path / "c") if name.endswith(".tmp")] == []
+
+
+def test_foreach_batch_replays_a_stream_in_order_and_skips_redelivered_batches(spark, tmp_path):
+    from segack.spark_adapter import foreach_batch
+
+    table = generate_events(1500, seed=13).sort_by("ts")
+    source = tmp_path / "source"
+    source.mkdir()
+    for number, start in enumerate(range(0, 1500, 500)):
+        pq.write_table(table.slice(start, 500), source / f"part-{number}.parquet")
+    log = str(tmp_path / "log.jsonl")
+    process_batch = foreach_batch(Recorder(log), key="user", order="ts",
+                                  checkpoint=str(tmp_path / "checkpoint"), segments=3)
+    stream = (spark.readStream.schema(spark.createDataFrame(table.slice(0, 1)).schema)
+              .option("maxFilesPerTrigger", 1).parquet(str(source)))
+    query = (stream.writeStream.foreachBatch(process_batch)
+             .option("checkpointLocation", str(tmp_path / "stream-checkpoint"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    handled = read_log(log)
+    assert_each_key_in_order(handled, table)
+    assert len(handled) == 1500
+    state = CheckpointStore(str(tmp_path / "checkpoint")).load()
+    assert state.acker.next_index == 1500
+    assert state.settings["stream"] == {"completed_batch": 2, "batch": None}
+
+    process_batch(spark.createDataFrame(table.slice(1000, 500)), 2)
+    assert len(read_log(log)) == 1500

@@ -12,11 +12,13 @@ from segack.spark_adapter.replay import (
     replay,
 )
 from segack.spark_adapter.session import local_session
+from segack.spark_adapter.streaming import foreach_batch
 
 __all__ = [
     "Checkpoint",
     "CheckpointError",
     "CheckpointStore",
+    "foreach_batch",
     "HandlerFailed",
     "Progress",
     "ReplayResult",

@@ -35,7 +35,7 @@ from typing import Any
 
 from segack.kernel import OffsetAcker, SegmentSet
 from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore
-from segack.spark_adapter.columns import segment_column
+from segack.spark_adapter.columns import hash_column, member_index_column
 
 __all__ = [
     "HandlerFailed",
@@ -333,9 +333,6 @@ def replay(
         segments = SegmentSet.from_ids(previous["segments"]) if previous.get("segments") else (
             spark.sparkContext.defaultParallelism)
     chosen = _segment_set(segments)
-    leftovers = store.progress_files()
-    for _, leftover in store.read_progress(leftovers):
-        state.acker.merge(leftover)
     run_id = uuid.uuid4().hex[:12]
     state.settings = {
         **previous, "source": source if source is not None else previous.get("source"),
@@ -344,17 +341,45 @@ def replay(
         "run_id": run_id, "flush_every": flush_every, "flush_interval": flush_interval,
         "started_at": time.time(), "updated_at": time.time(), "status": "running",
     }
+    already_done = _execute(
+        _index_events(df, key, order), state, store, run_id=run_id, total=total, columns=list(df.columns),
+        key=key, order=order, handler=handler, segments=chosen, hash=hash, method=method,
+        flush_every=flush_every, flush_interval=flush_interval, progress=progress,
+    )
+    acker = state.acker
+    done_now = acker.next_index + acker.pending_count
+    return ReplayResult(
+        total=total, already_done=already_done, handled=done_now - already_done,
+        committed=acker.next_index, segments=len(chosen), seconds=time.monotonic() - began,
+    )
+
+
+def _execute(
+    indexed: Any, state: Checkpoint, store: CheckpointStore, *, run_id: str, total: int,
+    columns: list[str], key: str, order: str, handler: Callable[[dict[str, Any]], Any],
+    segments: SegmentSet, hash: str, method: str, flush_every: int, flush_interval: float,
+    progress: Callable[[Progress], None] | None,
+) -> int:
+    """Handle the events of ``indexed`` (indexes below ``total``) the checkpoint lacks.
+
+    Merges progress a crashed run left behind first, saves the checkpoint at every
+    merge, and leaves ``state`` holding the final acker. Returns how many events
+    were done before the job started.
+    """
+    key_type = indexed.schema[key].dataType.simpleString()
+    segment = member_index_column(hash_column(key, key_type, hash, method), segments)
+    leftovers = store.progress_files()
+    for _, leftover in store.read_progress(leftovers):
+        state.acker.merge(leftover)
     store.save(state)
     store.delete_progress(leftovers)
     acker = state.acker
     already_done = acker.next_index + acker.pending_count
-    merger = _Merger(store, state, total, flush_interval, progress)
     if already_done < total:
-        remaining = _not_done(_index_events(df, key, order), acker)
-        columns = list(df.columns)
         ordered = (
-            remaining.withColumn(SEGMENT, segment_column(df, key, chosen, hash, method))
-            .repartitionById(len(chosen), SEGMENT)
+            _not_done(indexed, acker)
+            .withColumn(SEGMENT, segment)
+            .repartitionById(len(segments), SEGMENT)
             .sortWithinPartitions(INDEX)
             .drop(SEGMENT)
         )
@@ -362,6 +387,7 @@ def replay(
             _process_partition, handler=handler, store=store, run_id=run_id, columns=columns,
             key=key, order=order, flush_every=flush_every, flush_interval=flush_interval,
         )
+        merger = _Merger(store, state, total, flush_interval, progress)
         failure: BaseException | None = None
         with merger:
             try:
@@ -380,8 +406,4 @@ def replay(
     state.settings["status"] = "complete" if acker.next_index == total else "incomplete"
     state.settings["updated_at"] = time.time()
     store.save(state)
-    done_now = acker.next_index + acker.pending_count
-    return ReplayResult(
-        total=total, already_done=already_done, handled=done_now - already_done,
-        committed=acker.next_index, segments=len(chosen), seconds=time.monotonic() - began,
-    )
+    return already_done
