@@ -6,7 +6,7 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["tests", "conformance", "lint"]
+nox.options.sessions = ["tests", "conformance", "lint", "docs"]
 nox.options.default_venv_backend = "venv"
 
 HERE = Path(__file__).parent
@@ -33,10 +33,18 @@ def conformance(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff on Python, mypy on the pure-Python parts, cython-lint on the .pyx sources."""
     session.install(".[test]", "ruff", "mypy", "cython-lint")
-    session.run("ruff", "check", "src", "tests", "noxfile.py", "setup.py", "bench")
+    session.run("ruff", "check", "src", "tests", "noxfile.py", "setup.py", "bench", "docs")
     session.run("mypy")
     pyx_dir = HERE / "src" / "segack" / "pyx"
     session.run("cython-lint", *[str(p) for p in sorted([*pyx_dir.glob("*.pyx"), *pyx_dir.glob("*.pxd")])])
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the Sphinx site with warnings as errors (nitpicky), then run its examples as doctests."""
+    session.install(".", "sphinx>=8,<9", "matplotlib>=3.8")
+    session.run("sphinx-build", "-W", "-n", "--keep-going", "-b", "html", "docs", "docs/_build/html")
+    session.run("sphinx-build", "-W", "-n", "--keep-going", "-b", "doctest", "docs", "docs/_build/doctest")
 
 
 @nox.session

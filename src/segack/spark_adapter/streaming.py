@@ -38,7 +38,7 @@ def foreach_batch(
 
     Within a batch, each key's events run in ``order``; across batches, a batch
     starts once the previous one is complete. Settings are checked at once
-    (``ValueError``/``TypeError`` as for :func:`~segack.spark_adapter.replay`).
+    (``ValueError``/``TypeError`` as for :func:`~segack.spark_adapter.replay.replay`).
     """
     if not callable(handler):
         raise TypeError("handler must be callable")
