@@ -57,7 +57,7 @@ def acker_timeline(out: Path) -> None:
             axis.barh(row, committed, left=0, color="#4a8", height=0.6)
         for first, last in acker.runs():
             axis.barh(row, last - first + 1, left=first, color="#9bd", height=0.6)
-        axis.text(10.3, row, f"ack({index}) -> committed < {committed}, runs {acker.runs()}",
+        axis.text(10.3, row, f"ack({index}): next_index {committed}, runs {acker.runs()}",
                   va="center", fontsize=8)
     axis.set_yticks([])
     axis.set_xticks(range(11))
