@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import print_table, save
+from bench.common import best_of, print_table, save
 
 ROOT = Path(__file__).resolve().parents[1]
 SEGMENTS = 2
@@ -51,15 +51,6 @@ def _replay_vs_handwritten(rows: list[dict[str, Any]], events: int, workdir: str
                  "competitor is": "repartition + sortWithinPartitions + mapInPandas"})
 
 
-def _best(function: Any, repeats: int = 3) -> float:
-    fastest = float("inf")
-    for _ in range(repeats):
-        began = time.perf_counter()
-        function()
-        fastest = min(fastest, time.perf_counter() - began)
-    return fastest
-
-
 def _columns(rows: list[dict[str, Any]]) -> None:
     from pyspark.sql import functions as F
 
@@ -77,16 +68,17 @@ def _columns(rows: list[dict[str, Any]]) -> None:
         return lambda: frame.select(column.alias("v")).agg(F.sum("v")).collect()
 
     total(F.hash("k"))()  # warm the JVM before the first timing
-    native = _best(total(F.hash("k").bitwiseAND(F.lit(7))))
-    balanced = _best(total(segment_column(frame, "k", SegmentSet.balanced(8), "spark")))
-    uneven = _best(total(segment_column(frame, "k", SegmentSet(Segment.split_balanced(WHOLE, 23)), "spark")))
+    native = best_of(total(F.hash("k").bitwiseAND(F.lit(7))))
+    balanced = best_of(total(segment_column(frame, "k", SegmentSet.balanced(8), "spark")))
+    uneven_set = SegmentSet(Segment.split_balanced(WHOLE, 23))
+    uneven = best_of(total(segment_column(frame, "k", uneven_set, "spark")))
     for what, seconds in [("hash(k) & 7 (Spark alone)", native),
                           ("segment column, 8 balanced segments", balanced),
                           ("segment column, 24 uneven segments", uneven)]:
         rows.append({"workload": f"{count // 1_000_000}M string keys, spark hash", "column": what,
                      "seconds": f"{seconds:.2f}", "vs Spark alone": f"{seconds / native:.2f}x"})
-    reflect = _best(total(hash_column("k", "string", "java", "reflect")))
-    arrow = _best(total(hash_column("k", "string", "java", "arrow")))
+    reflect = best_of(total(hash_column("k", "string", "java", "reflect")))
+    arrow = best_of(total(hash_column("k", "string", "java", "arrow")))
     for what, seconds in [("java hash: reflect Objects.hashCode", reflect),
                           ("java hash: Arrow UDF over the kernel", arrow)]:
         rows.append({"workload": f"{count // 1_000_000}M string keys, java hash", "column": what,
