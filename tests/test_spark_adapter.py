@@ -253,6 +253,8 @@ def test_foreach_batch_replays_a_stream_in_order_and_skips_redelivered_batches(s
     source.mkdir()
     for number, start in enumerate(range(0, 1500, 500)):
         pq.write_table(table.slice(start, 500), source / f"part-{number}.parquet")
+        # The file source takes files oldest first; make "oldest" unambiguous.
+        os.utime(source / f"part-{number}.parquet", (1_700_000_000 + number * 100,) * 2)
     log = str(tmp_path / "log.jsonl")
     process_batch = foreach_batch(Recorder(log), key="user", order="ts",
                                   checkpoint=str(tmp_path / "checkpoint"), segments=3)
