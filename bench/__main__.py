@@ -8,7 +8,12 @@ written as JSON to ``bench/results/`` for the docs' plots.
 
 from __future__ import annotations
 
+import os
 import sys
+
+# OpenBLAS worker threads spin on the other core after NumPy calls and steal time
+# from the single-threaded loops timed here.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from bench.common import cpus
 

@@ -35,7 +35,6 @@ cdef class OffsetAcker:
 
     cdef bint is_done_c(self, int64_t index) noexcept nogil
     cdef void _clear(self) noexcept
-    cdef Py_ssize_t _find_block(self, int64_t index) noexcept nogil
     cdef bint _locate(self, int64_t index, Py_ssize_t *block, Py_ssize_t *position) noexcept nogil
     cdef int _insert_block(self, Py_ssize_t at) except -1 nogil
     cdef int _insert_run(self, Py_ssize_t b, Py_ssize_t r, Run run) except -1 nogil
@@ -43,7 +42,14 @@ cdef class OffsetAcker:
     cdef void _set_committed(self, int64_t offset, PyObject *obj) noexcept nogil
     cdef int _add(self, int64_t index, int64_t offset, PyObject *obj) except -1 nogil
     cdef int _add_range(self, int64_t first, int64_t last, int64_t offset, PyObject *obj) except -1 nogil
+    cdef void _advance(self, int64_t last, int64_t offset, PyObject *obj) noexcept nogil
+    cdef int _add_located(
+        self, int64_t first, int64_t last, int64_t offset, PyObject *obj,
+        bint has_left, Py_ssize_t b, Py_ssize_t r,
+    ) except -1 nogil
+    cdef _duplicate(self, int64_t index)
     cdef bint _ack_dense(self, const int64_t[::1] indexes, const int64_t[::1] offsets) except -1
+    cdef bint _batch_overlaps_done(self, const Run *batch, Py_ssize_t count) noexcept nogil
     cdef bint _overlaps_done(self, int64_t first, int64_t last) noexcept nogil
     cdef int _rebuild_with(self, Run *batch, Py_ssize_t count) except -1 nogil
     cdef int64_t _check_index(self, object index) except? -1

@@ -1,4 +1,8 @@
-# cython: language_level=3, embedsignature=True, boundscheck=False, wraparound=False, cdivision=True
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: embedsignature=True, embedsignature.format=clinic
+# cython: binding=False
+# (plain builtin methods: one call layer less on the per-call ack path; the clinic-format
+# signatures keep inspect.signature working)
 """The offset acker, compiled. Mirrors :mod:`segack.specs.acker`, errors included.
 
 Runs live in a two-level sorted structure, the list-of-lists design of
@@ -10,7 +14,7 @@ of each block's first index. Finding a run is two binary searches
 
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
-from libc.stdint cimport int64_t, uint8_t
+from libc.stdint cimport INT64_MAX, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memmove
 
@@ -22,16 +26,84 @@ from segack.specs.acker import INDEX_MAX, _check_settings, _index_array, merged_
 
 __all__ = ["OffsetAcker", "AckerFullError", "DuplicateAckError", "INDEX_MAX", "BLOCK_SIZE"]
 
-#: Runs per block: a block of 32-byte runs fills two pages.
-BLOCK_SIZE = 64
-cdef Py_ssize_t _BLOCK = BLOCK_SIZE
+cdef enum:
+    # Runs per block, a power of two: a block of 32-byte runs fills half a page.
+    _BLOCK = 64
+
+#: Runs per block.
+BLOCK_SIZE = _BLOCK
 cdef int64_t _INDEX_MAX = INDEX_MAX
+# Unused slots of a block and of the block index hold this first index, which no index
+# reaches (INDEX_MAX is below it), so searches run over a fixed power-of-two length.
+cdef int64_t _EMPTY = INT64_MAX
+cdef uint64_t _ALL_MARKED = 0x0101010101010101ULL
+
+
+cdef inline Py_ssize_t _last_at_or_below(
+    const int64_t *values, Py_ssize_t stride, Py_ssize_t slots, int64_t index
+) noexcept nogil:
+    """The position of the last of ``slots`` ascending values, ``stride`` int64s apart, that
+    is <= ``index``, or -1. ``slots`` is a power of two, padded with ``_EMPTY``.
+
+    Branch-free halving: the comparison feeds a conditional move, so an unpredictable
+    order of acks costs no mispredicted branches, and a constant ``slots`` unrolls."""
+    cdef Py_ssize_t base = 0, step = slots >> 1
+    if values[0] > index:
+        return -1
+    while step > 0:
+        base = base + step if values[(base + step) * stride] <= index else base
+        step >>= 1
+    return base
 
 
 cdef inline void _release(PyObject *obj) noexcept nogil:
     if obj != NULL:
         with gil:
             Py_XDECREF(obj)
+
+
+cdef inline uint64_t _word(const uint8_t *bytes) noexcept nogil:
+    """Eight bytes of the batch's byte map as one word (an unaligned load)."""
+    cdef uint64_t word
+    memcpy(&word, bytes, 8)
+    return word
+
+
+cdef inline void _min_max(const int64_t *values, Py_ssize_t n, int64_t *low, int64_t *high) noexcept nogil:
+    """The least and greatest of ``n`` > 0 values. Four independent lanes, so each comparison
+    does not wait for the one before."""
+    cdef int64_t low0 = values[0], low1 = values[0], low2 = values[0], low3 = values[0]
+    cdef int64_t high0 = values[0], high1 = values[0], high2 = values[0], high3 = values[0]
+    cdef Py_ssize_t i = 0
+    while i + 4 <= n:
+        low0 = min(low0, values[i])
+        high0 = max(high0, values[i])
+        low1 = min(low1, values[i + 1])
+        high1 = max(high1, values[i + 1])
+        low2 = min(low2, values[i + 2])
+        high2 = max(high2, values[i + 2])
+        low3 = min(low3, values[i + 3])
+        high3 = max(high3, values[i + 3])
+        i += 4
+    while i < n:
+        low0 = min(low0, values[i])
+        high0 = max(high0, values[i])
+        i += 1
+    low[0] = min(min(low0, low1), min(low2, low3))
+    high[0] = max(max(high0, high1), max(high2, high3))
+
+
+cdef inline bint _native_offset(object offset, int64_t *native) noexcept:
+    """Whether ``offset`` is an exact int that fits 64 bits; if so it is stored in ``native``."""
+    cdef int overflow = 0
+    cdef long long value
+    if not PyLong_CheckExact(offset):
+        return False
+    value = PyLong_AsLongLongAndOverflow(offset, &overflow)
+    if overflow:
+        return False
+    native[0] = value
+    return True
 
 
 cdef class OffsetAcker:
@@ -83,34 +155,18 @@ cdef class OffsetAcker:
 
     # ------------------------------------------------------------ the run structure
 
-    cdef Py_ssize_t _find_block(self, int64_t index) noexcept nogil:
-        """The last block whose first index is <= ``index``, or -1."""
-        cdef Py_ssize_t low = 0, high = self._block_count, middle
-        while low < high:
-            middle = (low + high) >> 1
-            if self._block_firsts[middle] <= index:
-                low = middle + 1
-            else:
-                high = middle
-        return low - 1
-
     cdef bint _locate(self, int64_t index, Py_ssize_t *block, Py_ssize_t *position) noexcept nogil:
         """Where the last run whose first index is <= ``index`` is; False if there is none."""
-        cdef Py_ssize_t b = self._find_block(index), low, high, middle
-        cdef Run *runs
+        cdef Py_ssize_t b
+        if self._block_count == 0:
+            return False
+        b = _last_at_or_below(self._block_firsts, 1, self._block_capacity, index)
         if b < 0:
             return False
-        runs = self._blocks[b].runs
-        low = 0
-        high = self._blocks[b].count
-        while low < high:
-            middle = (low + high) >> 1
-            if runs[middle].first <= index:
-                low = middle + 1
-            else:
-                high = middle
         block[0] = b
-        position[0] = low - 1
+        position[0] = _last_at_or_below(
+            &self._blocks[b].runs[0].first, sizeof(Run) // sizeof(int64_t), _BLOCK, index
+        )
         return True
 
     cdef bint is_done_c(self, int64_t index) noexcept nogil:
@@ -122,7 +178,7 @@ cdef class OffsetAcker:
         return self._blocks[b].runs[r].last >= index
 
     cdef int _insert_block(self, Py_ssize_t at) except -1 nogil:
-        cdef Py_ssize_t capacity
+        cdef Py_ssize_t capacity, slot
         cdef Block *blocks
         cdef int64_t *firsts
         if self._block_count == self._block_capacity:
@@ -137,11 +193,15 @@ cdef class OffsetAcker:
                 with gil:
                     raise MemoryError()
             self._block_firsts = firsts
+            for slot in range(self._block_capacity, capacity):
+                firsts[slot] = _EMPTY
             self._block_capacity = capacity
         cdef Run *runs = <Run *>malloc(_BLOCK * sizeof(Run))
         if runs == NULL:
             with gil:
                 raise MemoryError()
+        for slot in range(_BLOCK):
+            runs[slot].first = _EMPTY
         memmove(self._blocks + at + 1, self._blocks + at, (self._block_count - at) * sizeof(Block))
         memmove(
             self._block_firsts + at + 1, self._block_firsts + at,
@@ -156,7 +216,7 @@ cdef class OffsetAcker:
         """Insert ``run`` before position ``r`` of block ``b``, splitting a full block."""
         cdef Block *block
         cdef Block *upper
-        cdef Py_ssize_t half = _BLOCK // 2
+        cdef Py_ssize_t half = _BLOCK // 2, slot
         if self._block_count == 0:
             self._insert_block(0)
             b = 0
@@ -169,6 +229,8 @@ cdef class OffsetAcker:
             memcpy(upper.runs, block.runs + half, (_BLOCK - half) * sizeof(Run))
             upper.count = _BLOCK - half
             block.count = half
+            for slot in range(half, _BLOCK):
+                block.runs[slot].first = _EMPTY
             self._block_firsts[b + 1] = upper.runs[0].first
             if r > half:
                 b += 1
@@ -187,6 +249,7 @@ cdef class OffsetAcker:
         cdef Block *block = &self._blocks[b]
         memmove(block.runs + r, block.runs + r + 1, (block.count - r - 1) * sizeof(Run))
         block.count -= 1
+        block.runs[block.count].first = _EMPTY
         self._run_count -= 1
         if block.count == 0:
             free(block.runs)
@@ -196,6 +259,7 @@ cdef class OffsetAcker:
                 (self._block_count - b - 1) * sizeof(int64_t),
             )
             self._block_count -= 1
+            self._block_firsts[self._block_count] = _EMPTY
         elif r == 0:
             self._block_firsts[b] = block.runs[0].first
 
@@ -222,25 +286,43 @@ cdef class OffsetAcker:
 
         Takes ownership of ``obj``. Returns 1 if the committed point advanced.
         """
-        cdef Py_ssize_t b = 0, r = -1, sb, sr
-        cdef bint has_left, left, right
+        cdef Py_ssize_t b = 0, r = -1
+        cdef bint has_left
+        if first == self._next:
+            self._advance(last, offset, obj)
+            return 1
+        # Apart: C leaves the order of argument evaluation open, and b, r come from the search.
+        has_left = self._locate(first, &b, &r)
+        self._add_located(first, last, offset, obj, has_left, b, r)
+        return 0
+
+    cdef void _advance(self, int64_t last, int64_t offset, PyObject *obj) noexcept nogil:
+        """The indexes from the committed point to ``last`` are done: move the point past them,
+        and past the run that then starts there, if any. Takes ownership of ``obj``."""
+        cdef Run *first_run
+        self._next = last + 1
+        self._set_committed(offset, obj)
+        if self._run_count > 0:
+            first_run = &self._blocks[0].runs[0]
+            if first_run.first == self._next:
+                self._next = first_run.last + 1
+                self._pending_count -= first_run.last - first_run.first + 1
+                self._set_committed(first_run.offset, first_run.obj)
+                self._remove_run(0, 0)
+
+    cdef int _add_located(
+        self, int64_t first, int64_t last, int64_t offset, PyObject *obj,
+        bint has_left, Py_ssize_t b, Py_ssize_t r,
+    ) except -1 nogil:
+        """Record ``first..last`` beyond the committed point, none of them done, where
+        :meth:`_locate` put it: after the run at (``b``, ``r``) if ``has_left``, else first.
+        Takes ownership of ``obj``."""
+        cdef Py_ssize_t sb, sr
+        cdef bint left, right
         cdef Run *pred = NULL
         cdef Run *succ = NULL
-        cdef Run *first_run
         cdef Run fresh
-        if first == self._next:
-            self._next = last + 1
-            self._set_committed(offset, obj)
-            if self._run_count > 0:
-                first_run = &self._blocks[0].runs[0]
-                if first_run.first == self._next:
-                    self._next = first_run.last + 1
-                    self._pending_count -= first_run.last - first_run.first + 1
-                    self._set_committed(first_run.offset, first_run.obj)
-                    self._remove_run(0, 0)
-            return 1
         self._pending_count += last - first + 1
-        has_left = self._locate(first, &b, &r)
         if has_left:
             pred = &self._blocks[b].runs[r]
             sb = b
@@ -287,8 +369,9 @@ cdef class OffsetAcker:
         return self._add(index, offset, NULL)
 
     cdef int add_object_c(self, int64_t index, object offset) except -1:
-        if type(offset) is int and -(1 << 63) <= offset < (1 << 63):
-            return self._add(index, <int64_t>offset, NULL)
+        cdef int64_t native = 0
+        if _native_offset(offset, &native):
+            return self._add(index, native, NULL)
         Py_INCREF(offset)
         return self._add(index, 0, <PyObject *>offset)
 
@@ -411,19 +494,45 @@ cdef class OffsetAcker:
         ``ValueError`` for a negative one or one below the start,
         :class:`DuplicateAckError`, :class:`AckerFullError`.
         """
-        cdef int64_t value = self._check_index(index)
-        if self.is_done_c(value):
-            if self._ignore_duplicates:
-                self._duplicates += 1
-                return None
-            raise DuplicateAckError(value)
-        if self._max_runs is not None:
-            self._check_room(self._run_count + self._run_change(value))
-        if offset is None:
-            advanced = self._add(value, value, NULL)
+        # One search answers both whether the index is done and where it goes: on the
+        # per-call path every check the batch path amortizes is paid in full.
+        cdef int64_t value, native
+        cdef int overflow = 0
+        cdef Py_ssize_t b = 0, r = -1
+        cdef bint exact = PyLong_CheckExact(index), has_left = False
+        cdef PyObject *obj = NULL
+        if exact:
+            value = PyLong_AsLongLongAndOverflow(index, &overflow)
+            if overflow or value < self._start or value > _INDEX_MAX:
+                value = self._check_index(index)
         else:
-            advanced = self.add_object_c(value, offset)
-        return self._committed() if advanced else None
+            value = self._check_index(index)
+        if value > self._next:
+            has_left = self._locate(value, &b, &r)
+            if has_left and self._blocks[b].runs[r].last >= value:
+                return self._duplicate(value)
+            if self._max_runs is not None:
+                self._check_room(self._run_count + self._run_change(value))
+        elif value < self._next:
+            return self._duplicate(value)
+        native = value
+        if offset is not None and not _native_offset(offset, &native):
+            Py_INCREF(offset)
+            obj = <PyObject *>offset
+        if value > self._next:
+            self._add_located(value, value, native, obj, has_left, b, r)
+            return None
+        self._advance(value, native, obj)
+        if exact and offset is None and self._next == value + 1:
+            # The committed offset is the very int the caller passed: no new object.
+            return index
+        return self._committed()
+
+    cdef _duplicate(self, int64_t index):
+        if self._ignore_duplicates:
+            self._duplicates += 1
+            return None
+        raise DuplicateAckError(index)
 
     def ack_many(self, indexes, offsets=None):
         """Ack every index of an integer array, with the matching offsets (default: the indexes).
@@ -452,9 +561,7 @@ cdef class OffsetAcker:
             return None
         array = np.ascontiguousarray(array)
         before = self._next
-        if offset_list is None and self._ack_dense(
-            array, array if native_offsets is None else native_offsets
-        ):
+        if offset_list is None and self._ack_dense(array, native_offsets):
             return self._committed() if self._next > before else None
         self._validate_batch(array)
         if self._max_runs is not None:
@@ -466,29 +573,27 @@ cdef class OffsetAcker:
         return self._committed() if self._next > before else None
 
     cdef bint _ack_dense(self, const int64_t[::1] indexes, const int64_t[::1] offsets) except -1:
-        """The batch path: mark the batch in a byte map, read its runs off the map, add each
-        run at once. Returns False, having changed nothing, when the batch is too sparse for
-        a map, holds an index twice, or touches a done index: the general path then decides."""
+        """The batch path: mark the batch in a byte map, read its runs off the map, add them
+        at once. Returns False, having changed nothing, when the batch is too sparse for a
+        map, holds an index twice, or touches a done index: the general path then decides.
+        ``offsets`` may be ``None``: each index is then its own offset."""
         cdef Py_ssize_t i, n = indexes.shape[0], count = 0, position
-        cdef int64_t low = indexes[0], high = indexes[0], value, first, span
+        cdef int64_t low, high, first, span
         cdef uint8_t *marks = NULL
         cdef int64_t *ends = NULL
         cdef Run *batch = NULL
-        cdef bint usable = True
+        cdef bint usable = True, own_offsets = offsets is None
         cdef Py_ssize_t runs_after
-        for i in range(n):
-            value = indexes[i]
-            if value < low:
-                low = value
-            if value > high:
-                high = value
+        _min_max(&indexes[0], n, &low, &high)
         if low < self._start or high > _INDEX_MAX or high - low > 4 * n + 4096:
             return False
         span = high - low + 1
-        marks = <uint8_t *>calloc(span + 1, 1)
-        ends = <int64_t *>malloc(span * sizeof(int64_t))
+        # Zero padding past the end lets the run scan read whole words without a bound check.
+        marks = <uint8_t *>calloc(span + 16, 1)
+        if not own_offsets:
+            ends = <int64_t *>malloc(span * sizeof(int64_t))
         batch = <Run *>malloc(n * sizeof(Run))
-        if marks == NULL or ends == NULL or batch == NULL:
+        if marks == NULL or (ends == NULL and not own_offsets) or batch == NULL:
             free(marks)
             free(ends)
             free(batch)
@@ -501,25 +606,29 @@ cdef class OffsetAcker:
                         usable = False
                         break
                     marks[position] = 1
-                    ends[position] = offsets[i]
+                    if not own_offsets:
+                        ends[position] = offsets[i]
                 if usable:
                     position = 0
                     while position < span:
+                        if _word(marks + position) == 0:
+                            position += 8
+                            continue
                         if not marks[position]:
                             position += 1
                             continue
-                        first = low + position
+                        first = position
+                        while _word(marks + position + 1) == _ALL_MARKED:
+                            position += 8
                         while marks[position + 1]:
                             position += 1
-                        batch[count].first = first
+                        batch[count].first = low + first
                         batch[count].last = low + position
-                        batch[count].offset = ends[position]
+                        batch[count].offset = low + position if own_offsets else ends[position]
                         batch[count].obj = NULL
-                        if self._overlaps_done(first, low + position):
-                            usable = False
-                            break
                         count += 1
                         position += 1
+                    usable = not self._batch_overlaps_done(batch, count)
             if not usable:
                 return False
             if self._max_runs is not None:
@@ -542,6 +651,39 @@ cdef class OffsetAcker:
             free(marks)
             free(ends)
             free(batch)
+
+    cdef bint _batch_overlaps_done(self, const Run *batch, Py_ssize_t count) noexcept nogil:
+        """Whether any index of the sorted, disjoint ``batch`` runs is done.
+
+        A batch about as large as the structure is checked in one walk through both, a
+        small one by a search per run."""
+        cdef Py_ssize_t b = 0, r = 0, k
+        cdef const Run *run
+        if count == 0:
+            return False
+        if batch[0].first < self._next:
+            return True
+        if count * 8 <= self._run_count:
+            for k in range(count):
+                if self._overlaps_done(batch[k].first, batch[k].last):
+                    return True
+            return False
+        if not self._locate(batch[0].first, &b, &r):
+            b = 0
+            r = 0
+        k = 0
+        while b < self._block_count and k < count:
+            run = &self._blocks[b].runs[r]
+            if run.last < batch[k].first:
+                r += 1
+                if r == self._blocks[b].count:
+                    b += 1
+                    r = 0
+            elif batch[k].last < run.first:
+                k += 1
+            else:
+                return True
+        return False
 
     cdef bint _overlaps_done(self, int64_t first, int64_t last) noexcept nogil:
         """Whether any index of ``first..last`` is done."""
@@ -749,8 +891,7 @@ cdef class OffsetAcker:
         self._committed_object = None
         if state.committed_offset is not None:
             committed = state.committed_offset
-            if type(committed) is int and -(1 << 63) <= committed < (1 << 63):
-                self._committed_native = committed
+            if _native_offset(committed, &self._committed_native):
                 self._committed_is_native = True
             else:
                 self._committed_object = committed
@@ -758,10 +899,8 @@ cdef class OffsetAcker:
         for first, last, offset in state.runs:
             run.first = first
             run.last = last
-            if type(offset) is int and -(1 << 63) <= offset < (1 << 63):
-                run.offset = offset
-                run.obj = NULL
-            else:
+            run.obj = NULL
+            if not _native_offset(offset, &run.offset):
                 Py_INCREF(offset)
                 run.offset = 0
                 run.obj = <PyObject *>offset

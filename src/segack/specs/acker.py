@@ -68,7 +68,7 @@ def _index_array(indexes: Any) -> np.ndarray:
         raise ValueError(f"indexes must be one-dimensional, got {array.ndim} dimensions")
     if array.dtype.kind not in "iu" or not np.can_cast(array.dtype, np.int64):
         raise TypeError(f"indexes must be an integer array (int64 or narrower), not {array.dtype}")
-    return array.astype(np.int64)
+    return array.astype(np.int64, copy=False)
 
 
 def _done_intervals(state: snapshot_format.AckerState) -> list[tuple[int, int, Any]]:
