@@ -315,3 +315,51 @@ def test_kernel_memory_follows_the_runs_and_is_given_back():
     acker.ack_many(np.arange(0, 200_000, 2))
     acker.ack_many(np.arange(200_000, 1_200_000))
     assert acker.pending_runs == 0 and sys.getsizeof(acker) - empty < 4096
+
+
+class _Token:
+    """An offset object whose lifetime a weak reference can watch."""
+
+
+def test_only_the_last_offset_of_each_run_is_kept(impl):
+    import gc
+    import weakref
+
+    tokens = {index: _Token() for index in range(1, 10)}
+    alive = {index: weakref.ref(token) for index, token in tokens.items()}
+    acker = impl.OffsetAcker()
+    for index in (3, 1, 2, 4, 9, 7, 6, 8):
+        acker.ack(index, tokens[index])
+    ends = acker.runs_with_offsets()
+    assert [(first, last) for first, last, _ in ends] == [(1, 4), (6, 9)]
+    assert ends[0][2] is tokens[4] and ends[1][2] is tokens[9]
+    del ends, tokens
+    gc.collect()
+    assert sorted(index for index, ref in alive.items() if ref() is not None) == [4, 9]
+    acker.ack(0)
+    gc.collect()
+    assert sorted(index for index, ref in alive.items() if ref() is not None) == [4, 9]
+    acker.ack(5)
+    gc.collect()
+    assert [index for index, ref in alive.items() if ref() is not None] == [9]
+    assert acker.committed_offset is alive[9]()
+
+
+def test_per_call_acks_near_the_committed_point_allocate_nothing():
+    """Out-of-order acks within WINDOW_SIZE of the committed point stay in the kernel's
+    fixed window: after the first, the acker's size does not change, however far it goes."""
+    import sys
+
+    import segack.kernel as kernel
+    from segack.pyx.acker import WINDOW_SIZE
+
+    rng = np.random.default_rng(4)
+    order = np.argsort(np.arange(50_000) + rng.integers(0, WINDOW_SIZE // 2, size=50_000), kind="stable")
+    acker = kernel.OffsetAcker()
+    acker.ack(1)
+    size = sys.getsizeof(acker)
+    for index in order.tolist():
+        if index != 1:
+            acker.ack(index)
+        assert sys.getsizeof(acker) == size
+    assert acker.next_index == 50_000 and acker.pending_runs == 0

@@ -2,7 +2,7 @@
 """C-level declarations of the offset acker, for other Cython code to cimport."""
 
 from cpython.ref cimport PyObject
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint64_t
 
 
 cdef struct Run:
@@ -32,9 +32,27 @@ cdef class OffsetAcker:
     cdef int64_t _duplicates
     cdef bint _ignore_duplicates
     cdef object _max_runs
+    # The per-call window: a ring of _WINDOW bits, the offset of each index and, for the last
+    # index of each group of set bits, an owned offset object (see acker.pyx).
+    cdef uint64_t *_window_bits
+    cdef int64_t *_window_offsets
+    cdef PyObject **_window_objs
+    cdef bint _window_active
+    cdef int64_t _window_limit
+    cdef Py_ssize_t _window_runs
 
     cdef bint is_done_c(self, int64_t index) noexcept nogil
     cdef void _clear(self) noexcept
+    cdef void _clear_window(self) noexcept
+    cdef bint _window_has(self, int64_t index) noexcept nogil
+    cdef int64_t _first_run_start(self) noexcept nogil
+    cdef void _raise_window_limit(self) noexcept nogil
+    cdef int _open_window(self) except -1
+    cdef bint _joined_to_first_run(self) noexcept nogil
+    cdef Py_ssize_t _total_runs(self) noexcept nogil
+    cdef void _window_add(self, int64_t index, int64_t offset, PyObject *obj) noexcept nogil
+    cdef void _take_window_run(self) noexcept nogil
+    cdef int _flush_window(self) except -1 nogil
     cdef bint _locate(self, int64_t index, Py_ssize_t *block, Py_ssize_t *position) noexcept nogil
     cdef int _insert_block(self, Py_ssize_t at) except -1 nogil
     cdef int _insert_run(self, Py_ssize_t b, Py_ssize_t r, Run run) except -1 nogil

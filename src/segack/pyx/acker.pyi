@@ -10,6 +10,7 @@ from segack.errors import DuplicateAckError as DuplicateAckError
 
 INDEX_MAX: int
 BLOCK_SIZE: int
+WINDOW_SIZE: int
 
 class OffsetAcker:
     def __init__(

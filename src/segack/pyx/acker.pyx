@@ -10,6 +10,9 @@ Runs live in a two-level sorted structure, the list-of-lists design of
 of each block's first index. Finding a run is two binary searches
 (O(log runs)); inserting or removing one moves at most a block's worth of
 32-byte runs. In-order acks only touch the committed point: O(1), no memory.
+Per-call acks close behind the committed point set bits in a fixed window
+instead (see "the per-call window" below), which every other operation first
+folds into runs.
 """
 
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
@@ -24,19 +27,25 @@ from segack.errors import AckerFullError, DuplicateAckError
 from segack.specs import snapshot as _snapshot
 from segack.specs.acker import INDEX_MAX, _check_settings, _index_array, merged_state
 
-__all__ = ["OffsetAcker", "AckerFullError", "DuplicateAckError", "INDEX_MAX", "BLOCK_SIZE"]
+__all__ = ["OffsetAcker", "AckerFullError", "DuplicateAckError", "INDEX_MAX", "BLOCK_SIZE", "WINDOW_SIZE"]
 
 cdef enum:
     # Runs per block, a power of two: a block of 32-byte runs fills half a page.
     _BLOCK = 64
+    # Indexes the per-call window covers, a power of two (see OffsetAcker._window_bits).
+    _WINDOW = 2048
 
 #: Runs per block.
 BLOCK_SIZE = _BLOCK
+#: How far past the committed point the per-call window reaches.
+WINDOW_SIZE = _WINDOW
 cdef int64_t _INDEX_MAX = INDEX_MAX
 # Unused slots of a block and of the block index hold this first index, which no index
 # reaches (INDEX_MAX is below it), so searches run over a fixed power-of-two length.
 cdef int64_t _EMPTY = INT64_MAX
 cdef uint64_t _ALL_MARKED = 0x0101010101010101ULL
+# The window's bits, offsets and offset objects.
+cdef Py_ssize_t _WINDOW_BYTES = _WINDOW // 8 + _WINDOW * (sizeof(int64_t) + sizeof(PyObject *))
 
 
 cdef inline Py_ssize_t _last_at_or_below(
@@ -47,13 +56,16 @@ cdef inline Py_ssize_t _last_at_or_below(
 
     Branch-free halving: the comparison feeds a conditional move, so an unpredictable
     order of acks costs no mispredicted branches, and a constant ``slots`` unrolls."""
-    cdef Py_ssize_t base = 0, step = slots >> 1
+    cdef Py_ssize_t base = 0, step = slots >> 1, i, found
     if values[0] > index:
         return -1
-    while step > 0:
+    while step >= 8:
         base = base + step if values[(base + step) * stride] <= index else base
         step >>= 1
-    return base
+    found = base
+    for i in range(1, min(slots, 8)):
+        found += values[(base + i) * stride] <= index
+    return found
 
 
 cdef inline void _release(PyObject *obj) noexcept nogil:
@@ -121,6 +133,10 @@ cdef class OffsetAcker:
         self._block_capacity = 0
         self._committed_object = None
         self._committed_is_native = False
+        self._window_bits = NULL
+        self._window_offsets = NULL
+        self._window_objs = NULL
+        self._window_active = False
 
     def __dealloc__(self):
         self._clear()
@@ -152,6 +168,126 @@ cdef class OffsetAcker:
         self._block_capacity = 0
         self._run_count = 0
         self._pending_count = 0
+        self._clear_window()
+
+    cdef void _clear_window(self) noexcept:
+        cdef Py_ssize_t slot
+        if self._window_objs != NULL:
+            for slot in range(_WINDOW):
+                Py_XDECREF(self._window_objs[slot])
+        free(self._window_bits)
+        free(self._window_offsets)
+        free(self._window_objs)
+        self._window_bits = NULL
+        self._window_offsets = NULL
+        self._window_objs = NULL
+        self._window_active = False
+        self._window_runs = 0
+
+    # ------------------------------------------------------------ the per-call window
+    #
+    # Per-call acks just ahead of the committed point land in a ring of bits, one per
+    # index, instead of the runs: setting a bit needs no search, no shifting and no
+    # unpredictable branch, which is most of what a per-call ack costs. The window holds
+    # the indexes from the committed point up to ``_window_limit``, which never passes the
+    # first run, so every run lies after every window index. Only the last index of each
+    # maximal group of set bits keeps its offset object, as a run would. Anything but a
+    # per-call ack, ``is_done`` and the counters first folds the window into runs
+    # (``_flush_window``), so the rest of the acker only ever sees runs.
+
+    cdef bint _window_has(self, int64_t index) noexcept nogil:
+        cdef int64_t slot = index & (_WINDOW - 1)
+        return (self._window_bits[slot >> 6] >> (slot & 63)) & 1
+
+    cdef int64_t _first_run_start(self) noexcept nogil:
+        return self._blocks[0].runs[0].first if self._run_count > 0 else INT64_MAX
+
+    cdef void _raise_window_limit(self) noexcept nogil:
+        """The window reaches ``_WINDOW`` indexes past the committed point, or up to the first run."""
+        cdef int64_t reach = INT64_MAX if self._next > INT64_MAX - _WINDOW else self._next + _WINDOW
+        self._window_limit = min(reach, self._first_run_start())
+
+    cdef int _open_window(self) except -1:
+        if self._window_bits == NULL:
+            self._window_bits = <uint64_t *>calloc(_WINDOW // 64, sizeof(uint64_t))
+            self._window_offsets = <int64_t *>malloc(_WINDOW * sizeof(int64_t))
+            self._window_objs = <PyObject **>calloc(_WINDOW, sizeof(PyObject *))
+            if self._window_bits == NULL or self._window_offsets == NULL or self._window_objs == NULL:
+                self._clear_window()
+                raise MemoryError()
+        self._window_active = True
+        self._raise_window_limit()
+        return 0
+
+    cdef bint _joined_to_first_run(self) noexcept nogil:
+        """Whether the window's last index is done and the first run starts right after it."""
+        return (
+            self._window_active and self._window_limit > self._next
+            and self._window_has(self._window_limit - 1)
+            and self._first_run_start() == self._window_limit
+        )
+
+    cdef Py_ssize_t _total_runs(self) noexcept nogil:
+        return self._run_count + self._window_runs - <Py_ssize_t>self._joined_to_first_run()
+
+    cdef void _window_add(self, int64_t index, int64_t offset, PyObject *obj) noexcept nogil:
+        """Record a not-done ``index`` strictly inside the window; takes ownership of ``obj``."""
+        cdef int64_t slot = index & (_WINDOW - 1)
+        cdef bint left = self._window_has(index - 1)
+        cdef bint right = index + 1 < self._window_limit and self._window_has(index + 1)
+        self._window_bits[slot >> 6] |= (<uint64_t>1) << (slot & 63)
+        self._window_offsets[slot] = offset
+        self._window_objs[slot] = obj
+        if left:
+            # index - 1 no longer ends a group: its offset is not needed any more.
+            slot = (index - 1) & (_WINDOW - 1)
+            _release(self._window_objs[slot])
+            self._window_objs[slot] = NULL
+        if right:
+            _release(obj)
+            self._window_objs[index & (_WINDOW - 1)] = NULL
+        self._window_runs += 1 - <Py_ssize_t>left - <Py_ssize_t>right
+        self._pending_count += 1
+
+    cdef void _take_window_run(self) noexcept nogil:
+        """Move the committed point past the window's done indexes that start at it."""
+        cdef int64_t slot
+        cdef int64_t first = self._next
+        while self._next < self._window_limit and self._window_has(self._next):
+            slot = self._next & (_WINDOW - 1)
+            self._window_bits[slot >> 6] &= ~((<uint64_t>1) << (slot & 63))
+            self._next += 1
+        if self._next > first:
+            slot = (self._next - 1) & (_WINDOW - 1)
+            self._set_committed(self._window_offsets[slot], self._window_objs[slot])
+            self._window_objs[slot] = NULL
+            self._window_runs -= 1
+            self._pending_count -= self._next - first
+
+    cdef int _flush_window(self) except -1 nogil:
+        """Fold the window's done indexes into runs and close the window."""
+        cdef int64_t index, first, slot
+        cdef PyObject *obj
+        if not self._window_active:
+            return 0
+        self._window_active = False
+        index = self._next
+        while index < self._window_limit:
+            if not self._window_has(index):
+                index += 1
+                continue
+            first = index
+            while index < self._window_limit and self._window_has(index):
+                slot = index & (_WINDOW - 1)
+                self._window_bits[slot >> 6] &= ~((<uint64_t>1) << (slot & 63))
+                index += 1
+            slot = (index - 1) & (_WINDOW - 1)
+            obj = self._window_objs[slot]
+            self._window_objs[slot] = NULL
+            self._window_runs -= 1
+            self._pending_count -= index - first
+            self._add_range(first, index - 1, self._window_offsets[slot], obj)
+        return 0
 
     # ------------------------------------------------------------ the run structure
 
@@ -173,6 +309,8 @@ cdef class OffsetAcker:
         cdef Py_ssize_t b, r
         if index < self._next:
             return True
+        if self._window_active and index < self._window_limit:
+            return self._window_has(index)
         if not self._locate(index, &b, &r):
             return False
         return self._blocks[b].runs[r].last >= index
@@ -302,6 +440,8 @@ cdef class OffsetAcker:
         cdef Run *first_run
         self._next = last + 1
         self._set_committed(offset, obj)
+        if self._window_active:
+            self._take_window_run()
         if self._run_count > 0:
             first_run = &self._blocks[0].runs[0]
             if first_run.first == self._next:
@@ -309,6 +449,8 @@ cdef class OffsetAcker:
                 self._pending_count -= first_run.last - first_run.first + 1
                 self._set_committed(first_run.offset, first_run.obj)
                 self._remove_run(0, 0)
+        if self._window_active:
+            self._raise_window_limit()
 
     cdef int _add_located(
         self, int64_t first, int64_t last, int64_t offset, PyObject *obj,
@@ -366,10 +508,12 @@ cdef class OffsetAcker:
         return 0
 
     cdef int add_native_c(self, int64_t index, int64_t offset) except -1 nogil:
+        self._flush_window()
         return self._add(index, offset, NULL)
 
     cdef int add_object_c(self, int64_t index, object offset) except -1:
         cdef int64_t native = 0
+        self._flush_window()
         if _native_offset(offset, &native):
             return self._add(index, native, NULL)
         Py_INCREF(offset)
@@ -398,7 +542,7 @@ cdef class OffsetAcker:
     @property
     def pending_runs(self):
         """How many runs of done indexes lie beyond the committed point."""
-        return self._run_count
+        return self._total_runs()
 
     @property
     def pending_count(self):
@@ -423,6 +567,7 @@ cdef class OffsetAcker:
     def runs(self):
         """The done runs beyond the committed point as ``(first, last)``, ascending."""
         cdef Py_ssize_t b, r
+        self._flush_window()
         return [
             (self._blocks[b].runs[r].first, self._blocks[b].runs[r].last)
             for b in range(self._block_count) for r in range(self._blocks[b].count)
@@ -433,6 +578,7 @@ cdef class OffsetAcker:
         cdef Py_ssize_t b, r
         cdef Run *run
         result = []
+        self._flush_window()
         for b in range(self._block_count):
             for r in range(self._blocks[b].count):
                 run = &self._blocks[b].runs[r]
@@ -463,11 +609,12 @@ cdef class OffsetAcker:
         return value
 
     def __sizeof__(self):
-        """Bytes held: the object, its block index and every block's run array."""
+        """Bytes held: the object, its block index, every block's run array and the window."""
         return (
             object.__sizeof__(self)
             + self._block_capacity * (sizeof(Block) + sizeof(int64_t))
             + self._block_count * _BLOCK * sizeof(Run)
+            + (0 if self._window_bits == NULL else _WINDOW_BYTES)
         )
 
     def is_done(self, index):
@@ -482,7 +629,7 @@ cdef class OffsetAcker:
         return 1 - <int>touches_left - <int>touches_right
 
     cdef int _check_room(self, Py_ssize_t runs_after) except -1:
-        if self._max_runs is not None and runs_after > self._max_runs and runs_after > self._run_count:
+        if self._max_runs is not None and runs_after > self._max_runs and runs_after > self._total_runs():
             raise AckerFullError(runs_after, self._max_runs)
         return 0
 
@@ -508,11 +655,17 @@ cdef class OffsetAcker:
         else:
             value = self._check_index(index)
         if value > self._next:
-            has_left = self._locate(value, &b, &r)
-            if has_left and self._blocks[b].runs[r].last >= value:
-                return self._duplicate(value)
+            if not self._window_active:
+                self._open_window()
+            if value < self._window_limit:
+                if self._window_has(value):
+                    return self._duplicate(value)
+            else:
+                has_left = self._locate(value, &b, &r)
+                if has_left and self._blocks[b].runs[r].last >= value:
+                    return self._duplicate(value)
             if self._max_runs is not None:
-                self._check_room(self._run_count + self._run_change(value))
+                self._check_room(self._total_runs() + self._run_change(value))
         elif value < self._next:
             return self._duplicate(value)
         native = value
@@ -520,7 +673,10 @@ cdef class OffsetAcker:
             Py_INCREF(offset)
             obj = <PyObject *>offset
         if value > self._next:
-            self._add_located(value, value, native, obj, has_left, b, r)
+            if value < self._window_limit:
+                self._window_add(value, native, obj)
+            else:
+                self._add_located(value, value, native, obj, has_left, b, r)
             return None
         self._advance(value, native, obj)
         if exact and offset is None and self._next == value + 1:
@@ -559,6 +715,7 @@ cdef class OffsetAcker:
                     raise ValueError(f"{len(offset_list)} offsets for {n} indexes")
         if n == 0:
             return None
+        self._flush_window()
         array = np.ascontiguousarray(array)
         before = self._next
         if offset_list is None and self._ack_dense(array, native_offsets):
@@ -932,5 +1089,5 @@ cdef class OffsetAcker:
     def __repr__(self):
         return (
             f"OffsetAcker(next_index={self._next}, committed_offset={self.committed_offset!r}, "
-            f"pending_runs={self._run_count}, pending_count={self._pending_count})"
+            f"pending_runs={self._total_runs()}, pending_count={self._pending_count})"
         )
