@@ -273,3 +273,26 @@ def test_foreach_batch_replays_a_stream_in_order_and_skips_redelivered_batches(s
 
     process_batch(spark.createDataFrame(table.slice(1000, 500)), 2)
     assert len(read_log(log)) == 1500
+
+
+def test_events_with_the_same_key_and_order_get_the_same_index_in_any_layout(spark):
+    """Ties in ``(order, key)`` are broken by the rest of the row, so the index of each event,
+    which resuming relies on, does not depend on how Spark happens to lay the input out."""
+    from pyspark.sql import functions as F
+
+    from segack.spark_adapter.replay import INDEX, _index_events
+
+    rows = [(f"k{n % 3}", n % 2, f"payload-{n}", {"n": n % 5}) for n in range(60)]
+    base = spark.createDataFrame(rows, "key string, ts int, payload string, attrs map<string,int>")
+    layouts = [
+        base.repartition(1),
+        base.repartition(7, "payload"),
+        base.orderBy(F.col("payload").desc()).repartition(3),
+        base.orderBy(F.xxhash64("payload")).coalesce(2),
+    ]
+    seen = []
+    for layout in layouts:
+        indexed = _index_events(layout, "key", "ts").select("payload", INDEX).collect()
+        seen.append(dict((row["payload"], row[INDEX]) for row in indexed))
+    assert sorted(seen[0].values()) == list(range(60))
+    assert all(mapping == seen[0] for mapping in seen[1:])

@@ -232,11 +232,26 @@ class _Merger:
 
 
 def _index_events(df: Any, key: str, order: str, base: int = 0) -> Any:
-    """``df`` with a dense index column: the rank by ``(order, key)``, from ``base``."""
+    """``df`` with a dense index column: the rank by ``(order, key)``, from ``base``.
+
+    Events with equal ``(order, key)`` are ranked by a hash of the rest of the row, so each
+    event's index depends only on the input, never on how Spark laid it out: a resumed run
+    must skip exactly the events an earlier run did. Events equal in every column are
+    interchangeable, so it does not matter which of them gets which index.
+    """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    rank = F.row_number().over(Window.orderBy(F.col(order).asc_nulls_first(), F.col(key).asc_nulls_first()))
+    rest = [
+        # Spark will not hash a map; its JSON form (entries in stored order) stands in for it.
+        F.to_json(df[field.name]) if "map<" in field.dataType.simpleString() else df[field.name]
+        for field in df.schema.fields
+        if field.name not in (key, order)
+    ]
+    tie = F.xxhash64(*rest) if rest else F.lit(0)
+    rank = F.row_number().over(
+        Window.orderBy(F.col(order).asc_nulls_first(), F.col(key).asc_nulls_first(), tie)
+    )
     return df.withColumn(INDEX, rank + F.lit(base - 1).cast("bigint"))
 
 
