@@ -181,3 +181,41 @@ def run() -> None:
                 rows, ["workload", "acker", "M acks/s", "vs heap", "peak pending_runs",
                        "memory / run", "snapshot / run"])
     save("acker", rows)
+    state_operations()
+
+
+def state_operations() -> None:
+    """Snapshot, restore and merge of fragmented ackers, the kernel against the spec.
+
+    A replay task's acker holds the indexes of its own segments only, interleaved with every
+    other task's, so it is one run per few events: it writes such a snapshot at every flush,
+    and the driver reads and merges them. The spec is the same format in plain Python."""
+    import segack.specs as spec
+
+    rows: list[dict[str, Any]] = []
+    for impl in (segack, spec):
+        mine, theirs = impl.OffsetAcker(), impl.OffsetAcker()
+        mine.ack_many(np.arange(1, 1_000_000, 4, dtype=np.int64))
+        theirs.ack_many(np.arange(2, 1_000_000, 4, dtype=np.int64))
+        token = mine.snapshot()
+
+        def merge(mine: Any = mine, theirs: Any = theirs) -> None:
+            mine.copy().merge(theirs)
+
+        copy_time = best_of(mine.copy)
+        rows.append({
+            "snapshot": best_of(mine.snapshot),
+            "restore": best_of(lambda impl=impl, token=token: impl.OffsetAcker.restore(token)),
+            "merge": best_of(merge) - copy_time,
+        })
+    fast, slow = rows
+    table = [
+        {"workload": f"{what} of 250,000 runs (+250,000 merged)" if what == "merge"
+         else f"{what} of 250,000 runs",
+         "segack": f"{fast[what] * 1e3:.1f} ms", "pure-Python spec": f"{slow[what] * 1e3:.0f} ms",
+         "speed-up": f"{slow[what] / fast[what]:.0f}x"}
+        for what in ("snapshot", "restore", "merge")
+    ]
+    print_table("Acker snapshots and merging (kernel vs the pure-Python spec, same format)",
+                table, ["workload", "segack", "pure-Python spec", "speed-up"])
+    save("acker-state", table)

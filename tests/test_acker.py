@@ -302,6 +302,164 @@ def test_large_batches_agree_with_the_spec(seed, span, density, batches, max_run
         assert state_of(fast) == state_of(slow)
 
 
+def _fed_twins(rng, start, count, span, policy="error"):
+    """A kernel and a spec acker given the same ``count`` acks at random indexes from ``start``,
+    with every kind of offset: the index itself, 64-bit ints, bigger ints, strs and a bool."""
+    import segack.kernel as kernel
+    import segack.specs as spec
+
+    fast, slow = kernel.OffsetAcker(start, on_duplicate=policy), spec.OffsetAcker(start, on_duplicate=policy)
+    indexes = rng.choice(span, size=min(count, span), replace=False) + start
+    kinds = rng.integers(0, 20, size=len(indexes))
+    for index, kind in zip(indexes.tolist(), kinds.tolist(), strict=True):
+        offset = [None, -index, 2**64 + index, f"o{index}", True][min(kind // 3, 4)] if kind else None
+        fast.ack(index, offset)
+        slow.ack(index, offset)
+    if policy == "ignore":
+        again = indexes[: len(indexes) // 10].tolist()
+        fast.ack_many(again)
+        slow.ack_many(again)
+    return fast, slow
+
+
+def _restored(impl, token):
+    acker = impl.OffsetAcker.restore(token)
+    return (acker.start_index, acker.on_duplicate, acker.max_runs, state_of(acker))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    start=st.integers(0, 3),
+    count=st.integers(0, 3000),
+    span=st.integers(1, 6000),
+    their_start=st.integers(0, 6),
+    conflict=st.sampled_from([None, ("conflict", "other"), (7, 8)]),
+)
+def test_snapshots_and_merges_of_many_runs_agree_with_the_spec(
+    seed, start, count, span, their_start, conflict
+):
+    """Thousands of runs with mixed offsets and counted duplicates: the kernel writes the same
+    token bytes, reads either implementation's token back to the same acker, and merges another
+    acker's runs (sometimes with a conflicting offset, sometimes from an earlier start) to the
+    same result."""
+    import segack.kernel as kernel
+    import segack.specs as spec
+
+    rng = np.random.default_rng(seed)
+    fast, slow = _fed_twins(rng, start, count, span, policy="ignore")
+    fast_token, slow_token = outcome(fast.snapshot), outcome(slow.snapshot)
+    assert fast_token == slow_token
+    if fast_token[0] == "ok":
+        token = slow_token[1]
+        assert outcome(lambda: _restored(kernel, token)) == outcome(lambda: _restored(spec, token))
+        assert _restored(kernel, fast_token[1])[3] == state_of(slow)
+    fast_task, slow_task = _fed_twins(rng, their_start, count // 2, span, policy="ignore")
+    if conflict and slow_task.pending_runs:
+        last = slow_task.runs_with_offsets()[-1][1]
+        if last + 1 >= start and not slow.is_done(last + 1) and not slow_task.is_done(last + 1):
+            fast_task.ack(last + 1, conflict[0])
+            slow_task.ack(last + 1, conflict[0])
+            fast.ack(last + 1, conflict[1])
+            slow.ack(last + 1, conflict[1])
+    before = state_of(fast)
+    result = outcome(lambda: fast.merge(fast_task))
+    assert result == outcome(lambda: slow.merge(slow_task))
+    assert state_of(fast) == state_of(slow)
+    if result[0] != "ok":
+        assert state_of(fast) == before
+
+
+def _uvarint(value, padding=0):
+    out = bytearray()
+    while value >= 0x80 or padding:
+        if value < 0x80:
+            padding -= 1
+        out.append((value & 0x7F) | 0x80 if value >= 0x80 or padding >= 0 else value)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_FIELDS = st.one_of(
+    st.builds(_uvarint, st.one_of(st.integers(0, 300), st.integers(2**62, 2**65), st.integers(0, 2**140))),
+    st.builds(_uvarint, st.integers(0, 300), st.integers(1, 25)),  # longer than it needs to be
+    st.integers(0, 5).map(lambda byte: bytes([byte])),  # a tag or a policy
+    st.sampled_from([b"\x03\x02\xc3\xa9", b"\x03\x02\xed\xa0", b"\x03\x01\xff", b"\x03\x05ab"]),
+    st.just(b"\x03" + _uvarint(2**40)),  # a str far longer than the token
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(fields=st.lists(_FIELDS, max_size=14), noise=st.binary(max_size=4))
+def test_any_well_sealed_body_is_read_as_the_spec_reads_it(fields, noise):
+    """A body with a valid header and checksum but arbitrary fields: the kernel's own reader
+    must take exactly what the spec takes, and refuse the rest with the spec's words."""
+    import segack.kernel as kernel
+    import segack.specs as spec
+    from segack.specs import snapshot
+
+    token = snapshot._seal(bytearray(b"".join(fields) + noise))
+    assert outcome(lambda: _restored(kernel, token)) == outcome(lambda: _restored(spec, token))
+
+
+def test_every_resealed_change_of_a_body_is_read_as_the_spec_reads_it():
+    """Each byte of a valid body replaced by every value, each byte dropped, and every value
+    inserted at each place, then given a fresh checksum: the kernel's reader and the spec's
+    decoder take and refuse the same tokens, with the same words."""
+    import segack.kernel as kernel
+    import segack.specs as spec
+    from segack.specs import snapshot
+
+    header, checksum = snapshot._HEADER.size, snapshot._CHECKSUM.size
+    for token in _tokens(spec):
+        body = token[header:-checksum]
+        places, values = range(len(body) + 1), range(256)
+        changed = [body[:at] + bytes([value]) + body[at + 1:] for at in places[:-1] for value in values]
+        changed += [body[:at] + body[at + 1:] for at in places[:-1]]
+        changed += [body[:at] + bytes([value]) + body[at:] for at in places for value in values]
+        for candidate in changed:
+            resealed = snapshot._seal(bytearray(candidate))
+            read = outcome(lambda t=resealed: _restored(kernel, t))
+            assert read == outcome(lambda t=resealed: _restored(spec, t))
+
+
+def test_tokens_at_the_edges_of_64_bits_are_read_as_the_spec_reads_them(impl):
+    """Indexes up to ``INDEX_MAX`` and 64-bit numbers survive; an index or a duplicate count
+    past what an acker holds is a ``ValueError``."""
+    from segack.specs import snapshot
+    from segack.specs.acker import INDEX_MAX
+
+    def token(start, done, committed, duplicates, runs):
+        state = snapshot.AckerState(start, start + done, committed, duplicates, "error", None, runs)
+        return snapshot.encode(state)
+
+    edge_run = (INDEX_MAX - 1, INDEX_MAX, 2**63 - 1)
+    acker = impl.OffsetAcker.restore(token(0, 3, -(2**63), 2**63 - 1, [edge_run]))
+    assert (acker.committed_offset, acker.duplicates) == (-(2**63), 2**63 - 1)
+    assert acker.runs_with_offsets() == [edge_run]
+    with pytest.raises(ValueError, match=f"index {INDEX_MAX + 1} is larger than"):
+        impl.OffsetAcker.restore(token(0, 0, None, 0, [(INDEX_MAX, INDEX_MAX + 1, None)]))
+    with pytest.raises(ValueError, match="is larger than"):
+        impl.OffsetAcker.restore(token(0, INDEX_MAX + 2, 1, 0, []))
+    with pytest.raises(ValueError, match="duplicates is past"):
+        impl.OffsetAcker.restore(token(0, 0, None, 2**63, []))
+
+
+def test_int_offsets_below_2_to_the_128_survive_and_larger_ones_are_refused(impl):
+    acker = impl.OffsetAcker()
+    acker.ack(0, 2**128 - 1)
+    acker.ack(5, -(2**128) + 1)
+    restored = impl.OffsetAcker.restore(acker.snapshot())
+    assert restored.committed_offset == 2**128 - 1
+    assert restored.runs_with_offsets() == [(5, 5, -(2**128) + 1)]
+    acker.ack(7, 2**128)
+    before = state_of(acker)
+    with pytest.raises(ValueError, match="too large for a snapshot"):
+        acker.snapshot()
+    assert state_of(acker) == before
+
+
 def test_kernel_memory_follows_the_runs_and_is_given_back():
     """``sys.getsizeof`` counts the run blocks: it grows with pending runs, not with acks."""
     import sys

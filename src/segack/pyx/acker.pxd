@@ -70,6 +70,8 @@ cdef class OffsetAcker:
     cdef bint _batch_overlaps_done(self, const Run *batch, Py_ssize_t count) noexcept nogil
     cdef bint _overlaps_done(self, int64_t first, int64_t last) noexcept nogil
     cdef int _rebuild_with(self, Run *batch, Py_ssize_t count) except -1 nogil
+    cdef int _install_runs(self, const Run *runs, Py_ssize_t count) except -1 nogil
+    cdef Run *_done_runs(self, Py_ssize_t *count) except NULL
     cdef int64_t _check_index(self, object index) except? -1
     cdef object _committed(self)
     cdef int _run_change(self, int64_t index) noexcept nogil

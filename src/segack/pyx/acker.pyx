@@ -16,16 +16,19 @@ folds into runs.
 """
 
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
-from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
+from cpython.object cimport Py_NE, PyObject_RichCompareBool
+from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF, Py_XINCREF
 from libc.stdint cimport INT64_MAX, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memmove
+
+import zlib
 
 import numpy as np
 
 from segack.errors import AckerFullError, DuplicateAckError
 from segack.specs import snapshot as _snapshot
-from segack.specs.acker import INDEX_MAX, _check_settings, _index_array, merged_state
+from segack.specs.acker import INDEX_MAX, _check_settings, _index_array, merged_state, restorable_state
 
 __all__ = ["OffsetAcker", "AckerFullError", "DuplicateAckError", "INDEX_MAX", "BLOCK_SIZE", "WINDOW_SIZE"]
 
@@ -115,6 +118,273 @@ cdef inline bint _native_offset(object offset, int64_t *native) noexcept:
     if overflow:
         return False
     native[0] = value
+    return True
+
+
+cdef inline object _offset_object(const Run *run):
+    """The offset of a run's last index, as a Python object."""
+    return run.offset if run.obj == NULL else <object>run.obj
+
+
+cdef int _offsets_disagree(
+    const Run *mine, Py_ssize_t mine_count, const Run *theirs, Py_ssize_t their_count
+) except -1:
+    """Whether two ascending run lists end a run at one index with offsets that differ (the
+    only indexes whose offsets both know)."""
+    cdef Py_ssize_t i = 0, j = 0
+    while i < mine_count and j < their_count:
+        if mine[i].last < theirs[j].last:
+            i += 1
+        elif mine[i].last > theirs[j].last:
+            j += 1
+        else:
+            if mine[i].obj == NULL and theirs[j].obj == NULL:
+                if mine[i].offset != theirs[j].offset:
+                    return 1
+            elif PyObject_RichCompareBool(_offset_object(&mine[i]), _offset_object(&theirs[j]), Py_NE):
+                return 1
+            i += 1
+            j += 1
+    return 0
+
+
+# ------------------------------------------------------------ the snapshot codec, runs part
+#
+# The layout is the spec's (segack.specs.snapshot); these write and read the runs, the bulk of a
+# token, without a Python object per run. The tags and header come from the spec module.
+
+cdef uint8_t _TAG_NONE = _snapshot._TAG_NONE
+cdef uint8_t _TAG_SAME_AS_INDEX = _snapshot._TAG_SAME_AS_INDEX
+cdef uint8_t _TAG_INT = _snapshot._TAG_INT
+cdef uint8_t _TAG_STR = _snapshot._TAG_STR
+cdef bytes _MAGIC = _snapshot.MAGIC
+cdef uint8_t _VERSION = _snapshot.VERSION
+cdef Py_ssize_t _HEADER_SIZE = _snapshot._HEADER.size
+cdef Py_ssize_t _CHECKSUM_SIZE = _snapshot._CHECKSUM.size
+cdef Py_ssize_t _POLICY_COUNT = len(_snapshot._POLICIES)
+# The longest LEB128 varint of a 64-bit number.
+cdef enum:
+    _VARINT_MAX = 10
+
+
+cdef struct _Buffer:
+    char *data
+    Py_ssize_t size
+    Py_ssize_t capacity
+
+
+cdef int _reserve(_Buffer *out, Py_ssize_t extra) except -1:
+    cdef Py_ssize_t capacity
+    cdef char *grown
+    if out.size + extra <= out.capacity:
+        return 0
+    capacity = max(2 * out.capacity, out.size + extra)
+    grown = <char *>realloc(out.data, capacity)
+    if grown == NULL:
+        raise MemoryError()
+    out.data = grown
+    out.capacity = capacity
+    return 0
+
+
+cdef inline void _put_byte(_Buffer *out, uint8_t value) noexcept nogil:
+    out.data[out.size] = <char>value
+    out.size += 1
+
+
+cdef inline void _put_uvarint(_Buffer *out, uint64_t value) noexcept nogil:
+    while value >= 0x80:
+        out.data[out.size] = <char>((value & 0x7F) | 0x80)
+        out.size += 1
+        value >>= 7
+    out.data[out.size] = <char>value
+    out.size += 1
+
+
+cdef int _put_object_offset(_Buffer *out, object offset, int64_t index) except -1:
+    """An offset that is not a native int, written by the spec's encoder (which rejects the
+    types a snapshot cannot keep)."""
+    scratch = bytearray()
+    _snapshot._offset(offset, index, scratch)
+    cdef bytes written = bytes(scratch)
+    _reserve(out, len(written))
+    memcpy(out.data + out.size, <const char *>written, len(written))
+    out.size += len(written)
+    return 0
+
+
+cdef inline uint64_t _zigzag(int64_t value) noexcept nogil:
+    return (<uint64_t>value << 1) ^ (0 - <uint64_t>(value < 0))
+
+
+cdef inline int64_t _unzigzag(uint64_t value) noexcept nogil:
+    return <int64_t>(value >> 1) ^ -<int64_t>(value & 1)
+
+
+cdef inline uint64_t _le32(const unsigned char *p) noexcept nogil:
+    return p[0] | (<uint64_t>p[1] << 8) | (<uint64_t>p[2] << 16) | (<uint64_t>p[3] << 24)
+
+
+cdef bint _read_uvarint(
+    const unsigned char *p, Py_ssize_t *position, Py_ssize_t end, uint64_t *value
+) noexcept nogil:
+    """A varint that fits 64 bits, else False (the spec reads longer ones too)."""
+    cdef uint64_t result = 0
+    cdef int shift = 0
+    cdef unsigned char byte
+    while position[0] < end:
+        byte = p[position[0]]
+        position[0] += 1
+        if shift == 63 and byte > 1:
+            return False
+        result |= (<uint64_t>(byte & 0x7F)) << shift
+        if byte < 0x80:
+            value[0] = result
+            return True
+        shift += 7
+    return False
+
+
+cdef struct _Parsed:
+    int64_t start
+    int64_t next_index
+    int64_t duplicates
+    int64_t bound
+    int policy
+    Run committed       # offset/obj only; obj is Py_None for "no committed offset"
+    Run *runs           # owned, with owned objects for the first ``count``
+    Py_ssize_t count
+    int64_t pending_count
+
+
+cdef int _read_offset(
+    const unsigned char *p, Py_ssize_t *position, Py_ssize_t end, int64_t index, Run *into
+) except -1:
+    """An offset as the spec reads it, into ``into`` (a new reference for objects); 0 when the
+    bytes are not one the kernel holds natively or not valid."""
+    cdef uint64_t value
+    cdef uint8_t tag
+    if position[0] >= end:
+        return 0
+    tag = p[position[0]]
+    position[0] += 1
+    into.offset = 0
+    into.obj = NULL
+    if tag == _TAG_SAME_AS_INDEX:
+        into.offset = index
+    elif tag == _TAG_INT:
+        if not _read_uvarint(p, position, end, &value):
+            return 0
+        into.offset = _unzigzag(value)
+    elif tag == _TAG_NONE:
+        Py_INCREF(None)
+        into.obj = <PyObject *>None
+    elif tag == _TAG_STR:
+        if not _read_uvarint(p, position, end, &value) or value > <uint64_t>(end - position[0]):
+            return 0
+        try:
+            text = (<const char *>p)[position[0]:position[0] + <Py_ssize_t>value].decode(
+                "utf-8", "surrogatepass"
+            )
+        except UnicodeDecodeError:
+            return 0
+        position[0] += <Py_ssize_t>value
+        Py_INCREF(text)
+        into.obj = <PyObject *>text
+    else:
+        return 0
+    return 1
+
+
+cdef void _release_parsed(_Parsed *parsed) noexcept:
+    cdef Py_ssize_t k
+    for k in range(parsed.count):
+        Py_XDECREF(parsed.runs[k].obj)
+    Py_XDECREF(parsed.committed.obj)
+    free(parsed.runs)
+    parsed.runs = NULL
+    parsed.count = 0
+    parsed.committed.obj = NULL
+
+
+cdef bint _parse_token(bytes data, _Parsed *parsed) except -1:
+    """Read a token as the spec's decoder would, into ``parsed``. False, holding nothing, for
+    whatever the spec would reject or the kernel cannot hold natively: the caller then asks
+    the spec, so errors are worded in one place."""
+    parsed.runs = NULL
+    parsed.count = 0
+    parsed.committed.obj = NULL
+    try:
+        if _parse_body(data, parsed):
+            return True
+    except BaseException:
+        _release_parsed(parsed)
+        raise
+    _release_parsed(parsed)
+    return False
+
+
+cdef bint _parse_body(bytes data, _Parsed *parsed) except -1:
+    cdef const unsigned char *p = <const unsigned char *><const char *>data
+    cdef Py_ssize_t n = len(data), position = _HEADER_SIZE, end = n - _CHECKSUM_SIZE, k
+    cdef uint64_t value, count, gap, length
+    cdef int64_t previous_end, first
+    if n < _HEADER_SIZE + _CHECKSUM_SIZE or data[:4] != _MAGIC or p[4] != _VERSION:
+        return False
+    if _le32(p + 5) != <uint64_t>n:
+        return False
+    if zlib.crc32(memoryview(data)[:end]) != _le32(p + end):
+        return False
+    if not _read_uvarint(p, &position, end, &value) or value > <uint64_t>_INDEX_MAX:
+        return False
+    parsed.start = value
+    if not _read_uvarint(p, &position, end, &value) or value > <uint64_t>(_INDEX_MAX + 1 - parsed.start):
+        return False
+    parsed.next_index = parsed.start + <int64_t>value
+    if not _read_offset(p, &position, end, parsed.next_index - 1, &parsed.committed):
+        return False
+    if not _read_uvarint(p, &position, end, &value) or value > <uint64_t>INT64_MAX:
+        return False
+    parsed.duplicates = value
+    if position >= end or p[position] >= _POLICY_COUNT:
+        return False
+    parsed.policy = p[position]
+    position += 1
+    if not _read_uvarint(p, &position, end, &value) or value > <uint64_t>INT64_MAX:
+        return False
+    parsed.bound = value
+    # Every run takes at least three bytes, so a larger count is damage, not a size to allocate.
+    if not _read_uvarint(p, &position, end, &count) or count > <uint64_t>((end - position) // 3):
+        return False
+    parsed.runs = <Run *>malloc((count + 1) * sizeof(Run))
+    if parsed.runs == NULL:
+        raise MemoryError()
+    parsed.pending_count = 0
+    previous_end = parsed.next_index - 1
+    for k in range(<Py_ssize_t>count):
+        if not _read_uvarint(p, &position, end, &gap) or gap > <uint64_t>_INDEX_MAX:
+            return False
+        # In 64 unsigned bits: previous_end + 2 may pass INT64_MAX by one.
+        value = <uint64_t>(previous_end + 1) + 1 + gap
+        if value > <uint64_t>_INDEX_MAX:
+            return False
+        first = <int64_t>value
+        if not _read_uvarint(p, &position, end, &length) or length > <uint64_t>(_INDEX_MAX - first):
+            return False
+        parsed.runs[k].first = first
+        parsed.runs[k].last = first + <int64_t>length
+        if not _read_offset(p, &position, end, parsed.runs[k].last, &parsed.runs[k]):
+            return False
+        parsed.count = k + 1
+        parsed.pending_count += <int64_t>length + 1
+        previous_end = parsed.runs[k].last
+    if position != end:
+        return False
+    if (parsed.committed.obj == <PyObject *>None) != (parsed.next_index == parsed.start):
+        return False
+    if parsed.committed.obj == <PyObject *>None:
+        Py_XDECREF(parsed.committed.obj)
+        parsed.committed.obj = NULL
     return True
 
 
@@ -852,17 +1122,26 @@ cdef class OffsetAcker:
         return self._blocks[b].runs[r].last >= first
 
     cdef int _rebuild_with(self, Run *batch, Py_ssize_t count) except -1 nogil:
-        """Merge sorted, not-done ``batch`` runs into the structure in one linear pass."""
-        cdef Py_ssize_t total = self._run_count + count, produced = 0, b = 0, r = 0, k = 0
-        cdef Run *merged = <Run *>malloc((total + 1) * sizeof(Run))
+        """Merge sorted, not-done ``batch`` runs that do not touch each other into the
+        structure in one linear pass. The caller keeps ``batch``."""
+        cdef Py_ssize_t produced = 0, b = 0, r = 0, k = 0, at = 0
+        cdef Run *merged = batch
         cdef Run current
         cdef bint take_batch
         cdef Block *old_blocks = self._blocks
-        cdef Py_ssize_t old_count = self._block_count, chunk, at
-        if merged == NULL:
-            with gil:
-                raise MemoryError()
-        while b < old_count or k < count:
+        cdef Py_ssize_t old_count = self._block_count
+        if old_count == 0:
+            # Nothing to merge with: the batch goes into blocks as it is, without a copy of
+            # it that would be fresh memory to fault in.
+            produced = count
+            for k in range(count):
+                self._pending_count += batch[k].last - batch[k].first + 1
+        else:
+            merged = <Run *>malloc((self._run_count + count + 1) * sizeof(Run))
+            if merged == NULL:
+                with gil:
+                    raise MemoryError()
+        while b < old_count or (k < count and merged != batch):
             if b >= old_count:
                 take_batch = True
             elif k >= count:
@@ -895,23 +1174,30 @@ cdef class OffsetAcker:
         self._block_count = 0
         self._block_capacity = 0
         self._run_count = 0
-        at = 0
         if produced > 0 and merged[0].first == self._next:
             self._next = merged[0].last + 1
             self._pending_count -= merged[0].last - merged[0].first + 1
             self._set_committed(merged[0].offset, merged[0].obj)
             at = 1
         try:
-            while at < produced:
-                chunk = min(produced - at, (_BLOCK * 7) // 8)
-                self._insert_block(self._block_count)
-                memcpy(self._blocks[self._block_count - 1].runs, merged + at, chunk * sizeof(Run))
-                self._blocks[self._block_count - 1].count = chunk
-                self._block_firsts[self._block_count - 1] = merged[at].first
-                self._run_count += chunk
-                at += chunk
+            self._install_runs(merged + at, produced - at)
         finally:
-            free(merged)
+            if merged != batch:
+                free(merged)
+        return 0
+
+    cdef int _install_runs(self, const Run *runs, Py_ssize_t count) except -1 nogil:
+        """Fill the empty structure with ``count`` sorted runs that do not touch, taking over
+        their objects. Blocks start 7/8 full, so the next inserts rarely split one."""
+        cdef Py_ssize_t at = 0, chunk
+        while at < count:
+            chunk = min(count - at, (_BLOCK * 7) // 8)
+            self._insert_block(self._block_count)
+            memcpy(self._blocks[self._block_count - 1].runs, runs + at, chunk * sizeof(Run))
+            self._blocks[self._block_count - 1].count = chunk
+            self._block_firsts[self._block_count - 1] = runs[at].first
+            self._run_count += chunk
+            at += chunk
         return 0
 
     cdef _validate_batch(self, const int64_t[::1] indexes):
@@ -1007,30 +1293,156 @@ cdef class OffsetAcker:
 
     # ------------------------------------------------------------ merging
 
+    cdef Run *_done_runs(self, Py_ssize_t *count) except NULL:
+        """Every done index as runs: the committed prefix, if any, then the pending runs.
+        A new array the caller frees; its objects are borrowed."""
+        cdef Py_ssize_t b, at = 0
+        cdef Run *runs = <Run *>malloc((self._run_count + 1) * sizeof(Run))
+        if runs == NULL:
+            raise MemoryError()
+        if self._next > self._start:
+            runs[0].first = self._start
+            runs[0].last = self._next - 1
+            runs[0].offset = self._committed_native
+            runs[0].obj = NULL if self._committed_is_native else <PyObject *>self._committed_object
+            at = 1
+        for b in range(self._block_count):
+            memcpy(runs + at, self._blocks[b].runs, self._blocks[b].count * sizeof(Run))
+            at += self._blocks[b].count
+        count[0] = at
+        return runs
+
     def merge(self, other):
         """Add every index ``other`` has done (the union); see the spec for the rules."""
         if not isinstance(other, OffsetAcker):
             raise TypeError(f"can only merge an OffsetAcker, not {type(other).__name__}")
-        state = merged_state(self._state(), (<OffsetAcker>other)._state())
-        self._check_room(len(state.runs))
-        before = self._next
-        self._load(state)
+        cdef OffsetAcker theirs = <OffsetAcker>other
+        cdef Run *mine_runs = NULL
+        cdef Run *their_runs = NULL
+        cdef Run *merged = NULL
+        cdef Py_ssize_t mine_count = 0, their_count = 0, produced = 0, i = 0, j = 0, at = 0, k
+        cdef int64_t before = self._next
+        cdef Run current
+        self._flush_window()
+        theirs._flush_window()
+        try:
+            mine_runs = self._done_runs(&mine_count)
+            their_runs = theirs._done_runs(&their_count)
+            if theirs._start < self._start or _offsets_disagree(
+                mine_runs, mine_count, their_runs, their_count
+            ):
+                # The spec words the error.
+                merged_state(self._state(), theirs._state())
+            merged = <Run *>malloc((mine_count + their_count + 1) * sizeof(Run))
+            if merged == NULL:
+                raise MemoryError()
+            # The union in one pass; on equal firsts this acker's run comes first, and a run
+            # that reaches further brings the offset of its own last index.
+            while i < mine_count or j < their_count:
+                if j >= their_count or (i < mine_count and mine_runs[i].first <= their_runs[j].first):
+                    current = mine_runs[i]
+                    i += 1
+                else:
+                    current = their_runs[j]
+                    j += 1
+                if produced > 0 and current.first <= merged[produced - 1].last + 1:
+                    if current.last > merged[produced - 1].last:
+                        merged[produced - 1].last = current.last
+                        merged[produced - 1].offset = current.offset
+                        merged[produced - 1].obj = current.obj
+                else:
+                    merged[produced] = current
+                    produced += 1
+            if produced > 0 and merged[0].first == self._start:
+                at = 1
+            self._check_room(produced - at)
+            for k in range(produced):
+                Py_XINCREF(merged[k].obj)
+            self._clear()
+            self._duplicates += theirs._duplicates
+            if at == 1:
+                self._next = merged[0].last + 1
+                self._set_committed(merged[0].offset, merged[0].obj)
+            for k in range(at, produced):
+                self._pending_count += merged[k].last - merged[k].first + 1
+            self._install_runs(merged + at, produced - at)
+        finally:
+            free(mine_runs)
+            free(their_runs)
+            free(merged)
         return self._committed() if self._next > before else None
 
     # ------------------------------------------------------------ snapshots
 
     def snapshot(self):
-        """The acker as bytes (see :mod:`segack.specs.snapshot`)."""
-        return _snapshot.encode(self._state())
+        """The acker as bytes (see :mod:`segack.specs.snapshot`). An offset that is neither int
+        nor str is a ``TypeError``; an int offset of 2**128 or more in magnitude, a ``ValueError``.
+
+        The runs, the bulk of a token, are written here; the rest by the spec's encoder."""
+        cdef _Buffer out
+        cdef Py_ssize_t b, r
+        cdef const Run *run
+        cdef int64_t previous_end = self._next - 1
+        self._flush_window()
+        head = _snapshot.AckerState(
+            self._start, self._next, self._committed(), self._duplicates, self.on_duplicate, self._max_runs
+        )
+        body = _snapshot._head(head, self._run_count)
+        out.data = NULL
+        out.size = 0
+        out.capacity = 0
+        try:
+            _reserve(&out, 4 * self._run_count + 3 * _VARINT_MAX + 1)
+            for b in range(self._block_count):
+                for r in range(self._blocks[b].count):
+                    run = &self._blocks[b].runs[r]
+                    _reserve(&out, 3 * _VARINT_MAX + 1)
+                    _put_uvarint(&out, <uint64_t>(run.first - previous_end - 2))
+                    _put_uvarint(&out, <uint64_t>(run.last - run.first))
+                    if run.obj != NULL:
+                        _put_object_offset(&out, <object>run.obj, run.last)
+                    elif run.offset == run.last:
+                        _put_byte(&out, _TAG_SAME_AS_INDEX)
+                    else:
+                        _put_byte(&out, _TAG_INT)
+                        _put_uvarint(&out, _zigzag(run.offset))
+                    previous_end = run.last
+            if out.size > 0:
+                body += out.data[:out.size]
+        finally:
+            free(out.data)
+        return _snapshot._seal(body)
 
     @classmethod
     def restore(cls, data):
-        """The acker a snapshot holds; a damaged, truncated or foreign token is a ``ValueError``."""
-        state = _snapshot.decode(data)
-        cdef OffsetAcker acker = cls(
-            state.start_index, on_duplicate=state.on_duplicate, max_runs=state.max_runs
-        )
-        acker._load(state)
+        """The acker a snapshot holds; a damaged, truncated or foreign token, or one holding an
+        index past ``INDEX_MAX``, is a ``ValueError``. Anything but bytes is a ``TypeError``."""
+        cdef _Parsed parsed
+        cdef OffsetAcker acker
+        if isinstance(data, (bytearray, memoryview)):
+            data = bytes(data)
+        if not isinstance(data, bytes) or not _parse_token(data, &parsed):
+            # Anything the fast reader cannot vouch for (every damaged token, numbers past
+            # 64 bits) goes through the spec's decoder, which words the error.
+            state = restorable_state(data)
+            acker = cls(state.start_index, on_duplicate=state.on_duplicate, max_runs=state.max_runs)
+            acker._load(state)
+            return acker
+        try:
+            acker = cls(
+                parsed.start, on_duplicate=_snapshot._POLICIES[parsed.policy],
+                max_runs=None if parsed.bound == 0 else parsed.bound - 1,
+            )
+            acker._next = parsed.next_index
+            acker._duplicates = parsed.duplicates
+            if parsed.next_index > parsed.start:
+                acker._set_committed(parsed.committed.offset, parsed.committed.obj)
+                parsed.committed.obj = NULL
+            acker._pending_count = parsed.pending_count
+            acker._install_runs(parsed.runs, parsed.count)
+            parsed.count = 0
+        finally:
+            _release_parsed(&parsed)
         return acker
 
     def _state(self):
@@ -1041,31 +1453,37 @@ cdef class OffsetAcker:
 
     cdef _load(self, state):
         """Replace the done indexes with those of ``state`` (same start and settings)."""
-        cdef Run run
-        self._clear()
-        self._next = state.next_index
-        self._committed_is_native = False
-        self._committed_object = None
-        if state.committed_offset is not None:
-            committed = state.committed_offset
-            if _native_offset(committed, &self._committed_native):
-                self._committed_is_native = True
-            else:
-                self._committed_object = committed
-        self._duplicates = state.duplicates
-        for first, last, offset in state.runs:
-            run.first = first
-            run.last = last
-            run.obj = NULL
-            if not _native_offset(offset, &run.offset):
-                Py_INCREF(offset)
-                run.offset = 0
-                run.obj = <PyObject *>offset
-            if self._block_count == 0:
-                self._insert_run(0, 0, run)
-            else:
-                self._insert_run(self._block_count - 1, self._blocks[self._block_count - 1].count, run)
-            self._pending_count += last - first + 1
+        cdef Py_ssize_t k = 0, count = len(state.runs)
+        cdef Run *runs = <Run *>malloc((count + 1) * sizeof(Run))
+        if runs == NULL:
+            raise MemoryError()
+        try:
+            for first, last, offset in state.runs:
+                runs[k].first = first
+                runs[k].last = last
+                runs[k].obj = NULL
+                if not _native_offset(offset, &runs[k].offset):
+                    runs[k].offset = 0
+                    runs[k].obj = <PyObject *>offset
+                k += 1
+            for k in range(count):
+                Py_XINCREF(runs[k].obj)
+            self._clear()
+            self._next = state.next_index
+            self._committed_is_native = False
+            self._committed_object = None
+            if state.committed_offset is not None:
+                committed = state.committed_offset
+                if _native_offset(committed, &self._committed_native):
+                    self._committed_is_native = True
+                else:
+                    self._committed_object = committed
+            self._duplicates = state.duplicates
+            for k in range(count):
+                self._pending_count += runs[k].last - runs[k].first + 1
+            self._install_runs(runs, count)
+        finally:
+            free(runs)
 
     def copy(self):
         """An independent acker with the same state."""

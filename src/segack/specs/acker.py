@@ -30,10 +30,14 @@ import numpy as np
 from segack.errors import AckerFullError, DuplicateAckError
 from segack.specs import snapshot as snapshot_format
 
-__all__ = ["OffsetAcker", "AckerFullError", "DuplicateAckError", "INDEX_MAX", "merged_state"]
+__all__ = [
+    "OffsetAcker", "AckerFullError", "DuplicateAckError", "INDEX_MAX", "merged_state", "restorable_state",
+]
 
 #: The largest index an acker takes (the kernel keeps indexes as signed 64-bit ints).
 INDEX_MAX = 2**63 - 2
+# The largest duplicate count (the kernel counts in a signed 64-bit int).
+_DUPLICATES_MAX = 2**63 - 1
 
 _POLICIES = ("error", "ignore")
 
@@ -77,6 +81,18 @@ def _done_intervals(state: snapshot_format.AckerState) -> list[tuple[int, int, A
     if state.next_index > state.start_index:
         prefix = [(state.start_index, state.next_index - 1, state.committed_offset)]
     return prefix + list(state.runs)
+
+
+def restorable_state(data: Any) -> snapshot_format.AckerState:
+    """The state a token holds, if an acker can hold it: every index at most ``INDEX_MAX``
+    and the duplicate count within 64 bits. A damaged or foreign token is a ``ValueError``."""
+    state = snapshot_format.decode(data)
+    for _, last, _ in _done_intervals(state):
+        if last > INDEX_MAX:
+            raise ValueError(f"damaged acker snapshot: index {last} is larger than {INDEX_MAX}")
+    if state.duplicates > _DUPLICATES_MAX:
+        raise ValueError(f"damaged acker snapshot: {state.duplicates} duplicates is past {_DUPLICATES_MAX}")
+    return state
 
 
 def merged_state(
@@ -326,14 +342,16 @@ class OffsetAcker:
     def snapshot(self) -> bytes:
         """The acker as bytes (see :mod:`segack.specs.snapshot`).
 
-        An offset that is neither int nor str is a ``TypeError``.
+        An offset that is neither int nor str is a ``TypeError``; an int offset of
+        2**128 or more in magnitude is a ``ValueError``. Nothing changes either way.
         """
         return snapshot_format.encode(self._state())
 
     @classmethod
     def restore(cls, data: bytes) -> OffsetAcker:
-        """The acker a snapshot holds; a damaged, truncated or foreign token is a ``ValueError``."""
-        return cls._from_state(snapshot_format.decode(data))
+        """The acker a snapshot holds; a damaged, truncated or foreign token is a ``ValueError``,
+        and so is one holding an index past ``INDEX_MAX``. Anything but bytes is a ``TypeError``."""
+        return cls._from_state(restorable_state(data))
 
     def _state(self) -> snapshot_format.AckerState:
         return snapshot_format.AckerState(

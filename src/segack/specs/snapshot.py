@@ -14,7 +14,10 @@ the duplicate count, the duplicate policy (0 error, 1 ignore), ``max_runs + 1``
 previous run's end minus 2 (runs never touch), its length minus 1 and its
 offset. An offset is a tag byte: 0 none, 1 "the index itself" (the default, so
 a default run costs three bytes), 2 an int (zig-zag varint follows), 3 a str
-(varint byte length and UTF-8 follow).
+(varint byte length and UTF-8 follow). An int offset must be smaller than
+2**128 in magnitude (a UUID as an int fits), so no varint is longer than
+``VARINT_BYTES_MAX`` bytes and a reader never builds a huge number from a
+damaged token.
 
 CRC-32 detects every change confined to 32 consecutive bits, so any single
 damaged byte is caught; the length field catches every truncation.
@@ -27,7 +30,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AckerState", "decode", "encode", "MAGIC", "VERSION"]
+__all__ = ["AckerState", "decode", "encode", "MAGIC", "OFFSET_LIMIT", "VARINT_BYTES_MAX", "VERSION"]
 
 MAGIC = b"SGAK"
 VERSION = 1
@@ -35,6 +38,10 @@ _HEADER = struct.Struct("<4sBI")
 _CHECKSUM = struct.Struct("<I")
 _TAG_NONE, _TAG_SAME_AS_INDEX, _TAG_INT, _TAG_STR = 0, 1, 2, 3
 _POLICIES = ("error", "ignore")
+#: The magnitude an int offset must stay below.
+OFFSET_LIMIT = 2**128
+#: The longest varint a token holds: the zig-zag form of an offset below ``OFFSET_LIMIT``.
+VARINT_BYTES_MAX = 19
 
 
 @dataclass
@@ -65,6 +72,8 @@ def _offset(value: Any, index: int, out: bytearray) -> None:
     elif isinstance(value, int) and value == index:
         out.append(_TAG_SAME_AS_INDEX)
     elif isinstance(value, int):
+        if not -OFFSET_LIMIT < value < OFFSET_LIMIT:
+            raise ValueError(f"int offset {value} is too large for a snapshot (limit: 2**128 in magnitude)")
         out.append(_TAG_INT)
         _uvarint((value << 1) if value >= 0 else ((-value) << 1) - 1, out)
     else:
@@ -76,6 +85,18 @@ def _offset(value: Any, index: int, out: bytearray) -> None:
 
 def encode(state: AckerState) -> bytes:
     """The token for ``state``; an offset that is neither int nor str is a ``TypeError``."""
+    body = _head(state, len(state.runs))
+    previous_end = state.next_index - 1
+    for first, last, offset in state.runs:
+        _uvarint(first - previous_end - 2, body)
+        _uvarint(last - first, body)
+        _offset(offset, last, body)
+        previous_end = last
+    return _seal(body)
+
+
+def _head(state: AckerState, run_count: int) -> bytearray:
+    """The body up to the first run (``state.runs`` is not read: the kernel writes its own)."""
     body = bytearray()
     _uvarint(state.start_index, body)
     _uvarint(state.next_index - state.start_index, body)
@@ -83,13 +104,12 @@ def encode(state: AckerState) -> bytes:
     _uvarint(state.duplicates, body)
     body.append(_POLICIES.index(state.on_duplicate))
     _uvarint(0 if state.max_runs is None else state.max_runs + 1, body)
-    _uvarint(len(state.runs), body)
-    previous_end = state.next_index - 1
-    for first, last, offset in state.runs:
-        _uvarint(first - previous_end - 2, body)
-        _uvarint(last - first, body)
-        _offset(offset, last, body)
-        previous_end = last
+    _uvarint(run_count, body)
+    return body
+
+
+def _seal(body: bytearray) -> bytes:
+    """The token: header, ``body`` and checksum."""
     total = _HEADER.size + len(body) + _CHECKSUM.size
     token = _HEADER.pack(MAGIC, VERSION, total) + bytes(body)
     return token + _CHECKSUM.pack(zlib.crc32(token))
@@ -107,15 +127,13 @@ class _Reader:
         return value
 
     def uvarint(self) -> int:
-        result = shift = 0
-        while True:
+        result = 0
+        for length in range(VARINT_BYTES_MAX):
             byte = self.byte()
-            result |= (byte & 0x7F) << shift
+            result |= (byte & 0x7F) << (7 * length)
             if byte < 0x80:
                 return result
-            shift += 7
-            if shift > 70:
-                raise ValueError("damaged acker snapshot: a number is too long")
+        raise ValueError("damaged acker snapshot: a number is too long")
 
     def offset(self, index: int) -> Any:
         tag = self.byte()
