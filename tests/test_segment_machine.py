@@ -76,6 +76,19 @@ class SplitAndMerge(RuleBasedStateMachine):
             owners = [i for i, member in enumerate(self.spec_set) if member.matches(hash_value)]
             assert owners == [position]
 
+    @rule(bits=st.integers(min_value=0, max_value=8))
+    def key_groups_stay_whole(self, bits):
+        """Each key group has one owner, the one that owns its hashes; finer sets are refused alike."""
+        kernel_owners = outcome(lambda: self.kernel_set.key_group_owners(bits))
+        assert kernel_owners == outcome(lambda: self.spec_set.key_group_owners(bits))
+        if kernel_owners[0] != "ok":
+            assert max(member.depth for member in self.spec_set) > bits
+            return
+        owners = kernel_owners[1][2]
+        for group, position in enumerate(owners):
+            assert self.spec_set[position].matches(group)
+            assert group in self.spec_set[position].key_groups(bits)
+
     @invariant()
     def kernel_equals_spec(self):
         assert plain(self.kernel_set) == plain(self.spec_set)

@@ -282,3 +282,68 @@ def test_kernel_and_spec_agree_on_arbitrary_member_lists(pairs):
         return lambda: impl.SegmentSet([impl.Segment(i, m) for i, m in pairs])
 
     assert outcome(build(kernel)) == outcome(build(spec))
+
+
+# ------------------------------------------------------------- key groups
+
+
+@given(segment_tuple=segments_by_splitting(), bits=st.integers(min_value=0, max_value=10))
+def test_a_segment_owns_exactly_the_key_groups_whose_hashes_it_matches(segment_tuple, bits):
+    for impl in (kernel, spec):
+        segment = impl.Segment(*segment_tuple)
+        if segment.depth > bits:
+            with pytest.raises(ValueError, match="finer than"):
+                segment.key_groups(bits)
+            continue
+        # A key group g holds the hashes h with h & (2**bits - 1) == g, g among them.
+        expected = [group for group in range(2**bits) if segment.matches(group)]
+        assert list(segment.key_groups(bits)) == expected
+
+
+@given(
+    members=st.integers(min_value=1, max_value=40),
+    bits=st.integers(min_value=0, max_value=9),
+    hashes=st.lists(HASHES, max_size=30),
+)
+def test_key_group_owners_agree_with_assign_for_every_hash(members, bits, hashes):
+    segments_spec = spec.SegmentSet.balanced(members)
+    deepest = max(member.depth for member in segments_spec)
+    for impl in (kernel, spec):
+        segments = impl.SegmentSet.balanced(members)
+        if deepest > bits:
+            with pytest.raises(ValueError, match="finer than"):
+                segments.key_group_owners(bits)
+            continue
+        owners = segments.key_group_owners(bits)
+        assert owners.dtype == np.int32 and len(owners) == 2**bits
+        array = np.array(hashes, dtype=np.int64)
+        assert owners[array & (2**bits - 1)].tolist() == segments.assign(array).tolist()
+
+
+@pytest.mark.parametrize("bits", [-1, 17, 2**40])
+def test_key_group_bits_outside_the_range_are_refused(impl, bits):
+    with pytest.raises(ValueError, match=r"key-group bits must be in 0\.\.16"):
+        impl.ROOT.key_groups(bits)
+    with pytest.raises(ValueError, match=r"key-group bits must be in 0\.\.16"):
+        impl.SegmentSet.balanced(2).key_group_owners(bits)
+    with pytest.raises(TypeError):
+        impl.ROOT.key_groups(1.5)
+
+
+def test_a_set_finer_than_its_key_groups_names_the_member(impl):
+    segments = impl.SegmentSet.from_ids([0, 1, 3, 7])
+    assert segments.key_group_owners(3).tolist() == [0, 1, 0, 2, 0, 1, 0, 3]
+    with pytest.raises(ValueError, match=r"Segment\(3, 7\) is finer than 4 key groups: its mask has 3 bits"):
+        segments.key_group_owners(2)
+
+
+@given(st.integers(min_value=1, max_value=70), st.integers(min_value=-3, max_value=18))
+def test_kernel_and_spec_agree_on_key_groups(members, bits):
+    def owners(impl):
+        return lambda: impl.SegmentSet.balanced(members).key_group_owners(bits)
+
+    def groups(impl):
+        return lambda: list(impl.SegmentSet.balanced(members)[-1].key_groups(bits))
+
+    assert outcome(owners(kernel)) == outcome(owners(spec))
+    assert outcome(groups(kernel)) == outcome(groups(spec))

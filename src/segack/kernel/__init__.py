@@ -23,7 +23,7 @@ try:
         spark_hash_many,
     )
     from segack.pyx.partitioner import SegmentPartitioner
-    from segack.pyx.segments import MAX_MASK_BITS, ROOT, Segment, SegmentSet
+    from segack.pyx.segments import MAX_KEY_GROUP_BITS, MAX_MASK_BITS, ROOT, Segment, SegmentSet
 except ImportError as error:  # pragma: no cover - only without a build
     raise ImportError(
         "segack's compiled kernel is missing; install the package so setup.py builds it "
@@ -75,6 +75,7 @@ __all__ = [
     "OffsetAcker",
     "commit_points",
     "commit_points_async",
+    "MAX_KEY_GROUP_BITS",
     "MAX_MASK_BITS",
     "ROOT",
     "SPARK_DTYPES",

@@ -11,9 +11,10 @@ import operator
 
 import numpy as np
 
-__all__ = ["ROOT", "Segment", "SegmentSet", "MAX_MASK_BITS"]
+__all__ = ["ROOT", "Segment", "SegmentSet", "MAX_KEY_GROUP_BITS", "MAX_MASK_BITS"]
 
 MAX_MASK_BITS = 31
+MAX_KEY_GROUP_BITS = 16
 cdef uint64_t _HASH_SPACE = 2147483648
 # A lookup table indexed by a hash's low bits answers most assignments in one
 # load; it covers masks up to this many bits and deeper members are scanned.
@@ -29,6 +30,13 @@ cdef object _as_int(object value, str what):
         return operator.index(value)
     except TypeError:
         raise TypeError(f"{what} must be an integer, not {type(value).__name__}") from None
+
+
+cdef int _key_group_bits(object bits) except -1:
+    bits = _as_int(bits, "bits")
+    if bits < 0 or bits > MAX_KEY_GROUP_BITS:
+        raise ValueError(f"key-group bits must be in 0..{MAX_KEY_GROUP_BITS}, got {bits}")
+    return bits
 
 
 cdef inline int _mask_bits(uint32_t mask) noexcept nogil:
@@ -109,6 +117,24 @@ cdef class Segment:
         """Whether the segment owns ``hash_value`` (any int; its low 32 bits count)."""
         hash_value = _as_int(hash_value, "hash_value")
         return segment_matches(self.segment_id, self.mask, <uint32_t>(hash_value & 0xFFFFFFFF))
+
+    def key_groups(self, bits):
+        """The key groups this segment owns when hashes are cut into ``2**bits`` of them.
+
+        An event's key group is ``hash & (2**bits - 1)``. A segment whose mask has
+        at most ``bits`` bits owns whole key groups: those ``g`` with
+        ``g & mask == segment_id``, which is ``range(segment_id, 2**bits, mask + 1)``.
+        A deeper segment would cut a key group in two: ``ValueError``, as is
+        ``bits`` outside 0..16.
+        """
+        cdef int width = _key_group_bits(bits)
+        cdef int depth = _mask_bits(self.mask)
+        if depth > width:
+            raise ValueError(
+                f"{self!r} is finer than {1 << width} key groups: its mask has {depth} bits, "
+                f"more than {width}"
+            )
+        return range(self.segment_id, 1 << width, self.mask + 1)
 
     cdef int _check_can_split(self) except -1:
         if _mask_bits(self.mask) == MAX_MASK_BITS:
@@ -382,6 +408,29 @@ cdef class SegmentSet:
         else:
             _assign_into[int64_t](self, array, result)
         return result
+
+    def key_group_owners(self, bits):
+        """The member index owning each of the ``2**bits`` key groups, as a NumPy int32 array.
+
+        Entry ``g`` is the index of the member whose :meth:`Segment.key_groups`
+        holds ``g``. A member deeper than ``bits`` is a ``ValueError`` naming it
+        (the set is finer than the key groups), as is ``bits`` outside 0..16.
+        """
+        cdef int width = _key_group_bits(bits)
+        cdef Py_ssize_t position
+        cdef uint32_t group, step
+        for position in range(self._count):
+            # Raises for a member deeper than the key groups, before anything is filled.
+            (<Segment>self._members[position]).key_groups(width)
+        owners = np.empty(1 << width, dtype=np.int32)
+        cdef int32_t[::1] out = owners
+        for position in range(self._count):
+            step = self._masks[position] + 1
+            group = self._ids[position]
+            while group < (<uint32_t>1 << width):
+                out[group] = <int32_t>position
+                group += step
+        return owners
 
     def split(self, member):
         """A new set with ``member`` replaced by its two children."""

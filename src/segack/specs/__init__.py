@@ -24,7 +24,7 @@ from segack.specs.policies import (
     SequencingPolicy,
     SequentialPolicy,
 )
-from segack.specs.segments import MAX_MASK_BITS, ROOT, Segment, SegmentSet
+from segack.specs.segments import MAX_KEY_GROUP_BITS, MAX_MASK_BITS, ROOT, Segment, SegmentSet
 
 __all__ = [
     "AckerFullError",
@@ -32,6 +32,7 @@ __all__ = [
     "OffsetAcker",
     "commit_points",
     "commit_points_async",
+    "MAX_KEY_GROUP_BITS",
     "MAX_MASK_BITS",
     "ROOT",
     "SPARK_DTYPES",

@@ -20,11 +20,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ROOT", "Segment", "SegmentSet", "MAX_MASK_BITS"]
+__all__ = ["ROOT", "Segment", "SegmentSet", "MAX_KEY_GROUP_BITS", "MAX_MASK_BITS"]
 
 #: The deepest a segment can be: a mask of 31 one-bits. Hashes are 32-bit, but
 #: Axon's ids are non-negative Java ints, so the sign bit is never part of a mask.
 MAX_MASK_BITS = 31
+
+#: The finest key-group resolution: hashes cut into at most ``2**16`` key groups,
+#: so that a table with one entry per key group stays small.
+MAX_KEY_GROUP_BITS = 16
 
 _HASH_SPACE = 1 << MAX_MASK_BITS
 
@@ -40,6 +44,14 @@ def _as_int(value: Any, what: str) -> int:
 def _mask_bits(mask: int) -> int:
     """The ``k`` of a mask ``2**k - 1``."""
     return mask.bit_length()
+
+
+def _key_group_bits(bits: Any) -> int:
+    """``bits`` as an int in 0..MAX_KEY_GROUP_BITS; ``ValueError`` or ``TypeError`` otherwise."""
+    bits = _as_int(bits, "bits")
+    if bits < 0 or bits > MAX_KEY_GROUP_BITS:
+        raise ValueError(f"key-group bits must be in 0..{MAX_KEY_GROUP_BITS}, got {bits}")
+    return bits
 
 
 def _reverse_bits(value: int, width: int) -> int:
@@ -154,6 +166,23 @@ class Segment:
         if not self.is_mergeable_with(other):
             raise ValueError(f"{self!r} and {other!r} are not siblings and cannot merge")
         return Segment(min(self._segment_id, other._segment_id), self._mask >> 1)
+
+    def key_groups(self, bits: int) -> range:
+        """The key groups this segment owns when hashes are cut into ``2**bits`` of them.
+
+        An event's key group is ``hash & (2**bits - 1)``. A segment whose mask has
+        at most ``bits`` bits owns whole key groups: those ``g`` with
+        ``g & mask == segment_id``, which is ``range(segment_id, 2**bits, mask + 1)``.
+        A deeper segment would cut a key group in two: ``ValueError``, as is
+        ``bits`` outside 0..16.
+        """
+        bits = _key_group_bits(bits)
+        if self.depth > bits:
+            raise ValueError(
+                f"{self!r} is finer than {2**bits} key groups: its mask has {self.depth} bits, "
+                f"more than {bits}"
+            )
+        return range(self._segment_id, 1 << bits, self._mask + 1)
 
     def _check_can_split(self) -> None:
         if _mask_bits(self._mask) == MAX_MASK_BITS:
@@ -361,6 +390,20 @@ class SegmentSet:
         for position, hash_value in enumerate(array.tolist()):
             result[position] = self.owner_index(hash_value)
         return result
+
+    def key_group_owners(self, bits: int) -> np.ndarray:
+        """The member index owning each of the ``2**bits`` key groups, as a NumPy int32 array.
+
+        Entry ``g`` is the index of the member whose :meth:`Segment.key_groups`
+        holds ``g``. A member deeper than ``bits`` is a ``ValueError`` naming it
+        (the set is finer than the key groups), as is ``bits`` outside 0..16.
+        """
+        bits = _key_group_bits(bits)
+        owners = np.empty(1 << bits, dtype=np.int32)
+        for position, member in enumerate(self._members):
+            for key_group in member.key_groups(bits):
+                owners[key_group] = position
+        return owners
 
     def split(self, member: Segment) -> SegmentSet:
         """A new set with ``member`` replaced by its two children."""
