@@ -25,6 +25,34 @@ class Recorder:
             log.write(line + "\n")
 
 
+def event_line(event: dict[str, Any]) -> str:
+    """An event as one comparable line: its values by column name, as JSON (NaN and all)."""
+    return json.dumps([event[name] for name in sorted(event)], default=str)
+
+
+class LineRecorder:
+    """Appends :func:`event_line` of each event it handles; raises on an event whose line is ``fail_on``."""
+
+    def __init__(self, path: str, fail_on: str | None = None) -> None:
+        self.path = path
+        self.fail_on = fail_on
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        line = event_line(event)
+        if line == self.fail_on:
+            raise ValueError("the handler refuses this event")
+        with open(self.path, "a") as log:
+            log.write(line + "\n")
+
+
+def read_lines(path: str) -> list[str]:
+    """The complete lines a :class:`LineRecorder` wrote."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as log:
+        return log.read().split("\n")[:-1]
+
+
 def record_slowly(event: dict[str, Any]) -> None:
     """The kill test's handler: log the event (path from the environment), then pause a little."""
     line = json.dumps({"user": event["user"], "seq": event["seq"], "run": os.environ.get("SEGACK_TEST_RUN")})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -16,8 +17,9 @@ import pytest
 from segack.cli import main
 from segack.demo import generate_events
 from segack.spark_adapter.checkpoint import CheckpointStore
+from tests import expected
 from tests.spark_handlers import LOG_ENV, read_log
-from tests.test_spark_adapter import _index_by_rank, assert_each_key_in_order
+from tests.test_spark_adapter import assert_each_key_in_order
 
 pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,26 +47,28 @@ def _kill_group(process):
     raise AssertionError("the killed replay left processes behind")
 
 
-def _done_indexes(tmp_path, total):
+def _done_events(tmp_path, table):
+    """The events the checkpoint calls done, counting progress files a killed run left behind
+    (the next run merges them)."""
     store = CheckpointStore(str(tmp_path / "checkpoint"))
     state = store.load()
-    done = set() if state is None else {i for i in range(total) if state.acker.is_done(i)}
-    # Progress files a killed run left behind are done work too: the next run merges them.
-    for _, acker in store.read_progress(store.progress_files()):
-        done |= {i for i in range(total) if acker.is_done(i)}
-    return done
+    if state is None or state.tokens is None:
+        return set()
+    tokens = state.tokens.copy()
+    for _, updates in store.read_progress(store.progress_files()):
+        tokens.apply(updates)
+    return expected.done_events(table, tokens)
 
 
 def test_sigkilled_replays_resume_rescale_and_finish(tmp_path):
     total = 12_000
     table = generate_events(total, seed=21)
     pq.write_table(table, tmp_path / "events.parquet")
-    index_of = _index_by_rank(table)
     rng = random.Random(2026)
     done_before = []
     handled_per_run = []
     for run, segments in enumerate([2, 5, 3]):
-        done_before.append(_done_indexes(tmp_path, total))
+        done_before.append(_done_events(tmp_path, table))
         process = _start(tmp_path, "tests.spark_handlers:record_slowly", segments, run,
                          ["--flush-every", "300", "--flush-interval", "0.3"])
         # Kill at a random moment once this run has started handling events.
@@ -76,7 +80,7 @@ def test_sigkilled_replays_resume_rescale_and_finish(tmp_path):
         time.sleep(rng.uniform(0.2, 2.5))
         if process.poll() is None:
             _kill_group(process)
-    done_before.append(_done_indexes(tmp_path, total))
+    done_before.append(_done_events(tmp_path, table))
     final = _start(tmp_path, "tests.spark_handlers:record_slowly", 4, 3)
     out, err = final.communicate(timeout=600)
     assert final.returncode == 0, err
@@ -84,13 +88,13 @@ def test_sigkilled_replays_resume_rescale_and_finish(tmp_path):
     handled = read_log(str(tmp_path / "log.jsonl"))
     assert_each_key_in_order(handled, table)
     for run in range(4):
-        indexes = {index_of[(e["user"], e["seq"])] for e in handled if e["run"] == str(run)}
-        handled_per_run.append(len(indexes))
-        assert not indexes & done_before[run], f"run {run} redid work the checkpoint had recorded"
+        events = {(e["user"], e["seq"]) for e in handled if e["run"] == str(run)}
+        handled_per_run.append(len(events))
+        assert not events & done_before[run], f"run {run} redid work the checkpoint had recorded"
     assert len(done_before[3]) > 0, "no kill landed after the first flush; the test proved nothing"
     assert handled_per_run[3] == total - len(done_before[3])
     state = CheckpointStore(str(tmp_path / "checkpoint")).load()
-    assert state.acker.next_index == total and state.settings["segments"] == list(range(4))
+    assert state.tokens.complete and state.settings["segments"] == list(range(4))
     assert "already done" in out
 
 
@@ -99,8 +103,8 @@ def test_handler_failure_exits_non_zero_with_one_line_naming_the_event(tmp_path)
 
     users = [f"u{n % 5}" for n in range(100)]
     seqs = [n // 5 for n in range(100)]
-    pq.write_table(pa.table({"user": users, "seq": seqs, "ts": [1000 + n for n in range(100)]}),
-                   tmp_path / "events.parquet")
+    table = pa.table({"user": users, "seq": seqs, "ts": [1000 + n for n in range(100)]})
+    pq.write_table(table, tmp_path / "events.parquet")
     process = _start(tmp_path, "tests.spark_handlers:fail_on_tenth", 2, 0)
     _, err = process.communicate(timeout=600)
     reason = [line for line in err.splitlines() if line.startswith("segack replay:")]
@@ -109,7 +113,8 @@ def test_handler_failure_exits_non_zero_with_one_line_naming_the_event(tmp_path)
     assert "key 'u1'" in reason[0] and "order 1051" in reason[0] and "cannot apply this part" in reason[0]
     state = CheckpointStore(str(tmp_path / "checkpoint")).load()
     assert state.settings["status"] == "failed"
-    assert not state.acker.is_done(51) and state.acker.is_done(46)
+    done = expected.done_events(table, state.tokens)
+    assert ("u1", 10) not in done and ("u1", 9) in done
 
 
 def test_a_damaged_checkpoint_fails_the_command_and_is_kept(tmp_path, capsys):
@@ -126,21 +131,30 @@ def test_a_damaged_checkpoint_fails_the_command_and_is_kept(tmp_path, capsys):
     assert main(["status", str(tmp_path / "checkpoint")]) == 1
 
 
-def test_status_shows_the_committed_point_runs_and_settings(tmp_path, capsys):
-    import numpy as np
+def test_status_shows_progress_per_segment_and_the_size(tmp_path, capsys):
+    import pyarrow as pa
 
-    from segack.kernel import OffsetAcker
     from segack.spark_adapter.checkpoint import Checkpoint
+    from segack.spark_adapter.tokens import KeyGroupTokens
 
-    acker = OffsetAcker()
-    acker.ack_many(np.array([0, 1, 2, 7, 8, 11], dtype=np.int64))
-    settings = {"total": 20, "key": "user", "segments": [0, 1]}
-    CheckpointStore(str(tmp_path / "c")).save(Checkpoint(acker, settings))
+    tokens = KeyGroupTokens.empty(2, pa.int64(), pa.string())
+    tokens.count[:] = [5, 0, 3, 2]
+    tokens.committed[:] = [5, 0, 1, 0]
+    tokens.run_start[:] = [4, 0, 0, 0]
+    tokens.boundaries = {0: (9, "a", 1), 2: (3, "b", 2)}
+    tokens.extras = {3: {1}}
+    settings = {"total": 10, "key": "user", "segments": [0, 1], "key_group_bits": 2, "status": "failed"}
+    store = CheckpointStore(str(tmp_path / "c"))
+    store.save(Checkpoint(settings, tokens))
     assert main(["status", str(tmp_path / "c")]) == 0
     out = capsys.readouterr().out
-    assert "committed       3 of 20" in out
-    assert "3 events in 2 runs" in out and "7..8" in out and "11..11" in out
-    assert "key             user" in out
+    assert "events          7 of 10 done (70.0%)" in out
+    assert "key groups      4 (2 bits): 3 with events, 1 of them done" in out
+    # Segment 0 (id 0, mask 1) owns key groups 0 and 2; segment 1 owns 1 and 3.
+    assert re.search(r"#0 +id 0 +mask 1 +8 events +6 done +2 key groups", out)
+    assert re.search(r"#1 +id 1 +mask 1 +2 events +1 done +2 key groups", out)
+    assert f"size            {store.size_bytes():,} bytes (checkpoint.json and 0 progress files)" in out
+    assert "status          failed" in out and "key             user" in out
     assert main(["status", str(tmp_path / "missing")]) == 1
 
 

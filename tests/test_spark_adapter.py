@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import datetime
+import io
+import json
+import math
 import os
+import pickle
+import zlib
 
 import numpy as np
 import pyarrow as pa
@@ -13,10 +21,11 @@ from hypothesis import strategies as st
 
 import segack.kernel as kernel
 from segack.demo import generate_events
-from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore
+from segack.spark_adapter import HandlerFailed, KeyGroupTokens, replay
+from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore, resolve_location
 from segack.spark_adapter.columns import hash_column, member_index_column, segment_column
-from segack.spark_adapter.replay import HandlerFailed, replay
-from tests.spark_handlers import Recorder, read_log
+from tests import expected
+from tests.spark_handlers import LineRecorder, Recorder, event_line, read_lines, read_log
 
 pytestmark = pytest.mark.spark
 
@@ -96,10 +105,6 @@ def test_segment_partitioner_rejects_bad_settings(impl):
 # ---------------------------------------------------------------- replay
 
 
-def _events(spark, count, seed=7):
-    return spark.createDataFrame(generate_events(count, seed=seed))
-
-
 def assert_each_key_in_order(handled, events):
     """Every handled event came after every earlier event of its key (at least once each)."""
     seen: dict[str, set[int]] = {}
@@ -119,10 +124,12 @@ def test_replay_handles_every_event_once_in_order_and_reruns_handle_nothing(spar
     checkpoint = str(tmp_path / "checkpoint")
     result = replay(frame, key="user", order="ts", handler=Recorder(log), checkpoint=checkpoint, segments=3)
     handled = read_log(log)
-    assert result.complete and result.handled == len(handled) == 3000
+    assert result.complete and result.handled == len(handled) == 3000 and result.key_group_bits == 12
     assert_each_key_in_order(handled, table)
     state = CheckpointStore(checkpoint).load()
-    assert state.acker.next_index == 3000 and state.settings["status"] == "complete"
+    assert state.tokens.complete and state.settings["status"] == "complete"
+    assert state.tokens.count.tolist() == np.bincount(
+        [group for group, _ in expected.positions(table).values()], minlength=4096).tolist()
     assert os.listdir(tmp_path / "checkpoint" / "progress") == []
 
     again = replay(frame, key="user", order="ts", handler=Recorder(log), checkpoint=checkpoint, segments=5)
@@ -133,43 +140,120 @@ def test_replay_handles_every_event_once_in_order_and_reruns_handle_nothing(spar
 def test_handler_failure_names_the_event_saves_progress_and_resume_skips_done_work(spark, tmp_path):
     table = generate_events(4000, seed=5)
     frame = spark.createDataFrame(table)
-    heavy = max(set(table.column("user").to_pylist()), key=table.column("user").to_pylist().count)
+    users = table.column("user").to_pylist()
+    heavy = max(set(users), key=users.count)
     log = str(tmp_path / "log.jsonl")
     checkpoint = str(tmp_path / "checkpoint")
     with pytest.raises(HandlerFailed) as failure:
         replay(frame, key="user", order="ts", handler=Recorder(log, fail_on=(heavy, 5)),
                checkpoint=checkpoint, segments=2, flush_every=50)
+    placed = expected.positions(table)
     assert failure.value.key == heavy
+    assert (failure.value.key_group, failure.value.position) == placed[(heavy, 5)]
     order_value = table.filter(pa.compute.and_(
         pa.compute.equal(table["user"], heavy), pa.compute.equal(table["seq"], 5)))["ts"][0].as_py()
     assert failure.value.order == order_value
     assert f"key '{heavy}'" in str(failure.value) and str(order_value) in str(failure.value)
-    assert "the handler refuses this event" in str(failure.value)
+    assert failure.value.reason == "ValueError: the handler refuses this event"
+    assert "Traceback" in failure.value.traceback and "spark_handlers.py" in failure.value.traceback
 
     state = CheckpointStore(checkpoint).load()
     assert state.settings["status"] == "failed"
-    recorded = state.acker
     first_run = read_log(log)
-    assert recorded.next_index + recorded.pending_count > 0
-    # Everything the checkpoint calls done was really handled.
-    index_of = _index_by_rank(table)
-    handled_indexes = {index_of[(e["user"], e["seq"])] for e in first_run}
-    assert all(recorded.is_done(i) <= (i in handled_indexes) for i in range(4000))
+    done_before = expected.done_events(table, state.tokens)
+    # Everything the checkpoint calls done was really handled, and the failing event is not done.
+    assert done_before and done_before <= {(e["user"], e["seq"]) for e in first_run}
+    assert (heavy, 5) not in done_before and (heavy, 4) in done_before
 
-    done_before = {i for i in range(4000) if recorded.is_done(i)}
     result = replay(frame, key="user", order="ts", handler=Recorder(str(tmp_path / "second.jsonl")),
                     checkpoint=checkpoint, segments=5)
     second_run = read_log(str(tmp_path / "second.jsonl"))
     assert result.complete and result.already_done == len(done_before)
-    assert not done_before & {index_of[(e["user"], e["seq"])] for e in second_run}
+    assert not done_before & {(e["user"], e["seq"]) for e in second_run}
     assert_each_key_in_order(first_run + second_run, table)
 
 
-def _index_by_rank(table):
-    """The index segack gives each event: its rank by (ts, user)."""
-    ranked = table.sort_by([("ts", "ascending"), ("user", "ascending")])
-    return {(u, s): i for i, (u, s) in enumerate(zip(ranked["user"].to_pylist(), ranked["seq"].to_pylist(),
-                                                     strict=True))}
+def _spark_order(value):
+    """Spark's ascending order with nulls first: NaN above every number, -0.0 equal to 0.0."""
+    if value is None:
+        return (0, 0, 0)
+    if isinstance(value, float) and math.isnan(value):
+        return (1, 1, 0)
+    return (1, 0, value)
+
+
+ORDER_KINDS = {
+    "bigint": st.one_of(st.none(), st.integers(-3, 3)),
+    "double": st.sampled_from([None, -1.5, -0.0, 0.0, 2.0, float("nan"), float("inf")]),
+    "string": st.one_of(st.none(), st.sampled_from(["", "a", "ab", "b", "\u00e9"])),
+    "timestamp": st.one_of(st.none(), st.sampled_from([
+        datetime.datetime(2026, 1, 1, 0, 0, tzinfo=datetime.UTC),
+        datetime.datetime(2026, 1, 1, 0, 0, 0, 1, tzinfo=datetime.UTC),
+        datetime.datetime(1969, 12, 31, 23, 59, tzinfo=datetime.UTC)])),
+}
+
+
+@settings(max_examples=12, deadline=None)
+@given(data=st.data(), order_kind=st.sampled_from(sorted(ORDER_KINDS)),
+       key_kind=st.sampled_from(["string", "bigint"]))
+def test_a_resume_after_a_failure_anywhere_handles_every_row_exactly_once_in_order(
+        spark, tmp_path_factory, data, order_kind, key_kind):
+    """Duplicate rows, equal sort keys, nulls, NaN and signed zeros: a run that fails at a chosen
+    event, then its resume, handle the input's rows exactly once between them, each key in order."""
+    keys = st.one_of(st.none(), st.sampled_from([0, 1, 2, 7]) if key_kind == "bigint"
+                     else st.sampled_from(["k0", "k1", "k2", "k7"]))
+    row = st.tuples(keys, ORDER_KINDS[order_kind], st.sampled_from(["p", "q"]), st.sampled_from([0.0, -0.0]))
+    rows = data.draw(st.lists(row, min_size=1, max_size=60))
+    tmp_path = tmp_path_factory.mktemp("resume")
+    frame = spark.createDataFrame(rows, f"k {key_kind}, o {order_kind}, p string, z double").repartition(3)
+    events = frame.toArrow().to_pylist()
+    stop_at = event_line(data.draw(st.sampled_from(events)))
+    first, second = str(tmp_path / "first.jsonl"), str(tmp_path / "second.jsonl")
+    arguments = {"key": "k", "order": "o", "checkpoint": str(tmp_path / "checkpoint"),
+                 "segments": data.draw(st.integers(1, 4)), "key_group_bits": data.draw(st.integers(2, 12))}
+    with pytest.raises(HandlerFailed):
+        replay(frame, handler=LineRecorder(first, fail_on=stop_at), **arguments)
+    result = replay(frame.repartition(2), handler=LineRecorder(second), **arguments)
+    assert result.complete
+    handled = read_lines(first) + read_lines(second)
+    assert collections.Counter(handled) == collections.Counter(event_line(event) for event in events)
+    per_key: dict[object, list[object]] = {}
+    for line in handled:
+        key, order, *_ = json.loads(line)
+        per_key.setdefault(key, []).append(order)
+    for orders in per_key.values():
+        restored = [None if o is None else float(o) if order_kind == "double" else o for o in orders]
+        sort_keys = [_spark_order(value) for value in restored]
+        assert sort_keys == sorted(sort_keys)
+
+
+def test_a_resume_skips_the_completions_beyond_a_committed_point(spark, tmp_path):
+    """Done positions past a key group's committed point (``extras``) are never handled again."""
+    table = generate_events(600, seed=11)
+    frame = spark.createDataFrame(table)
+    checkpoint = str(tmp_path / "checkpoint")
+    tenth = table.sort_by("ts").slice(9, 1).to_pylist()[0]
+    with pytest.raises(HandlerFailed):
+        replay(frame, key="user", order="ts", checkpoint=checkpoint, segments=1,
+               handler=Recorder(str(tmp_path / "a.jsonl"), fail_on=(tenth["user"], tenth["seq"])))
+    store = CheckpointStore(checkpoint)
+    state = store.load()
+    placed = expected.positions(table)
+    tokens = state.tokens
+    # Mark, by hand, a few events past their key groups' committed points as done.
+    chosen = sorted(event for event, (group, position) in placed.items()
+                    if position >= tokens.committed[group] + 1)[:5]
+    for event in chosen:
+        group, position = placed[event]
+        tokens.extras.setdefault(group, set()).add(position)
+    store.save(state)
+    log = str(tmp_path / "b.jsonl")
+    result = replay(frame, key="user", order="ts", handler=Recorder(log), checkpoint=checkpoint)
+    handled = {(e["user"], e["seq"]) for e in read_log(log)}
+    assert result.complete and chosen and not handled & set(chosen)
+    assert handled | set(chosen) | expected.done_events(table, KeyGroupTokens.from_bytes(
+        store.load().tokens.to_bytes(), 12)) == set(placed)
+    assert len(handled) == 600 - len(expected.done_events(table, tokens))
 
 
 def test_a_damaged_checkpoint_is_refused_and_left_untouched(spark, tmp_path):
@@ -179,7 +263,7 @@ def test_a_damaged_checkpoint_is_refused_and_left_untouched(spark, tmp_path):
            checkpoint=str(checkpoint), segments=2)
     state_file = checkpoint / "checkpoint.json"
     damaged = bytearray(state_file.read_bytes())
-    position = damaged.index(b'"acker": "') + 14
+    position = damaged.index(b'"tokens": "') + 14
     damaged[position] = ord("A") if damaged[position] != ord("A") else ord("B")
     state_file.write_bytes(bytes(damaged))
     log = tmp_path / "b.jsonl"
@@ -189,22 +273,51 @@ def test_a_damaged_checkpoint_is_refused_and_left_untouched(spark, tmp_path):
     assert not log.exists()
 
 
-def test_a_checkpoint_of_other_input_is_refused(spark, tmp_path):
+def test_a_checkpoint_written_by_0_1_0_is_refused_with_its_version_and_kept(spark, tmp_path):
+    old = {"format": "segack-checkpoint", "version": 1, "settings": {"key": "user"}, "acker": "AAAA"}
+    old["crc32"] = zlib.crc32(json.dumps(old, sort_keys=True, separators=(",", ":")).encode())
+    (tmp_path / "checkpoint").mkdir()
+    state_file = tmp_path / "checkpoint" / "checkpoint.json"
+    state_file.write_bytes(json.dumps(old).encode())
+    frame = spark.createDataFrame(generate_events(50, seed=9))
+    refusal = r"written by segack 0\.1\.0 \(format 1\).*new checkpoint location"
+    with pytest.raises(CheckpointError, match=refusal):
+        replay(frame, key="user", order="ts", handler=Recorder(str(tmp_path / "a.jsonl")),
+               checkpoint=str(tmp_path / "checkpoint"))
+    assert json.loads(state_file.read_bytes()) == old
+    assert not (tmp_path / "a.jsonl").exists()
+
+
+@pytest.mark.parametrize("change", ["other events", "a duplicated event", "another key column"])
+def test_a_checkpoint_of_other_input_is_refused(spark, tmp_path, change):
+    table = generate_events(300, seed=1)
     checkpoint = str(tmp_path / "checkpoint")
-    replay(spark.createDataFrame(generate_events(300, seed=1)), key="user", order="ts",
+    replay(spark.createDataFrame(table), key="user", order="ts",
            handler=Recorder(str(tmp_path / "a.jsonl")), checkpoint=checkpoint, segments=2)
     before = (tmp_path / "checkpoint" / "checkpoint.json").read_bytes()
+    other, key = table, "user"
+    if change == "other events":
+        other = generate_events(300, seed=2)
+    elif change == "a duplicated event":
+        # Two equal rows would cancel out of an XOR; the fingerprint must still see them.
+        other = pa.concat_tables([table, table.slice(7, 1), table.slice(7, 1)])
+    else:
+        other, key = table.append_column("account", table.column("user")), "account"
     with pytest.raises(CheckpointError, match="other input"):
-        replay(spark.createDataFrame(generate_events(300, seed=2)), key="user", order="ts",
+        replay(spark.createDataFrame(other), key=key, order="ts",
                handler=Recorder(str(tmp_path / "b.jsonl")), checkpoint=checkpoint)
     assert (tmp_path / "checkpoint" / "checkpoint.json").read_bytes() == before
+    assert not (tmp_path / "b.jsonl").exists()
 
 
 @pytest.mark.parametrize(("kwargs", "error", "message"), [
     ({"key": "nope"}, ValueError, "no column 'nope'"),
+    ({"order": "user"}, ValueError, "different columns"),
     ({"flush_every": 0}, ValueError, "flush_every"),
     ({"flush_interval": 0}, ValueError, "flush_interval"),
     ({"segments": 0}, ValueError, "segments"),
+    ({"key_group_bits": 17}, ValueError, "key_group_bits"),
+    ({"key_group_bits": 2, "segments": 8}, ValueError, "finer than 4 key groups"),
     ({"handler": "not callable"}, TypeError, "callable"),
 ])
 def test_replay_rejects_bad_settings_before_writing_anything(spark, tmp_path, kwargs, error, message):
@@ -217,15 +330,42 @@ def test_replay_rejects_bad_settings_before_writing_anything(spark, tmp_path, kw
     assert not (tmp_path / "log.jsonl").exists()
 
 
+def test_an_order_column_spark_cannot_compare_simply_is_refused(spark, tmp_path):
+    frame = spark.createDataFrame([("a", [1, 2])], "user string, ts array<int>")
+    with pytest.raises(ValueError, match="plain sortable type"):
+        replay(frame, key="user", order="ts", handler=Recorder(str(tmp_path / "log.jsonl")),
+               checkpoint=str(tmp_path / "checkpoint"))
+    assert not (tmp_path / "checkpoint").exists()
+
+
+def test_the_key_group_resolution_is_fixed_by_the_first_run(spark, tmp_path):
+    frame = spark.createDataFrame(generate_events(200, seed=4))
+    checkpoint = str(tmp_path / "checkpoint")
+    replay(frame, key="user", order="ts", handler=Recorder(str(tmp_path / "a.jsonl")), checkpoint=checkpoint,
+           key_group_bits=3, segments=8)
+    before = (tmp_path / "checkpoint" / "checkpoint.json").read_bytes()
+    with pytest.raises(ValueError, match=r"2\*\*3 key groups; key_group_bits=4"):
+        replay(frame, key="user", order="ts", handler=Recorder(str(tmp_path / "b.jsonl")),
+               checkpoint=checkpoint, key_group_bits=4)
+    with pytest.raises(ValueError, match="finer than 8 key groups"):
+        replay(frame, key="user", order="ts", handler=Recorder(str(tmp_path / "b.jsonl")),
+               checkpoint=checkpoint, segments=16)
+    assert (tmp_path / "checkpoint" / "checkpoint.json").read_bytes() == before
+    assert not (tmp_path / "b.jsonl").exists()
+
+
 def test_checkpoint_round_trip_and_every_damage_is_refused(tmp_path):
     from segack.spark_adapter.checkpoint import Checkpoint
 
-    acker = kernel.OffsetAcker()
-    acker.ack_many(np.array([0, 1, 2, 5, 6, 9], dtype=np.int64))
-    original = Checkpoint(acker, {"key": "user", "total": 10})
+    tokens = KeyGroupTokens.empty(2, pa.int64(), pa.string())
+    tokens.count[:] = [3, 0, 2, 1]
+    tokens.committed[:] = [2, 0, 0, 1]
+    tokens.run_start[:] = [1, 0, 0, 0]
+    tokens.boundaries = {0: (17, "a", 5), 3: (4, "b", -2)}
+    original = Checkpoint({"key": "user", "total": 6, "key_group_bits": 2}, tokens)
     data = original.to_bytes()
     back = Checkpoint.from_bytes(data)
-    assert back.settings == original.settings and back.acker.runs() == [(5, 6), (9, 9)]
+    assert back.settings == original.settings and back.tokens.boundaries == tokens.boundaries
     for position in range(len(data)):
         changed = bytearray(data)
         changed[position] ^= 0x01
@@ -234,15 +374,44 @@ def test_checkpoint_round_trip_and_every_damage_is_refused(tmp_path):
         except CheckpointError:
             continue
         # A flip that JSON reads the same (whitespace, or a case in an escape) must mean the same.
-        assert (restored.settings, restored.acker.runs(), restored.acker.next_index) == (
-            original.settings, [(5, 6), (9, 9)], 3)
+        assert restored.settings == original.settings
+        assert restored.tokens.to_bytes() == tokens.to_bytes()
     with pytest.raises(CheckpointError, match="not a segack checkpoint"):
         Checkpoint.from_bytes(b'{"format": "other"}')
     store = CheckpointStore(str(tmp_path / "c"))
     assert store.load() is None
     store.save(original)
-    assert store.load().acker.runs() == [(5, 6), (9, 9)]
+    assert store.load().tokens.committed.tolist() == [2, 0, 0, 1]
     assert [name for name in os.listdir(tmp_path / "c") if name.endswith(".tmp")] == []
+
+
+def test_a_relative_checkpoint_path_is_made_absolute_before_it_travels(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    store = CheckpointStore("ck")
+    assert store.location == str(tmp_path / "ck")
+    monkeypatch.chdir("/")
+    travelled = pickle.loads(pickle.dumps(store))
+    assert travelled.location == str(tmp_path / "ck") and travelled.is_local
+    assert CheckpointStore("file:///x/y").location == "/x/y"
+    assert resolve_location("s3://bucket/ck") == "s3://bucket/ck"
+    with pytest.raises(ValueError, match="location is required"):
+        resolve_location("")
+
+
+def test_a_finished_run_is_recorded_from_the_job_results_when_progress_files_go_astray(spark, tmp_path):
+    """``mock://`` is an in-memory filesystem of each process: what the tasks write there, the driver
+    never sees. The tasks' results carry their final progress, so the run still ends complete."""
+    table = generate_events(800, seed=23)
+    store = CheckpointStore("mock:///checkpoint")
+    assert not store.is_local
+    log = str(tmp_path / "log.jsonl")
+    result = replay(spark.createDataFrame(table), key="user", order="ts", handler=Recorder(log),
+                    checkpoint=store, segments=3, flush_every=1)
+    assert result.complete and len(read_log(log)) == 800
+    state = store.load()
+    assert state.settings["status"] == "complete"
+    assert expected.done_events(table, state.tokens) == set(expected.positions(table))
+    assert store.progress_files() == []
 
 
 def test_foreach_batch_replays_a_stream_in_order_and_skips_redelivered_batches(spark, tmp_path):
@@ -268,31 +437,47 @@ def test_foreach_batch_replays_a_stream_in_order_and_skips_redelivered_batches(s
     assert_each_key_in_order(handled, table)
     assert len(handled) == 1500
     state = CheckpointStore(str(tmp_path / "checkpoint")).load()
-    assert state.acker.next_index == 1500
+    # Positions continue across batches: the key groups' committed points count all 1500 events.
+    assert int(state.tokens.committed.sum()) == 1500 and state.tokens.total == 500
+    assert expected.done_events(table, _as_one_input(state.tokens)) == set(expected.positions(table))
     assert state.settings["stream"] == {"completed_batch": 2, "batch": None}
 
     process_batch(spark.createDataFrame(table.slice(1000, 500)), 2)
     assert len(read_log(log)) == 1500
 
 
-def test_events_with_the_same_key_and_order_get_the_same_index_in_any_layout(spark):
-    """Ties in ``(order, key)`` are broken by the rest of the row, so the index of each event,
-    which resuming relies on, does not depend on how Spark happens to lay the input out."""
-    from pyspark.sql import functions as F
+def _as_one_input(tokens):
+    """The stream's tokens read as if all batches were one input (base 0)."""
+    whole = tokens.copy()
+    whole.count = whole.committed.copy()
+    whole.base[:] = 0
+    return whole
 
-    from segack.spark_adapter.replay import INDEX, _index_events
 
-    rows = [(f"k{n % 3}", n % 2, f"payload-{n}", {"n": n % 5}) for n in range(60)]
-    base = spark.createDataFrame(rows, "key string, ts int, payload string, attrs map<string,int>")
-    layouts = [
-        base.repartition(1),
-        base.repartition(7, "payload"),
-        base.orderBy(F.col("payload").desc()).repartition(3),
-        base.orderBy(F.xxhash64("payload")).coalesce(2),
-    ]
-    seen = []
-    for layout in layouts:
-        indexed = _index_events(layout, "key", "ts").select("payload", INDEX).collect()
-        seen.append(dict((row["payload"], row[INDEX]) for row in indexed))
-    assert sorted(seen[0].values()) == list(range(60))
-    assert all(mapping == seen[0] for mapping in seen[1:])
+def test_no_stage_of_a_replay_gathers_events_into_one_partition(spark, tmp_path):
+    """Read the physical plans of the fingerprint and of the job (fresh and resuming)."""
+    from segack.spark_adapter.replay import EventInput
+    from segack.spark_adapter.task import TaskPlan
+
+    frame = spark.createDataFrame(generate_events(2000, seed=17)).repartition(4)
+    events = EventInput(frame, "user", "ts", "spark", "auto", 12)
+    counts, _, order_type, key_type = events.fingerprint()
+    tokens = KeyGroupTokens.empty(12, order_type, key_type)
+    tokens.count = counts
+    plan = TaskPlan(run_id="plan", store=CheckpointStore(str(tmp_path / "ck")), handler=print,
+                    columns=tuple(frame.columns), key="user", order="ts", order_type=order_type,
+                    key_type=key_type, committed=tokens.committed, first_positions=tokens.base,
+                    extras={}, flush_every=10, flush_interval=1.0)
+    resuming = tokens.copy()
+    resuming.committed[7] = 1
+    resuming.boundaries[7] = (0, "user-x", 0)
+    frames = [events.fingerprint_frame(), events.job(tokens, kernel.SegmentSet.balanced(3), plan),
+              events.job(resuming, kernel.SegmentSet.balanced(5), plan)]
+    for frame_to_check in frames:
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            frame_to_check.explain(mode="formatted")
+        plan_text = text.getvalue()
+        assert "Exchange" in plan_text
+        assert "SinglePartition" not in plan_text, plan_text
+        assert "Window" not in plan_text, plan_text

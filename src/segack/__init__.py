@@ -6,8 +6,8 @@ pure-Python reference with the same names.
 
 from __future__ import annotations
 
+from segack._version import __version__
 from segack.kernel import *  # noqa: F403
 from segack.kernel import __all__ as _kernel_all
 
-__version__ = "0.1.0"
 __all__ = [*_kernel_all, "__version__"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -17,6 +18,14 @@ def _segment_set(text: str) -> SegmentSet:
         return SegmentSet.from_ids(int(part) for part in text.split(","))
     except ValueError as error:
         raise argparse.ArgumentTypeError(f"bad --segments {text!r}: {error}") from None
+
+
+def _conf(text: str) -> tuple[str, str]:
+    """``KEY=VALUE``, as ``spark-submit --conf`` takes it."""
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, not {text!r}")
+    return key.strip(), value
 
 
 def _hash_key(key: str, hash_name: str) -> int:
@@ -58,12 +67,28 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a local directory or a pyarrow.fs URI")
     replay.add_argument("--format", choices=["parquet", "csv", "json"], default="parquet",
                         help="the input format (default: parquet; csv needs a header line)")
-    replay.add_argument("--segments", type=_positive, default=None, metavar="N",
-                        help="parallel segments (default: the last run's, else Spark's parallelism)")
+    replay.add_argument("--segments", type=_segment_set, default=None, metavar="N|ID,ID,...",
+                        help="a balanced set of N segments, or the live segment ids (default: the last "
+                        "run's, else spark.sql.shuffle.partitions)")
     replay.add_argument("--hash", choices=["java", "spark"], default="spark",
                         help="spark: Spark's hash(), in the JVM; java: Axon's hashCode (default: spark)")
-    replay.add_argument("--master", default="local[2]", metavar="URL",
-                        help="the Spark master (default: local[2])")
+    replay.add_argument("--key-group-bits", type=int, default=None, metavar="K",
+                        help="cut hashes into 2**K key groups, fixed by a checkpoint's first run; no segment "
+                        "may be finer (default: 12, at most 16)")
+    where = replay.add_mutually_exclusive_group()
+    where.add_argument("--master", default=None, metavar="URL",
+                       help="the Spark master: local[N], local-cluster[...], spark://..., yarn, k8s://... "
+                       "(default: local[2])")
+    where.add_argument("--remote", default=None, metavar="sc://HOST:PORT",
+                       help="a Spark Connect server to run on instead of a master")
+    replay.add_argument("--conf", action="append", type=_conf, default=[], metavar="KEY=VALUE",
+                        help="a Spark setting, as spark-submit takes it (repeatable)")
+    replay.add_argument("--py-files", default="", metavar="FILE,FILE,...",
+                        help=".py, .zip or .egg files the handler imports, sent to the executors (the "
+                        "handler's own module is sent without asking)")
+    replay.add_argument("--shared-local-checkpoint", action="store_true",
+                        help="the checkpoint is a local path mounted at the same place on every machine "
+                        "(NFS, say); without it a local path is refused on a cluster master")
     replay.add_argument("--flush-every", type=_positive, default=10_000, metavar="N",
                         help="tasks save progress after this many events (default: 10000)")
     replay.add_argument("--flush-interval", type=float, default=5.0, metavar="SECONDS",
@@ -71,8 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser(
         "status", help="show a checkpoint",
-        description="Print a checkpoint's committed point, its done runs beyond it and the "
-        "settings of the run that wrote it.",
+        description="Print a checkpoint's progress (events, done, per segment of the last run), its "
+        "size, and the settings of the run that wrote it.",
     )
     status.add_argument("checkpoint", metavar="CHECKPOINT", help="a local directory or a pyarrow.fs URI")
 
@@ -117,33 +142,54 @@ def _status(args: argparse.Namespace) -> int:
     from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore
 
     try:
-        state = CheckpointStore(args.checkpoint).load()
-    except CheckpointError as error:
+        store = CheckpointStore(args.checkpoint)
+        state = store.load()
+    except (CheckpointError, ValueError) as error:
         print(f"segack status: {error}", file=sys.stderr)
         return 1
     if state is None:
         print(f"segack status: no checkpoint at {args.checkpoint}", file=sys.stderr)
         return 1
-    acker, settings = state.acker, state.settings
-    total = settings.get("total")
-    print(f"checkpoint      {args.checkpoint}")
-    print(f"committed       {acker.next_index} of {total} events (every index below it is done)")
-    print(f"done beyond it  {acker.pending_count} events in {acker.pending_runs} runs")
-    for first, last in acker.runs()[:10]:
-        print(f"                {first}..{last}")
-    if acker.pending_runs > 10:
-        print(f"                ... {acker.pending_runs - 10} more")
-    for name in ("status", "source", "key", "order", "hash", "runs", "flush_every", "flush_interval"):
+    settings, tokens = state.settings, state.tokens
+    files = store.progress_files()
+    print(f"{'checkpoint':<15} {store.location}")
+    print(f"{'status':<15} {settings.get('status', '?')}")
+    if tokens is not None:
+        total, done = tokens.total, tokens.done
+        per_group = tokens.done_per_key_group()
+        print(f"{'events':<15} {done:,} of {total:,} done ({done / max(total, 1):.1%})")
+        finished = int(((per_group == tokens.count) & (tokens.count > 0)).sum())
+        print(f"{'key groups':<15} {tokens.size:,} ({tokens.bits} bits): {int((tokens.count > 0).sum()):,} "
+              f"with events, {finished:,} of them done")
+        if settings.get("segments"):
+            segments = SegmentSet.from_ids(settings["segments"])
+            owners = segments.key_group_owners(tokens.bits)
+            print(f"{'segments':<15} {len(segments)} in the last run")
+            width = len(f"{int(tokens.count.max(initial=0)):,}")
+            for position, member in enumerate(segments):
+                mine = owners == position
+                events, finished_events = int(tokens.count[mine].sum()), int(per_group[mine].sum())
+                print(f"  #{position:<3} id {member.segment_id:<6} mask {member.mask:<6} "
+                      f"{events:>{width},} events  {finished_events:>{width},} done  "
+                      f"{int(mine.sum()):,} key groups")
+    print(f"{'size':<15} {store.size_bytes():,} bytes (checkpoint.json and {len(files)} progress files)")
+    for name in ("source", "key", "order", "hash", "runs", "flush_every", "flush_interval"):
         if name in settings:
             print(f"{name:<15} {settings[name]}")
-    if "segments" in settings:
-        print(f"{'segments':<15} {len(settings['segments'])} (ids {settings['segments']})")
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``segack`` command; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    try:
+        return _run(build_parser().parse_args(argv))
+    except BrokenPipeError:
+        # The reader went away (``segack status CK | head``): not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "locate":
         return _locate(args)
     if args.command == "status":

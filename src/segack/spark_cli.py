@@ -11,8 +11,9 @@ import tempfile
 import time
 from typing import Any, TextIO
 
-from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore
-from segack.spark_adapter.replay import HandlerFailed, Progress, load_handler, replay
+from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore, resolve_location
+from segack.spark_adapter.errors import HandlerFailed, ReplayError
+from segack.spark_adapter.replay import Progress, load_handler, replay, worker_error
 
 __all__ = ["ProgressPrinter", "demo_command", "replay_command"]
 
@@ -30,7 +31,7 @@ class ProgressPrinter:
         rate = progress.handled / progress.seconds if progress.seconds > 0 else 0.0
         line = (f"{progress.done:,} of {progress.total:,} events done "
                 f"({progress.done / max(progress.total, 1):.1%}), {rate:,.0f}/s, "
-                f"committed {progress.committed:,}")
+                f"{progress.segments} segments")
         if self.terminal:
             self.stream.write("\r" + line + "\033[K")
         elif time.monotonic() - self._last >= self.every:
@@ -45,56 +46,66 @@ class ProgressPrinter:
 
 
 def _importable_from_here() -> None:
-    """Let handler modules in the working directory import, in the driver and the workers."""
+    """Let handler modules in the working directory import on the driver (executors get them shipped)."""
     here = os.getcwd()
     if here not in sys.path:
         sys.path.insert(0, here)
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if here not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([here, *paths])
 
 
 def _read(spark: Any, path: str, fmt: str) -> Any:
     reader = spark.read.format(fmt)
     if fmt == "csv":
         reader = reader.option("header", "true").option("inferSchema", "true")
-    return reader.load(path)
+    # A relative path means this directory, not the one a Connect server or cluster driver runs in.
+    return reader.load(resolve_location(path))
 
 
 def replay_command(args: argparse.Namespace) -> int:
-    """``segack replay``: exit 0 once every event is acked, else 1 with a one-line reason."""
+    """``segack replay``: exit 0 once every event is done, else 1 with a one-line reason."""
+    from segack.spark_adapter.session import ship_module, ship_py_files, spark_session
+
     _importable_from_here()
+    py_files = [path for path in args.py_files.split(",") if path]
     try:
         handler = load_handler(args.handler)
         store = CheckpointStore(args.checkpoint)
         store.load()
+        missing = [path for path in py_files if not os.path.isfile(path)]
+        if missing:
+            raise ValueError(f"--py-files: no such file {missing[0]!r}")
     except (ValueError, OSError) as error:
         print(f"segack replay: {error}", file=sys.stderr)
         return 1
-    from segack.spark_adapter.session import local_session
-
-    spark = local_session(master=args.master)
+    master = None if args.remote else (args.master or "local[2]")
     printer = ProgressPrinter()
+    spark = None
     try:
+        spark = spark_session(master=master, remote=args.remote, conf=dict(args.conf))
+        ship_module(spark, args.handler.partition(":")[0])
+        ship_py_files(spark, py_files)
         result = replay(
             _read(spark, args.input, args.format), key=args.key, order=args.order, handler=handler,
-            checkpoint=store, segments=args.segments, hash=args.hash, flush_every=args.flush_every,
-            flush_interval=args.flush_interval, progress=printer, source=args.input,
+            checkpoint=store, segments=args.segments, hash=args.hash, key_group_bits=args.key_group_bits,
+            flush_every=args.flush_every, flush_interval=args.flush_interval, progress=printer,
+            source=args.input, shared_local_checkpoint=args.shared_local_checkpoint,
         )
-    except (HandlerFailed, CheckpointError, ValueError, OSError) as error:
+    except (HandlerFailed, ReplayError, CheckpointError, ValueError, OSError) as error:
         printer.close()
         print(f"segack replay: {error}", file=sys.stderr)
         return 1
     except Exception as error:
         printer.close()
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        print(f"segack replay: {type(error).__name__}: {first_line}", file=sys.stderr)
+        print(f"segack replay: {worker_error(error)}", file=sys.stderr)
         return 1
+    finally:
+        if spark is not None:
+            spark.stop()
     printer.close()
     print(f"segack replay: {result.handled:,} events handled, {result.already_done:,} already done, "
-          f"{result.total:,} in all, over {result.segments} segments in {result.seconds:.1f} s")
+          f"{result.total:,} in all, over {result.segments} segments and {2**result.key_group_bits:,} "
+          f"key groups in {result.seconds:.1f} s")
     if not result.complete:
-        print(f"segack replay: incomplete: committed {result.committed} of {result.total}", file=sys.stderr)
+        print(f"segack replay: incomplete: {result.done:,} of {result.total:,} events done", file=sys.stderr)
         return 1
     return 0
 
@@ -143,8 +154,8 @@ def demo_command(args: argparse.Namespace) -> int:
             state = store.load()
         except CheckpointError:
             continue
-        if state is not None:
-            done = state.acker.next_index + state.acker.pending_count
+        if state is not None and state.tokens is not None:
+            done = state.tokens.done
             if done >= target:
                 os.killpg(first.pid, signal.SIGKILL)
                 first.wait()

@@ -1,31 +1,47 @@
-"""PySpark integration: segment columns, segment partitioning, ordered replay, checkpoints."""
+"""PySpark integration: segment columns, key groups, ordered replay, checkpoints, sessions."""
 
 from __future__ import annotations
 
-from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore
+from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore, resolve_location
 from segack.spark_adapter.columns import hash_column, member_index_column, segment_column
+from segack.spark_adapter.errors import HandlerFailed, ReplayError
 from segack.spark_adapter.replay import (
-    HandlerFailed,
     Progress,
     ReplayResult,
     load_handler,
     replay,
+    worker_error,
 )
-from segack.spark_adapter.session import local_session
+from segack.spark_adapter.session import (
+    local_session,
+    ship_module,
+    ship_py_files,
+    spark_session,
+)
 from segack.spark_adapter.streaming import foreach_batch
+from segack.spark_adapter.tokens import DEFAULT_KEY_GROUP_BITS, KeyGroupTokens, TokenError
 
 __all__ = [
+    "DEFAULT_KEY_GROUP_BITS",
     "Checkpoint",
     "CheckpointError",
     "CheckpointStore",
-    "foreach_batch",
     "HandlerFailed",
+    "KeyGroupTokens",
     "Progress",
+    "ReplayError",
     "ReplayResult",
+    "TokenError",
+    "foreach_batch",
     "hash_column",
     "load_handler",
     "local_session",
     "member_index_column",
     "replay",
+    "resolve_location",
     "segment_column",
+    "ship_module",
+    "ship_py_files",
+    "spark_session",
+    "worker_error",
 ]

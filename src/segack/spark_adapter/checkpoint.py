@@ -1,22 +1,24 @@
-"""Durable checkpoints: an acker snapshot plus the settings of the run that wrote it.
+"""Durable checkpoints: per-key-group tokens plus the settings of the run that wrote them.
 
-A checkpoint is a directory (a local path or any URI :mod:`pyarrow.fs` understands)::
+A checkpoint is a directory, a local path or any URI :mod:`pyarrow.fs` opens
+(``hdfs://``, ``s3://``, ``gs://``, ``file://`` ...)::
 
-    CHECKPOINT/checkpoint.json      the committed state, rewritten atomically
-    CHECKPOINT/progress/*.sgak      what running tasks finished since the last merge
+    CHECKPOINT/checkpoint.json           the committed state, rewritten atomically
+    CHECKPOINT/progress/RUN-sN-aN.sgku   what each running task has finished (its updates)
+    CHECKPOINT/progress/RUN.stop         asks the run's tasks to stop at their next flush
 
-``checkpoint.json`` is one JSON object: ``format``, ``version``, ``settings`` (the
-run's input, key, order, hash, segments, totals, flush policy), ``acker`` (the
-:class:`~segack.OffsetAcker` snapshot, base64) and ``crc32`` of the canonical JSON
-of everything else. Progress files are plain acker snapshots, written by the
-Spark tasks; the driver merges them into the checkpoint (a union, so merging one
-twice is harmless) and deletes them once the merged checkpoint is durable.
+``checkpoint.json`` is one JSON object: ``format``, ``version``, ``segack`` (the
+version that wrote it), ``settings`` (the input's fingerprint, key, order, hash,
+key-group resolution, segments, flush policy, status), ``tokens`` (the
+:class:`~segack.spark_adapter.tokens.KeyGroupTokens`, sealed and base64) and
+``crc32`` of the canonical JSON of everything else. Its size depends on the
+number of key groups, never on the number of events.
 
 Every write is atomic: a temporary file in the same directory, flushed and
-fsynced, then renamed over the target (and the directory fsynced) on local disk;
-on other filesystems a temporary object moved into place. A reader therefore sees
-the old file or the new one, never a torn one. A damaged checkpoint is refused
-with :class:`CheckpointError` and never overwritten.
+fsynced, then renamed over the target (and the directory fsynced) on local
+disk; elsewhere a temporary object moved into place. A reader sees the old
+file or the new one, never a torn one. A damaged checkpoint is refused with
+:class:`CheckpointError` and never overwritten.
 """
 
 from __future__ import annotations
@@ -31,59 +33,91 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from segack.kernel import OffsetAcker
+import pyarrow as pa
 
-__all__ = ["Checkpoint", "CheckpointError", "CheckpointStore"]
+from segack._version import __version__
+from segack.spark_adapter.tokens import KeyGroupTokens, TokenError, decode_updates, encode_updates
+
+__all__ = ["Checkpoint", "CheckpointError", "CheckpointStore", "resolve_location"]
 
 FORMAT = "segack-checkpoint"
-VERSION = 1
+VERSION = 2
+#: The segack release that wrote each older format, for a clear refusal.
+_WRITTEN_BY = {1: "0.1.0"}
 STATE_FILE = "checkpoint.json"
 PROGRESS_DIR = "progress"
+PROGRESS_SUFFIX = ".sgku"
+STOP_SUFFIX = ".stop"
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be trusted: damaged, foreign, or from another input."""
+    """A checkpoint that cannot be trusted: damaged, foreign, from another input or another version."""
+
+
+def resolve_location(location: str) -> str:
+    """``location`` in a form every machine reads the same way.
+
+    A URI with a scheme (``s3://bucket/x``) is kept; ``file://`` is dropped; a
+    relative local path becomes absolute, against the current directory of the
+    process that calls this (the driver), before anything is sent to executors.
+    """
+    if not isinstance(location, str) or not location:
+        raise ValueError("a checkpoint location is required")
+    if location.startswith("file://"):
+        location = location.removeprefix("file://")
+    elif "://" in location:
+        return location
+    return os.path.abspath(os.path.expanduser(location))
 
 
 @dataclass
 class Checkpoint:
-    """The committed state of a replay: which events are done, and how the run was set up."""
+    """The committed state of a replay: its settings and, once it has counted its input, its tokens."""
 
-    acker: OffsetAcker = field(default_factory=OffsetAcker)
     settings: dict[str, Any] = field(default_factory=dict)
+    tokens: KeyGroupTokens | None = None
 
     def to_bytes(self) -> bytes:
-        body = {
-            "format": FORMAT,
-            "version": VERSION,
-            "settings": self.settings,
-            "acker": base64.b64encode(self.acker.snapshot()).decode("ascii"),
-        }
+        tokens = None if self.tokens is None else base64.b64encode(self.tokens.to_bytes()).decode("ascii")
+        body = {"format": FORMAT, "version": VERSION, "segack": __version__, "settings": self.settings,
+                "tokens": tokens}
         body["crc32"] = zlib.crc32(_canonical(body))
         return json.dumps(body, indent=1, sort_keys=True).encode("utf-8") + b"\n"
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str = "checkpoint") -> Checkpoint:
-        """Parse a checkpoint; anything damaged or foreign is a :class:`CheckpointError`."""
+        """Parse a checkpoint; a damaged, foreign or other-version one is a :class:`CheckpointError`."""
         try:
             body = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
             raise CheckpointError(f"{where} is damaged: not JSON ({error})") from None
         if not isinstance(body, dict) or body.get("format") != FORMAT:
             raise CheckpointError(f"{where} is not a segack checkpoint")
-        if body.get("version") != VERSION:
-            raise CheckpointError(f"{where} has format version {body.get('version')!r}; "
-                                  f"this segack reads version {VERSION}")
+        version = body.get("version")
+        if version != VERSION:
+            writer = _WRITTEN_BY.get(version) if isinstance(version, int) else None
+            origin = f"was written by segack {writer} (format {version})" if writer else (
+                f"has format version {version!r}")
+            raise CheckpointError(f"{where} {origin}; segack {__version__} reads format {VERSION} only. "
+                                  f"Replay into a new checkpoint location; this one is left as it is")
         crc = body.pop("crc32", None)
         if crc != zlib.crc32(_canonical(body)):
             raise CheckpointError(f"{where} is damaged: its checksum does not match")
-        if not isinstance(body.get("settings"), dict) or not isinstance(body.get("acker"), str):
-            raise CheckpointError(f"{where} is damaged: settings or acker missing")
-        try:
-            acker = OffsetAcker.restore(base64.b64decode(body["acker"], validate=True))
-        except ValueError as error:
-            raise CheckpointError(f"{where} is damaged: {error}") from None
-        return cls(acker, body["settings"])
+        settings, encoded = body.get("settings"), body.get("tokens")
+        if not isinstance(settings, dict) or not (encoded is None or isinstance(encoded, str)):
+            raise CheckpointError(f"{where} is damaged: settings or tokens missing")
+        tokens = None
+        if encoded is not None:
+            bits = settings.get("key_group_bits")
+            if not isinstance(bits, int) or isinstance(bits, bool):
+                raise CheckpointError(f"{where} is damaged: its key-group resolution is missing")
+            try:
+                tokens = KeyGroupTokens.from_bytes(base64.b64decode(encoded, validate=True), bits,
+                                                   what=f"the tokens of {where}")
+            except (ValueError, TokenError) as error:
+                raise CheckpointError(str(error) if isinstance(error, TokenError)
+                                      else f"{where} is damaged: {error}") from None
+        return cls(settings, tokens)
 
 
 def _canonical(body: dict[str, Any]) -> bytes:
@@ -93,21 +127,20 @@ def _canonical(body: dict[str, Any]) -> bytes:
 class CheckpointStore:
     """A checkpoint directory on local disk or on any filesystem :mod:`pyarrow.fs` opens.
 
-    Picklable: Spark tasks carry it to write their progress files.
+    The location is resolved at once (:func:`resolve_location`), so the store
+    means the same directory wherever it is unpickled. Spark tasks carry it to
+    write their progress files.
     """
 
     def __init__(self, location: str) -> None:
-        if not location:
-            raise ValueError("a checkpoint location is required")
-        self.location = location
-        self._local = "://" not in location or location.startswith("file://")
-        if self._local:
-            self.root = os.path.abspath(location.removeprefix("file://"))
+        self.location = resolve_location(location)
+        self.is_local = "://" not in self.location
+        if self.is_local:
+            self.root = self.location
         else:
             from pyarrow import fs
 
-            filesystem, self.root = fs.FileSystem.from_uri(location)
-            self._filesystem = filesystem
+            self._filesystem, self.root = fs.FileSystem.from_uri(self.location)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"location": self.location}
@@ -124,13 +157,13 @@ class CheckpointStore:
         return "/".join([self.root.rstrip("/"), *parts])
 
     def _makedirs(self, path: str) -> None:
-        if self._local:
+        if self.is_local:
             os.makedirs(path, exist_ok=True)
         else:
             self._filesystem.create_dir(path, recursive=True)
 
     def _read(self, path: str) -> bytes | None:
-        if self._local:
+        if self.is_local:
             try:
                 with open(path, "rb") as handle:
                     return handle.read()
@@ -143,12 +176,19 @@ class CheckpointStore:
         with self._filesystem.open_input_stream(path) as stream:
             return bytes(stream.read())
 
+    def _exists(self, path: str) -> bool:
+        if self.is_local:
+            return os.path.exists(path)
+        from pyarrow import fs
+
+        return bool(self._filesystem.get_file_info(path).type != fs.FileType.NotFound)
+
     def write_atomic(self, path: str, data: bytes) -> None:
         """Replace ``path`` with ``data`` so that a reader sees the old bytes or the new ones."""
         directory = path.rsplit("/", 1)[0]
         self._makedirs(directory)
         temporary = f"{path}.{uuid.uuid4().hex}.tmp"
-        if self._local:
+        if self.is_local:
             with open(temporary, "wb") as handle:
                 handle.write(data)
                 handle.flush()
@@ -165,17 +205,37 @@ class CheckpointStore:
             self._filesystem.move(temporary, path)
 
     def _delete(self, path: str) -> None:
-        if self._local:
+        if self.is_local:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
         else:
-            self._filesystem.delete_file(path)
+            from pyarrow import fs
+
+            if self._filesystem.get_file_info(path).type != fs.FileType.NotFound:
+                self._filesystem.delete_file(path)
+
+    def _list(self, directory: str) -> list[tuple[str, int]]:
+        """``(path, size)`` of each file in ``directory`` (none if it does not exist)."""
+        if self.is_local:
+            try:
+                names = os.listdir(directory)
+            except FileNotFoundError:
+                return []
+            found = []
+            for name in names:
+                with contextlib.suppress(FileNotFoundError):
+                    found.append((f"{directory}/{name}", os.stat(f"{directory}/{name}").st_size))
+            return found
+        from pyarrow import fs
+
+        infos = self._filesystem.get_file_info(fs.FileSelector(directory, allow_not_found=True))
+        return [(info.path, int(info.size or 0)) for info in infos if info.type == fs.FileType.File]
 
     # ---------------------------------------------------------- the state
 
     def exists(self) -> bool:
         """Whether a checkpoint has been written here."""
-        return self._read(self._path(STATE_FILE)) is not None
+        return self._exists(self._path(STATE_FILE))
 
     def load(self) -> Checkpoint | None:
         """The stored checkpoint, ``None`` if there is none; damage is a :class:`CheckpointError`."""
@@ -188,38 +248,55 @@ class CheckpointStore:
         """Write ``checkpoint`` atomically and durably."""
         self.write_atomic(self._path(STATE_FILE), checkpoint.to_bytes())
 
+    def size_bytes(self) -> int:
+        """Bytes the checkpoint takes now: ``checkpoint.json`` and the progress files."""
+        state = self._read(self._path(STATE_FILE))
+        return (0 if state is None else len(state)) + sum(
+            size for _, size in self._list(self._path(PROGRESS_DIR)))
+
     # ------------------------------------------------------- task progress
 
-    def write_progress(self, name: str, acker: OffsetAcker) -> None:
-        """Record, atomically, what one task attempt has finished so far."""
-        self.write_atomic(self._path(PROGRESS_DIR, f"{name}.sgak"), acker.snapshot())
+    @staticmethod
+    def progress_name(run_id: str, segment: int, attempt: int) -> str:
+        """The progress file name of one task attempt."""
+        return f"{run_id}-s{segment:05d}-a{attempt}"
 
-    def progress_files(self) -> list[str]:
-        """The progress files present now, sorted."""
-        directory = self._path(PROGRESS_DIR)
-        if self._local:
-            try:
-                names = os.listdir(directory)
-            except FileNotFoundError:
-                return []
-            return sorted(self._path(PROGRESS_DIR, name) for name in names if name.endswith(".sgak"))
-        from pyarrow import fs
+    def write_progress(self, name: str, updates: pa.Table) -> None:
+        """Record, atomically, what one task attempt has finished so far (its update table)."""
+        self.write_atomic(self._path(PROGRESS_DIR, f"{name}{PROGRESS_SUFFIX}"), encode_updates(updates))
 
-        infos = self._filesystem.get_file_info(fs.FileSelector(directory, allow_not_found=True))
-        return sorted(info.path for info in infos if info.path.endswith(".sgak"))
+    def progress_files(self, prefix: str = "") -> list[str]:
+        """The progress files present now whose names start with ``prefix``, sorted."""
+        start = self._path(PROGRESS_DIR, prefix)
+        return sorted(path for path, _ in self._list(self._path(PROGRESS_DIR))
+                      if path.endswith(PROGRESS_SUFFIX) and path.startswith(start))
 
-    def read_progress(self, paths: list[str]) -> Iterator[tuple[str, OffsetAcker]]:
-        """Each readable progress file's acker; a damaged one is a :class:`CheckpointError`."""
+    def read_progress(self, paths: list[str]) -> Iterator[tuple[str, pa.Table]]:
+        """Each readable progress file's updates; a damaged one is a :class:`CheckpointError`."""
         for path in paths:
             data = self._read(path)
             if data is None:
                 continue
             try:
-                yield path, OffsetAcker.restore(data)
-            except ValueError as error:
-                raise CheckpointError(f"progress file {path} is damaged: {error}") from None
+                yield path, decode_updates(data, what=f"progress file {path}")
+            except TokenError as error:
+                raise CheckpointError(str(error)) from None
 
     def delete_progress(self, paths: list[str]) -> None:
         """Remove progress files already merged into a durable checkpoint."""
         for path in paths:
             self._delete(path)
+
+    # ------------------------------------------------------------ stopping
+
+    def request_stop(self, run_id: str, reason: str) -> None:
+        """Ask the tasks of ``run_id`` to stop at their next flush."""
+        self.write_atomic(self._path(PROGRESS_DIR, f"{run_id}{STOP_SUFFIX}"), reason.encode("utf-8"))
+
+    def stop_requested(self, run_id: str) -> bool:
+        """Whether someone asked the tasks of ``run_id`` to stop."""
+        return self._exists(self._path(PROGRESS_DIR, f"{run_id}{STOP_SUFFIX}"))
+
+    def clear_stop(self, run_id: str) -> None:
+        """Remove the stop request of a run that has ended."""
+        self._delete(self._path(PROGRESS_DIR, f"{run_id}{STOP_SUFFIX}"))

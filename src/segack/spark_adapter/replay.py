@@ -1,77 +1,82 @@
 """Ordered, resumable replay of a DataFrame of events through a per-event handler.
 
-How a run goes:
+How a run goes (:ref:`replay-at-scale` explains key groups and tokens):
 
-1. Every event gets a dense index: its rank by ``(order, key)``. The rank depends
-   only on the data, so a rerun over the same input gives every event the same
-   index, whatever the files' layout or the cluster size.
-2. Events the checkpoint says are done (below the committed point, or inside a
-   done run beyond it) are removed in the JVM: a filter and an anti-join.
-3. The rest get a segment column (the owner of their key's hash), go one segment
-   per partition (``repartitionById``) and are sorted by index within it.
-4. Each task feeds its partition to the handler in order from Arrow batches,
-   records what it finished in an :class:`~segack.OffsetAcker`, and writes that
-   acker's snapshot to the checkpoint's ``progress/`` directory every
-   ``flush_every`` events or ``flush_interval`` seconds.
-5. The driver merges the progress files into its own acker while the job runs and
-   writes the checkpoint atomically; after the job, a last merge. A crash loses
-   at most what tasks did since their last flush: those events run again (at
-   least once), and never out of order, because each key lives in one segment
-   during a run and each segment replays in index order.
+1. **Fingerprint.** One JVM pass counts the events of each key group and
+   digests every column of every row. A checkpoint written for other input is
+   refused before anything runs.
+2. **Resume filter.** Where the checkpoint has a boundary for a key group, a
+   broadcast join against those boundaries keeps only the events whose sort
+   key ``(order, key, tie)`` is at or past it: one comparison per event, in the
+   JVM, whatever the number of done events.
+3. **One shuffle.** Each event goes to the partition of the segment owning its
+   key group (``repartitionById``) and is sorted there by its sort key. No
+   stage gathers events into one partition.
+4. **Tasks** (:mod:`segack.spark_adapter.task`) number each key group's events,
+   call the handler in order, and write their per-key-group updates to the
+   checkpoint's ``progress/`` as they go; each returns its final updates in the
+   job's result too.
+5. **The driver** merges progress files into the checkpoint on a timer (an
+   atomic rewrite of ``checkpoint.json``), and the job's results at the end. A
+   crash loses at most what tasks did since their last flush: those events run
+   again (at least once), never out of order.
+
+State on both sides is one entry per key group: it does not grow with events.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
-import json
-import re
+import pickle
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from segack.kernel import OffsetAcker, SegmentSet
+import numpy as np
+import pyarrow as pa
+
+from segack.kernel import SegmentSet
 from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore
 from segack.spark_adapter.columns import hash_column, member_index_column
+from segack.spark_adapter.errors import HandlerFailed, ReplayError
+from segack.spark_adapter.session import default_segment_count, executors_share_local_disk, setting
+from segack.spark_adapter.task import KG, TIE, TaskPlan, run_task
+from segack.spark_adapter.tokens import DEFAULT_KEY_GROUP_BITS, KeyGroupTokens, TokenError
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 __all__ = [
     "HandlerFailed",
     "Progress",
+    "ReplayError",
     "ReplayResult",
+    "check_location",
     "load_handler",
     "replay",
+    "worker_error",
 ]
 
-INDEX = "__segack_index"
 SEGMENT = "__segack_segment"
-_FAILURE_MARKER = "segack-handler-failed:"
-_CHECK_EVERY = 64
-
-
-class HandlerFailed(RuntimeError):
-    """The handler raised on an event; the last committable point was saved first."""
-
-    def __init__(self, key: Any, order: Any, index: int, reason: str) -> None:
-        super().__init__(f"handler failed on the event with key {key!r} and order {order!r} "
-                         f"(index {index}): {reason}")
-        self.key = key
-        self.order = order
-        self.index = index
-        self.reason = reason
+_BOUND_ORDER = "__segack_bound_order"
+_BOUND_KEY = "__segack_bound_key"
+_BOUND_TIE = "__segack_bound_tie"
+_RESERVED = (KG, TIE, SEGMENT, _BOUND_ORDER, _BOUND_KEY, _BOUND_TIE)
+_ORDER_TYPES = ("boolean", "tinyint", "smallint", "int", "bigint", "float", "double", "string", "binary",
+                "date", "timestamp", "timestamp_ntz")
 
 
 @dataclass(frozen=True)
 class Progress:
-    """What the driver knows during a run (passed to the ``progress`` callback)."""
+    """What the driver knows during a run (passed to the ``progress`` callback at each merge)."""
 
     done: int
     handled: int
     total: int
-    committed: int
-    pending_runs: int
+    segments: int
     seconds: float
 
 
@@ -82,18 +87,21 @@ class ReplayResult:
     total: int
     already_done: int
     handled: int
-    committed: int
+    done: int
     segments: int
+    key_group_bits: int
     seconds: float
 
     @property
     def complete(self) -> bool:
         """Whether every event is done."""
-        return self.committed == self.total
+        return self.done == self.total
 
 
 def load_handler(spec: str) -> Callable[[dict[str, Any]], Any]:
     """The function named by ``MODULE:FUNCTION``; a clear ``ValueError`` if it cannot be found."""
+    import importlib
+
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name:
         raise ValueError(f"handler must be MODULE:FUNCTION, not {spec!r}")
@@ -107,6 +115,49 @@ def load_handler(spec: str) -> Callable[[dict[str, Any]], Any]:
     return handler  # type: ignore[no-any-return]
 
 
+def worker_error(error: BaseException) -> str:
+    """The exception a Spark task raised, as ``"Type: message"``, read out of Spark's wrapping.
+
+    Spark reports a Python worker's failure as text: its traceback inside one
+    or more Java exceptions. The last traceback's closing line is the
+    exception itself; failing that, the first line of ``error``.
+    """
+    text = str(error)
+    marker = "Traceback (most recent call last):"
+    if marker in text:
+        lines = text[text.rindex(marker) + len(marker):].splitlines()
+        closing = [line.strip() for line in lines if line.strip() and not line.startswith((" ", "\t"))]
+        if closing:
+            return closing[0]
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def check_session(spark: SparkSession) -> None:
+    """Refuse a session with speculative execution on: two attempts of a segment must not overlap."""
+    if setting(spark, "spark.speculation", "false").lower() == "true":
+        raise ValueError("spark.speculation is on; segack needs it off, so that two attempts "
+                         "of one segment never run at once")
+
+
+def check_location(spark: SparkSession, store: CheckpointStore, shared_local_checkpoint: bool) -> None:
+    """Refuse a local checkpoint path when executors may run on other machines.
+
+    They would write their progress to their own disks, where the driver never
+    reads it. ``shared_local_checkpoint`` says the path is a shared mount (NFS,
+    for example) at the same place on every machine.
+    """
+    if not store.is_local or shared_local_checkpoint or executors_share_local_disk(spark):
+        return
+    master = setting(spark, "spark.master", "?")
+    raise ValueError(
+        f"checkpoint {store.location} is a local path, but executors of master {master} may run on other "
+        f"machines and would write their progress to their own disks. Use a location every machine "
+        f"reaches (hdfs://, s3://, ...), or, if {store.location} is mounted at the same path on every "
+        f"machine (NFS, for example), say so with shared_local_checkpoint=True (--shared-local-checkpoint)"
+    )
+
+
 def _segment_set(segments: int | SegmentSet) -> SegmentSet:
     if isinstance(segments, SegmentSet):
         return segments
@@ -115,76 +166,149 @@ def _segment_set(segments: int | SegmentSet) -> SegmentSet:
     return SegmentSet.balanced(segments)
 
 
-def _process_partition(
-    batches: Iterator[Any], *, handler: Callable[[dict[str, Any]], Any], store: CheckpointStore,
-    run_id: str, columns: list[str], key: str, order: str, flush_every: int, flush_interval: float,
-) -> Iterator[Any]:
-    """The task: handle each event in index order, flushing progress as it goes."""
-    import pyarrow as pa
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    partition = context.partitionId() if context else 0
-    name = f"{run_id}-p{partition:05d}-a{context.attemptNumber() if context else 0}"
-    acker = OffsetAcker()
-    handled = since_flush = 0
-    last_flush = time.monotonic()
-
-    def flush() -> None:
-        nonlocal since_flush, last_flush
-        store.write_progress(name, acker)
-        since_flush = 0
-        last_flush = time.monotonic()
-
-    for batch in batches:
-        indexes = batch.column(INDEX).to_numpy()
-        events = batch.select(columns).to_pylist()
-        acked = 0
-        for position, event in enumerate(events):
-            try:
-                handler(event)
-            except Exception as error:
-                acker.ack_many(indexes[acked:position])
-                flush()
-                detail = {"key": event.get(key), "order": event.get(order),
-                          "index": int(indexes[position]), "error": f"{type(error).__name__}: {error}"}
-                raise RuntimeError(_FAILURE_MARKER + json.dumps(detail, default=str)) from error
-            handled += 1
-            since_flush += 1
-            if position % _CHECK_EVERY == _CHECK_EVERY - 1 and (
-                since_flush >= flush_every or time.monotonic() - last_flush >= flush_interval
-            ):
-                acker.ack_many(indexes[acked:position + 1])
-                acked = position + 1
-                flush()
-        acker.ack_many(indexes[acked:])
-        if since_flush >= flush_every or time.monotonic() - last_flush >= flush_interval:
-            flush()
-    if since_flush:
-        flush()
-    yield pa.RecordBatch.from_pydict(
-        {"partition": [partition], "handled": [handled]},
-        schema=pa.schema([("partition", pa.int32()), ("handled", pa.int64())]),
-    )
+def _check_positive(name: str, value: Any, kind: type) -> None:
+    accepted = (int, float) if kind is float else int
+    if isinstance(value, bool) or not isinstance(value, accepted) or not value > 0:
+        raise ValueError(f"{name} must be a positive {kind.__name__}, not {value!r}")
 
 
-def _handler_failure(error: BaseException) -> HandlerFailed | None:
-    match = re.search(re.escape(_FAILURE_MARKER) + r"(\{.*?\})(?:\n|$|')", str(error))
-    if match is None:
-        return None
-    detail = json.loads(match.group(1))
-    return HandlerFailed(detail["key"], detail["order"], detail["index"], detail["error"])
+def _has_floats(type_name: str) -> bool:
+    return "float" in type_name or "double" in type_name
+
+
+class EventInput:
+    """A DataFrame of events as a replay sees it: key groups, ties, the fingerprint, the job.
+
+    Checks at once (``ValueError``) that ``key`` and ``order`` exist with types
+    a replay can sort and hash, and that no column uses a reserved name.
+    """
+
+    def __init__(self, df: DataFrame, key: str, order: str, hash: str, method: str, bits: int) -> None:
+        for name in (key, order):
+            if name not in df.columns:
+                raise ValueError(f"no column {name!r}; the columns are {df.columns}")
+        if key == order:
+            raise ValueError("key and order must be different columns")
+        clash = [name for name in df.columns if name in _RESERVED]
+        if clash:
+            raise ValueError(f"column names {clash} are reserved by segack")
+        self.df, self.key, self.order, self.bits = df, key, order, bits
+        self.key_type = df.schema[key].dataType
+        self.order_type = df.schema[order].dataType
+        order_name = self.order_type.simpleString()
+        if order_name not in _ORDER_TYPES and not order_name.startswith("decimal("):
+            raise ValueError(f"the order column must have a plain sortable type (numbers, strings, dates, "
+                             f"timestamps, binary), not {order_name}")
+        from pyspark.sql import functions as F
+
+        self.key_group: Column = hash_column(key, self.key_type.simpleString(), hash, method).bitwiseAND(
+            F.lit((1 << bits) - 1))
+        rest = [name for name in df.columns if name not in (key, order)]
+        if _has_floats(self.order_type.simpleString()):
+            # -0.0 and 0.0 sort as one value; the tie tells the two events apart.
+            rest.append(order)
+        self.tie: Column = F.xxhash64(*map(self._hashable, rest)) if rest else F.lit(0).cast("bigint")
+        self.row_hash: Column = F.xxhash64(*map(self._hashable, df.columns))
+
+    def _hashable(self, name: str) -> Column:
+        """A column's value as the tie and the fingerprint hash it: every distinct value distinctly.
+
+        Spark will not hash a map, so its JSON form (entries in stored order)
+        stands in for it; Spark hashes -0.0 and 0.0 alike, so floating-point
+        values are hashed in their text form.
+        """
+        from pyspark.sql import functions as F
+
+        type_name = self.df.schema[name].dataType.simpleString()
+        if type_name in ("float", "double"):
+            return F.col(name).cast("string")
+        if "map<" in type_name or _has_floats(type_name):
+            return F.to_json(F.col(name))
+        return F.col(name)
+
+    def fingerprint_frame(self) -> DataFrame:
+        """The fingerprint's aggregation: one row per key group with events (see :meth:`fingerprint`)."""
+        from pyspark.sql import functions as F
+
+        return (self.df.groupBy(self.key_group.alias("kg"))
+                .agg(F.count(F.lit(1)).alias("n"), F.bit_xor(self.row_hash).alias("x"),
+                     F.sum(F.shiftright(self.row_hash, 40)).alias("s"))
+                # Typed nulls: the result's Arrow schema says how Spark hands these columns to Python.
+                .withColumn("order", F.lit(None).cast(self.order_type))
+                .withColumn("key", F.lit(None).cast(self.key_type)))
+
+    def fingerprint(self) -> tuple[np.ndarray, str, pa.DataType, pa.DataType]:
+        """Events per key group, a digest of every row, and the order and key columns' Arrow types.
+
+        One JVM pass. The digest is the XOR of the rows' 64-bit hashes with the
+        sum of their top 24 bits: XOR alone would let two equal rows cancel out.
+        """
+        rows = self.fingerprint_frame().toArrow()
+        counts = np.zeros(1 << self.bits, dtype=np.int64)
+        groups = rows.column("kg").to_numpy(zero_copy_only=False)
+        counts[groups] = rows.column("n").to_numpy(zero_copy_only=False)
+        xor = 0
+        for value in rows.column("x").to_pylist():
+            xor ^= value & 0xFFFFFFFFFFFFFFFF
+        top = sum(rows.column("s").to_pylist()) & 0xFFFFFFFFFFFFFFFF
+        return counts, f"{xor:016x}{top:016x}", rows.schema.field("order").type, rows.schema.field("key").type
+
+    def remaining(self, tokens: KeyGroupTokens) -> DataFrame:
+        """The events not behind a boundary, with their key group and tie columns."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+
+        events = self.df.withColumn(KG, self.key_group).withColumn(TIE, self.tie)
+        if not tokens.boundaries:
+            return events
+        schema = StructType([
+            StructField(KG, IntegerType(), False), StructField(_BOUND_ORDER, self.order_type),
+            StructField(_BOUND_KEY, self.key_type), StructField(_BOUND_TIE, LongType()),
+        ])
+        table = tokens.boundary_table().rename_columns([KG, _BOUND_ORDER, _BOUND_KEY, _BOUND_TIE])
+        bounds = self.df.sparkSession.createDataFrame(table, schema=schema)
+        kept = F.col(_BOUND_TIE).isNull() | (
+            F.struct(F.col(self.order), F.col(self.key), F.col(TIE))
+            >= F.struct(F.col(_BOUND_ORDER), F.col(_BOUND_KEY), F.col(_BOUND_TIE)))
+        return (events.join(F.broadcast(bounds), KG, "left").where(kept)
+                .drop(_BOUND_ORDER, _BOUND_KEY, _BOUND_TIE))
+
+    def job(self, tokens: KeyGroupTokens, segments: SegmentSet, plan: TaskPlan) -> DataFrame:
+        """The replay's one Spark job: remaining events, one segment per partition, sorted, handled."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, StructField, StructType
+
+        ordered = (
+            self.remaining(tokens)
+            .withColumn(SEGMENT, member_index_column(F.col(KG), segments))
+            .repartitionById(len(segments), SEGMENT)
+            .sortWithinPartitions(F.col(self.order).asc_nulls_first(), F.col(self.key).asc_nulls_first(),
+                                  F.col(TIE).asc())
+            .drop(SEGMENT)
+        )
+        schema = StructType([
+            StructField("kg", IntegerType()), StructField("committed", LongType()),
+            StructField("run_start", LongType()), StructField("order", self.order_type),
+            StructField("key", self.key_type), StructField("tie", LongType()),
+            StructField("extras", ArrayType(LongType())), StructField("handled", LongType()),
+            StructField("failure", BinaryType()),
+        ])
+        return ordered.mapInArrow(functools.partial(run_task, plan), schema)
 
 
 class _Merger:
-    """The driver side: merges task progress into the checkpoint, on a timer and at the end."""
+    """The driver side of a run: merges task progress into the checkpoint on a timer.
 
-    def __init__(self, store: CheckpointStore, checkpoint: Checkpoint, total: int,
-                 interval: float, progress: Callable[[Progress], None] | None) -> None:
-        self.already_done = checkpoint.acker.next_index + checkpoint.acker.pending_count
-        self.store = store
-        self.checkpoint = checkpoint
-        self.total = total
+    An error while merging stops the run: the merger records it, interrupts the
+    job, and :func:`_execute` raises it once the job has ended.
+    """
+
+    def __init__(self, spark: SparkSession, store: CheckpointStore, state: Checkpoint, run_id: str, tag: str,
+                 segments: int, interval: float, progress: Callable[[Progress], None] | None) -> None:
+        assert state.tokens is not None
+        self.spark, self.store, self.state, self.run_id, self.tag = spark, store, state, run_id, tag
+        self.segments = segments
+        self.already_done = state.tokens.done
         self.interval = interval
         self.progress = progress
         self.began = time.monotonic()
@@ -193,33 +317,34 @@ class _Merger:
         self._thread = threading.Thread(target=self._run, name="segack-merger", daemon=True)
         self.error: BaseException | None = None
 
-    def merge_and_save(self) -> list[str]:
-        """Merge every progress file, save the checkpoint; returns the files merged."""
+    def merge(self, results: pa.Table | None = None) -> None:
+        """Fold this run's progress files (and a job's results) into the checkpoint, and save it."""
         with self._lock:
-            paths = self.store.progress_files()
-            for _, acker in self.store.read_progress(paths):
-                self.checkpoint.acker.merge(acker)
-            self.checkpoint.settings["updated_at"] = time.time()
-            self.store.save(self.checkpoint)
+            tokens = self.state.tokens
+            assert tokens is not None
+            for _, updates in self.store.read_progress(self.store.progress_files(self.run_id)):
+                tokens.apply(updates)
+            if results is not None:
+                tokens.apply(results)
+            self.state.settings["updated_at"] = time.time()
+            self.store.save(self.state)
             self.report()
-            return paths
 
     def report(self) -> None:
         if self.progress is not None:
-            acker = self.checkpoint.acker
-            done = acker.next_index + acker.pending_count
-            self.progress(Progress(
-                done=done, handled=done - self.already_done, total=self.total,
-                committed=acker.next_index, pending_runs=acker.pending_runs,
-                seconds=time.monotonic() - self.began,
-            ))
+            tokens = self.state.tokens
+            assert tokens is not None
+            done = tokens.done
+            self.progress(Progress(done=done, handled=done - self.already_done, total=tokens.total,
+                                   segments=self.segments, seconds=time.monotonic() - self.began))
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                self.merge_and_save()
-            except Exception as error:  # pragma: no cover - surfaced by finish()
+                self.merge()
+            except BaseException as error:
                 self.error = error
+                self.spark.interruptTag(self.tag)
                 return
 
     def __enter__(self) -> _Merger:
@@ -231,68 +356,99 @@ class _Merger:
         self._thread.join()
 
 
-def _index_events(df: Any, key: str, order: str, base: int = 0) -> Any:
-    """``df`` with a dense index column: the rank by ``(order, key)``, from ``base``.
+def _execute(
+    events: EventInput, state: Checkpoint, store: CheckpointStore, *, run_id: str,
+    handler: Callable[[dict[str, Any]], Any], segments: SegmentSet, flush_every: int, flush_interval: float,
+    progress: Callable[[Progress], None] | None,
+) -> int:
+    """Handle the events the checkpoint lacks; leaves ``state`` final and saved.
 
-    Events with equal ``(order, key)`` are ranked by a hash of the rest of the row, so each
-    event's index depends only on the input, never on how Spark laid it out: a resumed run
-    must skip exactly the events an earlier run did. Events equal in every column are
-    interchangeable, so it does not matter which of them gets which index.
+    Merges progress a crashed run left behind first. Returns how many events
+    were done before the job started. Raises :class:`HandlerFailed` (the first
+    failure, with any later merge error attached as a note) or :class:`ReplayError`.
     """
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    rest = [
-        # Spark will not hash a map; its JSON form (entries in stored order) stands in for it.
-        F.to_json(df[field.name]) if "map<" in field.dataType.simpleString() else df[field.name]
-        for field in df.schema.fields
-        if field.name not in (key, order)
-    ]
-    tie = F.xxhash64(*rest) if rest else F.lit(0)
-    rank = F.row_number().over(
-        Window.orderBy(F.col(order).asc_nulls_first(), F.col(key).asc_nulls_first(), tie)
+    tokens = state.tokens
+    assert tokens is not None
+    leftovers = store.progress_files()
+    try:
+        for _, leftover in store.read_progress(leftovers):
+            tokens.apply(leftover)
+    except TokenError as error:
+        raise CheckpointError(f"checkpoint {store.location}: {error}") from None
+    store.save(state)
+    store.delete_progress(leftovers)
+    already_done = tokens.done
+    if tokens.complete:
+        state.settings.update(status="complete", updated_at=time.time())
+        store.save(state)
+        return already_done
+    plan = TaskPlan(
+        run_id=run_id, store=store, handler=handler, columns=tuple(events.df.columns), key=events.key,
+        order=events.order, order_type=tokens.order_type, key_type=tokens.key_type,
+        committed=tokens.committed.copy(), first_positions=tokens.first_kept_positions(),
+        extras={group: frozenset(positions) for group, positions in tokens.extras.items()},
+        flush_every=flush_every, flush_interval=flush_interval,
     )
-    return df.withColumn(INDEX, rank + F.lit(base - 1).cast("bigint"))
+    spark = events.df.sparkSession
+    tag = f"segack-{run_id}"
+    merger = _Merger(spark, store, state, run_id, tag, len(segments), flush_interval, progress)
+    results: pa.Table | None = None
+    job_error: BaseException | None = None
+    spark.addTag(tag)
+    try:
+        with merger:
+            try:
+                results = events.job(tokens, segments, plan).toArrow()
+            except Exception as error:
+                job_error = error
+    finally:
+        spark.removeTag(tag)
+    failures: list[HandlerFailed] = []
+    updates = None
+    if results is not None:
+        summary = results.filter(pa.compute.equal(results.column("kg"), -1))
+        updates = results.filter(pa.compute.not_equal(results.column("kg"), -1)).drop_columns(
+            ["handled", "failure"])
+        failures = [pickle.loads(blob) for blob in summary.column("failure").to_pylist() if blob is not None]
+    merge_error: BaseException | None = merger.error
+    try:
+        merger.merge(updates)
+    except Exception as error:
+        merge_error = merge_error or error
+    finished = merge_error is None and job_error is None and not failures
+    state.settings.update(status=("complete" if tokens.complete else "incomplete") if finished else "failed",
+                          updated_at=time.time())
+    try:
+        store.save(state)
+        store.delete_progress(store.progress_files(run_id))
+        store.clear_stop(run_id)
+    except Exception as error:
+        merge_error = merge_error or error
+    if failures:
+        failure = failures[0]
+        if merge_error is not None:
+            failure.add_note(f"saving progress afterwards failed too: {merge_error!r}")
+        raise failure
+    if merge_error is not None:
+        raise ReplayError(f"saving progress failed: {merge_error}") from merge_error
+    if job_error is not None:
+        raise ReplayError(f"a Spark task failed: {worker_error(job_error)}") from job_error
+    return already_done
 
 
-def _not_done(indexed: Any, acker: OffsetAcker) -> Any:
-    """Rows of ``indexed`` the acker does not count as done, filtered in the JVM."""
-    import pyarrow as pa
-    from pyspark.sql import functions as F
-
-    remaining = indexed.where(F.col(INDEX) >= F.lit(acker.next_index))
-    runs = acker.runs()
-    if not runs:
-        return remaining
-    firsts, lasts = zip(*runs, strict=True)
-    table = pa.table({"first": pa.array(firsts, pa.int64()), "last": pa.array(lasts, pa.int64())})
-    spark = indexed.sparkSession
-    done = spark.createDataFrame(table).select(F.explode(F.sequence("first", "last")).alias(INDEX))
-    if acker.pending_count <= 5_000_000:
-        done = F.broadcast(done)
-    return remaining.join(done, INDEX, "left_anti")
-
-
-def _fingerprint(df: Any, key: str, order: str) -> tuple[int, int]:
-    """The event count and an order-free digest of the ``(key, order)`` pairs, in one JVM pass."""
-    from pyspark.sql import functions as F
-
-    row = df.agg(
-        F.count(F.lit(1)).alias("total"),
-        F.coalesce(F.bit_xor(F.xxhash64(F.col(key), F.col(order))), F.lit(0)).alias("digest"),
-    ).first()
-    return int(row["total"]), int(row["digest"])
-
-
-def check_session(spark: Any) -> None:
-    """Refuse a session with speculative execution on: two attempts of a segment must not overlap."""
-    if spark.conf.get("spark.speculation", "false").lower() == "true":
-        raise ValueError("spark.speculation is on; segack needs it off, so that two attempts "
-                         "of one segment never run at once")
+def _resolution(previous: dict[str, Any], key_group_bits: int | None) -> int:
+    recorded = previous.get("key_group_bits")
+    if key_group_bits is None:
+        return int(recorded) if recorded is not None else DEFAULT_KEY_GROUP_BITS
+    KeyGroupTokens.empty(key_group_bits, pa.null(), pa.null())  # validates
+    if recorded is not None and recorded != key_group_bits:
+        raise ValueError(f"the checkpoint cuts hashes into 2**{recorded} key groups; key_group_bits="
+                         f"{key_group_bits} cannot change that (use a new checkpoint location)")
+    return key_group_bits
 
 
 def replay(
-    df: Any,
+    df: DataFrame,
     *,
     key: str,
     order: str,
@@ -300,125 +456,77 @@ def replay(
     checkpoint: str | CheckpointStore,
     segments: int | SegmentSet | None = None,
     hash: str = "spark",
+    key_group_bits: int | None = None,
     method: str = "auto",
     flush_every: int = 10_000,
     flush_interval: float = 5.0,
     progress: Callable[[Progress], None] | None = None,
     source: str | None = None,
+    shared_local_checkpoint: bool = False,
 ) -> ReplayResult:
     """Call ``handler(event)`` once per not-yet-done event of ``df``, in order per key.
 
-    ``event`` is a dict of the row's columns. Resumes from ``checkpoint`` if it
-    holds one for the same input; ``segments`` (a count or a :class:`SegmentSet`;
-    default: the last run's, else the session's default parallelism) may differ
-    from the last run's. ``progress`` receives a :class:`Progress` at each merge.
+    ``event`` is a dict of the row's columns. Resumes from ``checkpoint`` (a
+    local path or a :mod:`pyarrow.fs` URI) if it holds one for the same input;
+    ``segments`` (a count or a :class:`~segack.SegmentSet`; default: the last
+    run's, else ``spark.sql.shuffle.partitions``) may differ from the last run's,
+    as long as no segment is finer than the checkpoint's ``2**key_group_bits``
+    key groups (default 12 bits, at most 16, fixed by the first run).
+    ``progress`` receives a :class:`Progress` at each merge.
 
-    Raises ``ValueError`` for a missing column, a bad setting or speculation on;
-    :class:`~segack.spark_adapter.checkpoint.CheckpointError` for a damaged
-    checkpoint or one written for other input (nothing is written then);
-    :class:`HandlerFailed` when the handler raises, after saving the checkpoint.
+    Raises, before anything is written: ``ValueError`` for a missing or
+    unsortable column, a bad setting, speculation on, or a local checkpoint
+    path that executors on other machines could not reach (unless
+    ``shared_local_checkpoint``); :class:`~segack.spark_adapter.checkpoint.CheckpointError`
+    for a damaged checkpoint, one of another version or one written for other
+    input. After saving progress: :class:`HandlerFailed` when the handler
+    raises, :class:`ReplayError` when a Spark task or the merging fails.
     """
-    for name in (key, order):
-        if name not in df.columns:
-            raise ValueError(f"no column {name!r}; the columns are {df.columns}")
-    if INDEX in df.columns or SEGMENT in df.columns:
-        raise ValueError(f"column names {INDEX!r} and {SEGMENT!r} are reserved")
     if not callable(handler):
         raise TypeError("handler must be callable")
-    if isinstance(flush_every, bool) or not isinstance(flush_every, int) or flush_every < 1:
-        raise ValueError(f"flush_every must be a positive int, not {flush_every!r}")
-    if not flush_interval > 0:
-        raise ValueError(f"flush_interval must be positive, not {flush_interval!r}")
+    _check_positive("flush_every", flush_every, int)
+    _check_positive("flush_interval", flush_interval, float)
+    chosen = None if segments is None else _segment_set(segments)
     spark = df.sparkSession
     check_session(spark)
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
+    check_location(spark, store, shared_local_checkpoint)
     began = time.monotonic()
-
-    state = store.load() or Checkpoint(OffsetAcker(), {})
-    total, digest = _fingerprint(df, key, order)
+    state = store.load() or Checkpoint()
     previous = state.settings
-    if previous and (previous.get("total"), previous.get("digest"), previous.get("key"),
-                     previous.get("order")) != (total, digest, key, order):
+    bits = _resolution(previous, key_group_bits)
+    events = EventInput(df, key, order, hash, method, bits)
+    if chosen is None:
+        chosen = (SegmentSet.from_ids(previous["segments"]) if previous.get("segments")
+                  else SegmentSet.balanced(min(default_segment_count(spark), 1 << bits)))
+    chosen.key_group_owners(bits)  # a set finer than the key groups is a ValueError here
+    counts, digest, order_type, key_type = events.fingerprint()
+    recorded = tuple(previous.get(name) for name in ("digest", "key", "order", "hash"))
+    if previous and recorded != (digest, key, order, hash):
         raise CheckpointError(
-            f"checkpoint {store.location} belongs to other input (it recorded "
-            f"{previous.get('total')} events keyed by {previous.get('key')!r}, ordered by "
-            f"{previous.get('order')!r}); use a new checkpoint location"
+            f"checkpoint {store.location} belongs to other input (it recorded {previous.get('total')} events "
+            f"keyed by {previous.get('key')!r}, ordered by {previous.get('order')!r}, hashed with "
+            f"{previous.get('hash')!r}); use a new checkpoint location"
         )
-    if segments is None:
-        segments = SegmentSet.from_ids(previous["segments"]) if previous.get("segments") else (
-            spark.sparkContext.defaultParallelism)
-    chosen = _segment_set(segments)
+    if state.tokens is None:
+        state.tokens = KeyGroupTokens.empty(bits, order_type, key_type)
+        state.tokens.count = counts
+    elif (state.tokens.order_type, state.tokens.key_type) != (order_type, key_type):
+        raise CheckpointError(f"checkpoint {store.location} recorded other column types "
+                              f"({state.tokens.order_type}, {state.tokens.key_type}); "
+                              f"use a new checkpoint location")
     run_id = uuid.uuid4().hex[:12]
     state.settings = {
         **previous, "source": source if source is not None else previous.get("source"),
-        "key": key, "order": order, "hash": hash, "segments": list(chosen.ids),
-        "total": total, "digest": digest, "runs": int(previous.get("runs", 0)) + 1,
+        "key": key, "order": order, "hash": hash, "key_group_bits": bits, "segments": list(chosen.ids),
+        "total": int(counts.sum()), "digest": digest, "runs": int(previous.get("runs", 0)) + 1,
         "run_id": run_id, "flush_every": flush_every, "flush_interval": flush_interval,
         "started_at": time.time(), "updated_at": time.time(), "status": "running",
     }
-    already_done = _execute(
-        _index_events(df, key, order), state, store, run_id=run_id, total=total, columns=list(df.columns),
-        key=key, order=order, handler=handler, segments=chosen, hash=hash, method=method,
-        flush_every=flush_every, flush_interval=flush_interval, progress=progress,
-    )
-    acker = state.acker
-    done_now = acker.next_index + acker.pending_count
+    already_done = _execute(events, state, store, run_id=run_id, handler=handler, segments=chosen,
+                            flush_every=flush_every, flush_interval=flush_interval, progress=progress)
+    tokens = state.tokens
     return ReplayResult(
-        total=total, already_done=already_done, handled=done_now - already_done,
-        committed=acker.next_index, segments=len(chosen), seconds=time.monotonic() - began,
+        total=tokens.total, already_done=already_done, handled=tokens.done - already_done, done=tokens.done,
+        segments=len(chosen), key_group_bits=bits, seconds=time.monotonic() - began,
     )
-
-
-def _execute(
-    indexed: Any, state: Checkpoint, store: CheckpointStore, *, run_id: str, total: int,
-    columns: list[str], key: str, order: str, handler: Callable[[dict[str, Any]], Any],
-    segments: SegmentSet, hash: str, method: str, flush_every: int, flush_interval: float,
-    progress: Callable[[Progress], None] | None,
-) -> int:
-    """Handle the events of ``indexed`` (indexes below ``total``) the checkpoint lacks.
-
-    Merges progress a crashed run left behind first, saves the checkpoint at every
-    merge, and leaves ``state`` holding the final acker. Returns how many events
-    were done before the job started.
-    """
-    key_type = indexed.schema[key].dataType.simpleString()
-    segment = member_index_column(hash_column(key, key_type, hash, method), segments)
-    leftovers = store.progress_files()
-    for _, leftover in store.read_progress(leftovers):
-        state.acker.merge(leftover)
-    store.save(state)
-    store.delete_progress(leftovers)
-    acker = state.acker
-    already_done = acker.next_index + acker.pending_count
-    if already_done < total:
-        ordered = (
-            _not_done(indexed, acker)
-            .withColumn(SEGMENT, segment)
-            .repartitionById(len(segments), SEGMENT)
-            .sortWithinPartitions(INDEX)
-            .drop(SEGMENT)
-        )
-        task = functools.partial(
-            _process_partition, handler=handler, store=store, run_id=run_id, columns=columns,
-            key=key, order=order, flush_every=flush_every, flush_interval=flush_interval,
-        )
-        merger = _Merger(store, state, total, flush_interval, progress)
-        failure: BaseException | None = None
-        with merger:
-            try:
-                ordered.mapInArrow(task, "partition int, handled long").collect()
-            except BaseException as error:
-                failure = error
-        merged = merger.merge_and_save()
-        if merger.error is not None:
-            raise merger.error
-        if failure is not None:
-            state.settings["status"] = "failed"
-            store.save(state)
-            store.delete_progress(merged)
-            raise _handler_failure(failure) or failure
-        store.delete_progress(merged)
-    state.settings["status"] = "complete" if acker.next_index == total else "incomplete"
-    state.settings["updated_at"] = time.time()
-    store.save(state)
-    return already_done

@@ -1,35 +1,191 @@
-"""Starting an embedded local Spark session with settings fit for ordered processing."""
+"""Sessions: an embedded local Spark, a cluster master or Spark Connect, and what a run ships to them.
+
+Nothing here touches ``SparkContext``, so every function works the same over
+Spark Connect (``sc://HOST:PORT``) as in a classic session.
+"""
 
 from __future__ import annotations
 
+import importlib
+import ipaddress
 import os
+import site
+import socket
 import sys
-from typing import Any
+import sysconfig
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-
-def local_session(app_name: str = "segack", master: str = "local[2]", **conf: Any) -> Any:
-    """A ``SparkSession`` on an embedded local master.
-
-    The UI is off, shuffles are small, the Python workers use this interpreter,
-    and speculative execution is off: two attempts of one segment must never run
-    at once. ``conf`` adds or overrides Spark settings.
-    """
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.speculation", "false")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.driver.memory", "2g")
-    )
-    for key, value in conf.items():
+__all__ = [
+    "default_segment_count",
+    "executors_share_local_disk",
+    "is_connect",
+    "setting",
+    "local_session",
+    "ship_module",
+    "ship_py_files",
+    "spark_session",
+]
+
+#: Settings fit for ordered processing; ``conf`` given by the user overrides them.
+_DEFAULTS = {
+    "spark.ui.showConsoleProgress": "false",
+    "spark.speculation": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.log.level": "ERROR",
+}
+_LOCAL_DEFAULTS = {
+    "spark.ui.enabled": "false",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.driver.memory": "2g",
+}
+
+
+def spark_session(
+    master: str | None = "local[2]",
+    remote: str | None = None,
+    conf: Mapping[str, str] | None = None,
+    app_name: str = "segack",
+) -> SparkSession:
+    """A session on ``master`` (classic) or on a Spark Connect server at ``remote``.
+
+    Speculative execution is off (two attempts of one segment must never run at
+    once), Python workers use this interpreter, and on a local master the UI is
+    off and shuffles are small. ``conf`` (as ``spark-submit --conf``) adds or
+    overrides settings. Giving both ``master`` and ``remote`` is a ``ValueError``.
+    """
+    from pyspark.sql import SparkSession
+
+    if remote is not None and master is not None:
+        raise ValueError("give a master or a Spark Connect remote, not both")
+    settings = dict(_DEFAULTS)
+    if remote is None:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        if master is None or _is_local_master(master):
+            settings.update(_LOCAL_DEFAULTS)
+        builder = SparkSession.builder.master(master or "local[2]")
+    else:
+        # A Connect client sets only session settings; the server owns the rest.
+        settings = {"spark.sql.execution.arrow.pyspark.enabled": "true"}
+        builder = SparkSession.builder.remote(remote)
+    settings.update(conf or {})
+    builder = builder.appName(app_name)
+    for key, value in settings.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    return session
+    return builder.getOrCreate()
+
+
+def local_session(app_name: str = "segack", master: str = "local[2]", **conf: Any) -> SparkSession:
+    """A classic ``SparkSession`` on an embedded local master (see :func:`spark_session`)."""
+    return spark_session(master=master, conf={key: str(value) for key, value in conf.items()},
+                         app_name=app_name)
+
+
+def setting(spark: SparkSession, key: str, fallback: str) -> str:
+    """The session's effective value of ``key``, or ``fallback`` where it has none.
+
+    Over Spark Connect, ``conf.get(key, default)`` answers ``default`` for a key
+    the session has not set explicitly, hiding the server's own value; so ask
+    without a default and fall back only when the key is unknown.
+    """
+    try:
+        value = spark.conf.get(key)
+    except Exception:
+        return fallback
+    return fallback if value is None else str(value)
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect session."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def _is_local_master(master: str) -> bool:
+    return master == "local" or master.startswith(("local[", "local-cluster["))
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def executors_share_local_disk(spark: SparkSession) -> bool:
+    """Whether every executor (and this process) sees this machine's local files.
+
+    True for the local masters (``local``, ``local[...]``, ``local-cluster[...]``),
+    over Spark Connect only when the server also runs here (a loopback address).
+    Any other master may place executors on other machines.
+    """
+    master = setting(spark, "spark.master", "local")
+    if not _is_local_master(master):
+        return False
+    return not is_connect(spark) or _is_loopback(getattr(spark, "client").host)  # noqa: B009
+
+
+def default_segment_count(spark: SparkSession) -> int:
+    """The session's shuffle parallelism (``spark.sql.shuffle.partitions``), which Connect exposes too."""
+    return max(1, int(setting(spark, "spark.sql.shuffle.partitions", "200")))
+
+
+def _installed_roots() -> list[str]:
+    paths = sysconfig.get_paths()
+    roots = [paths[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")]
+    roots += site.getsitepackages()
+    if site.ENABLE_USER_SITE:
+        roots.append(site.getusersitepackages())
+    return [os.path.realpath(root) for root in roots if root]
+
+
+def _within(path: str, roots: list[str]) -> bool:
+    real = os.path.realpath(path)
+    return any(real == root or real.startswith(root + os.sep) for root in roots)
+
+
+def ship_module(spark: SparkSession, module_name: str) -> str | None:
+    """Send the top-level module or package of ``module_name`` to the executors.
+
+    A single-file module goes as it is; a package is zipped (its ``.py`` files).
+    Modules installed in this interpreter (the standard library, site-packages)
+    are not sent: the executors are expected to have them, as they have segack.
+    Returns the path sent, or ``None``. Uses ``addArtifacts(..., pyfile=True)``,
+    which classic sessions and Spark Connect both take.
+    """
+    top = module_name.split(".")[0]
+    module = importlib.import_module(top)
+    origin: str | None = getattr(module, "__file__", None)
+    if origin is None or _within(origin, _installed_roots()):
+        return None
+    if not hasattr(module, "__path__"):
+        spark.addArtifacts(origin, pyfile=True)
+        return origin
+    package_dir = os.path.dirname(origin)
+    archive = os.path.join(tempfile.mkdtemp(prefix="segack-ship-"), f"{top}.zip")
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as bundle:
+        for folder, directories, files in os.walk(package_dir):
+            directories[:] = [name for name in directories if name != "__pycache__"]
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    bundle.write(path, os.path.join(top, os.path.relpath(path, package_dir)))
+    spark.addArtifacts(archive, pyfile=True)
+    return archive
+
+
+def ship_py_files(spark: SparkSession, paths: list[str]) -> None:
+    """Send ``.py``, ``.zip`` or ``.egg`` files to the executors, as ``spark-submit --py-files`` does.
+
+    A missing file is a ``ValueError`` naming it, before anything is sent.
+    """
+    for path in paths:
+        if not os.path.isfile(path):
+            raise ValueError(f"--py-files: no such file {path!r}")
+    for path in paths:
+        spark.addArtifacts(os.path.abspath(path), pyfile=True)

@@ -1,11 +1,11 @@
-"""Structured Streaming: replay each micro-batch in order, one acker across the whole stream.
+"""Structured Streaming: replay each micro-batch in order, with positions continuing across batches.
 
-Indexes continue from batch to batch: a batch's events get ``base .. base + n - 1``
-by their rank in ``(order, key)``, where ``base`` is where the previous batch
-ended. The checkpoint records the last completed batch id and the batch in
-progress, so a micro-batch Spark delivers again after a failure (``foreachBatch``
-is at least once) gets the same indexes and only its undone events run; a
-batch already completed is skipped.
+Each micro-batch is an input of its own to the key-group tokens: its events of
+key group ``g`` get positions from where the previous batches left ``g`` (the
+tokens' ``base``). The checkpoint records the last completed batch id and the
+batch in progress with its fingerprint, so a micro-batch Spark delivers again
+after a failure (``foreachBatch`` is at least once) gets the same positions and
+only its undone events run, and a batch already completed is skipped.
 """
 
 from __future__ import annotations
@@ -13,11 +13,24 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from segack.kernel import SegmentSet
 from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore
-from segack.spark_adapter.replay import INDEX, _execute, _index_events, _segment_set, check_session
+from segack.spark_adapter.replay import (
+    EventInput,
+    ReplayError,
+    _check_positive,
+    _execute,
+    _resolution,
+    _segment_set,
+    check_location,
+    check_session,
+)
+from segack.spark_adapter.tokens import KeyGroupTokens
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 __all__ = ["foreach_batch"]
 
@@ -30,51 +43,63 @@ def foreach_batch(
     checkpoint: str | CheckpointStore,
     segments: int | SegmentSet = 2,
     hash: str = "spark",
+    key_group_bits: int | None = None,
     method: str = "auto",
     flush_every: int = 10_000,
     flush_interval: float = 5.0,
-) -> Callable[[Any, int], None]:
+    shared_local_checkpoint: bool = False,
+) -> Callable[[DataFrame, int], None]:
     """A function for ``DataStreamWriter.foreachBatch`` that replays each micro-batch.
 
     Within a batch, each key's events run in ``order``; across batches, a batch
     starts once the previous one is complete. Settings are checked at once
-    (``ValueError``/``TypeError`` as for :func:`~segack.spark_adapter.replay.replay`).
+    (``ValueError``/``TypeError`` as for :func:`~segack.spark_adapter.replay`);
+    each batch raises as :func:`~segack.spark_adapter.replay` does.
     """
     if not callable(handler):
         raise TypeError("handler must be callable")
+    _check_positive("flush_every", flush_every, int)
+    _check_positive("flush_interval", flush_interval, float)
     chosen = _segment_set(segments)
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
 
-    def process_batch(batch: Any, batch_id: int) -> None:
-        for name in (key, order):
-            if name not in batch.columns:
-                raise ValueError(f"no column {name!r}; the columns are {batch.columns}")
-        check_session(batch.sparkSession)
+    def process_batch(batch: DataFrame, batch_id: int) -> None:
+        spark = batch.sparkSession
+        check_session(spark)
+        check_location(spark, store, shared_local_checkpoint)
         state = store.load() or Checkpoint()
+        bits = _resolution(state.settings, key_group_bits)
+        chosen.key_group_owners(bits)
+        events = EventInput(batch, key, order, hash, method, bits)
         stream = state.settings.get("stream", {"completed_batch": -1, "batch": None})
         if batch_id <= stream["completed_batch"]:
             return
+        counts, digest, order_type, key_type = events.fingerprint()
         current = stream["batch"]
         if current is not None and current["id"] != batch_id:
             raise CheckpointError(f"checkpoint {store.location} has batch {current['id']} in progress, "
                                   f"but Spark delivered batch {batch_id}")
+        if current is not None and current["digest"] != digest:
+            raise CheckpointError(f"Spark delivered batch {batch_id} again with other events than before")
+        if state.tokens is None:
+            state.tokens = KeyGroupTokens.empty(bits, order_type, key_type)
+        elif (state.tokens.order_type, state.tokens.key_type) != (order_type, key_type):
+            raise CheckpointError(f"checkpoint {store.location} recorded other column types "
+                                  f"({state.tokens.order_type}, {state.tokens.key_type})")
         if current is None:
-            current = {"id": batch_id, "base": state.acker.next_index, "count": batch.count()}
-        total = current["base"] + current["count"]
+            state.tokens.start_input(counts)
+            current = {"id": batch_id, "digest": digest}
         state.settings.update({
-            "key": key, "order": order, "hash": hash, "segments": list(chosen.ids), "total": total,
+            "key": key, "order": order, "hash": hash, "key_group_bits": bits, "segments": list(chosen.ids),
+            "total": int(counts.sum()), "digest": digest, "flush_every": flush_every,
+            "flush_interval": flush_interval, "updated_at": time.time(), "status": "running",
             "stream": {"completed_batch": stream["completed_batch"], "batch": current},
-            "flush_every": flush_every, "flush_interval": flush_interval, "updated_at": time.time(),
         })
-        indexed = _index_events(batch, key, order, base=current["base"])
-        _execute(
-            indexed, state, store, run_id=f"b{batch_id}-{uuid.uuid4().hex[:8]}", total=total,
-            columns=[c for c in indexed.columns if c != INDEX], key=key, order=order, handler=handler,
-            segments=chosen, hash=hash, method=method, flush_every=flush_every,
-            flush_interval=flush_interval, progress=None,
-        )
-        if state.acker.next_index != total:
-            raise RuntimeError(f"batch {batch_id} ended with events not done")
+        _execute(events, state, store, run_id=f"b{batch_id}-{uuid.uuid4().hex[:8]}", handler=handler,
+                 segments=chosen, flush_every=flush_every, flush_interval=flush_interval, progress=None)
+        if not state.tokens.complete:
+            raise ReplayError(f"batch {batch_id} ended with {state.tokens.total - state.tokens.done} "
+                              f"events not done")
         state.settings["stream"] = {"completed_batch": batch_id, "batch": None}
         store.save(state)
 

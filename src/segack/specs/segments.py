@@ -48,10 +48,10 @@ def _mask_bits(mask: int) -> int:
 
 def _key_group_bits(bits: Any) -> int:
     """``bits`` as an int in 0..MAX_KEY_GROUP_BITS; ``ValueError`` or ``TypeError`` otherwise."""
-    bits = _as_int(bits, "bits")
-    if bits < 0 or bits > MAX_KEY_GROUP_BITS:
-        raise ValueError(f"key-group bits must be in 0..{MAX_KEY_GROUP_BITS}, got {bits}")
-    return bits
+    width = _as_int(bits, "bits")
+    if width < 0 or width > MAX_KEY_GROUP_BITS:
+        raise ValueError(f"key-group bits must be in 0..{MAX_KEY_GROUP_BITS}, got {width}")
+    return width
 
 
 def _reverse_bits(value: int, width: int) -> int:

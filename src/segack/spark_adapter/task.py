@@ -1,0 +1,290 @@
+"""What runs inside a segment's Spark task: positions, the handler, commits, progress files.
+
+A task receives its segment's events sorted by the sort key ``(order, key,
+tie)`` in Arrow batches, each row carrying its key group (computed in the JVM).
+It numbers each key group's events as they come (the first one at the
+position the tokens say the JVM filter keeps first), calls the handler on
+every event not already done, and *commits* what it finished: for each key
+group, the committed point moves past its last finished event, whose sort key
+becomes the boundary. Every ``flush_every`` events or ``flush_interval``
+seconds it writes its updates (one row per key group it moved, cumulative) to
+its progress file, and checks whether the run was asked to stop.
+
+When the handler raises, the task commits everything before the failing
+event, writes its progress, asks the run's other tasks to stop, and returns
+the failure as a :class:`~segack.spark_adapter.errors.HandlerFailed` in its
+result: a handler failure is not a task failure, so Spark does not retry it.
+A retried attempt (after a lost executor, say) starts from what earlier
+attempts of its segment in this run recorded, not from the run's start.
+
+State is one array entry per key group plus the current batch: it never grows
+with the number of events.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from segack.spark_adapter.checkpoint import CheckpointStore
+from segack.spark_adapter.errors import HandlerFailed
+from segack.spark_adapter.tokens import update_schema
+
+__all__ = ["KG", "TIE", "TaskPlan", "result_arrow_schema", "run_task"]
+
+#: The key group column the JVM adds.
+KG = "__segack_kg"
+#: The tie column: a hash of the rest of the row, the last part of the sort key.
+TIE = "__segack_tie"
+# How often (in events) the handler loop looks at the clock and the flush counter.
+_CHECK_EVERY = 64
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """Everything a task needs, pickled once for all tasks of a run."""
+
+    run_id: str
+    store: CheckpointStore
+    handler: Callable[[dict[str, Any]], Any]
+    columns: tuple[str, ...]
+    key: str
+    order: str
+    order_type: pa.DataType
+    key_type: pa.DataType
+    committed: np.ndarray
+    first_positions: np.ndarray
+    extras: dict[int, frozenset[int]]
+    flush_every: int
+    flush_interval: float
+
+
+def result_arrow_schema(order_type: pa.DataType, key_type: pa.DataType) -> pa.Schema:
+    """What each task returns: its update rows, then one summary row (``kg`` = -1)."""
+    schema = update_schema(order_type, key_type)
+    return schema.append(pa.field("handled", pa.int64())).append(pa.field("failure", pa.binary()))
+
+
+def _same(first: Any, second: Any) -> bool:
+    """Equality as Spark's sort sees it: nulls equal nulls, NaN equals NaN."""
+    if first is None or second is None:
+        return first is None and second is None
+    if isinstance(first, float) and isinstance(second, float) and math.isnan(first) and math.isnan(second):
+        return True
+    return bool(first == second)
+
+
+class _SegmentTask:
+    def __init__(self, plan: TaskPlan, partition: int, attempt: int) -> None:
+        self.plan = plan
+        self.name = CheckpointStore.progress_name(plan.run_id, partition, attempt)
+        self.committed = plan.committed.copy()
+        self.next_position = plan.first_positions.copy()
+        self.schema = update_schema(plan.order_type, plan.key_type)
+        self.sent = self.schema.empty_table()
+        self.pending: list[pa.Table] = []
+        self.handled = 0
+        self.rows_seen = 0
+        self.rows_at_flush = 0
+        self.last_flush = time.monotonic()
+        self.stopped = False
+        # The last row of the previous batch: its sort key and the position its run started at.
+        self.last_key: tuple[Any, Any, int] | None = None
+        self.last_run_start = 0
+        if attempt > 0:
+            self._adopt_earlier_attempts(partition, attempt)
+
+    def _adopt_earlier_attempts(self, partition: int, attempt: int) -> None:
+        """Start from what earlier attempts of this segment in this run committed."""
+        store = self.plan.store
+        prefix = CheckpointStore.progress_name(self.plan.run_id, partition, attempt)[:-len(str(attempt))]
+        for _, updates in store.read_progress(store.progress_files(prefix)):
+            groups = updates.column("kg").to_numpy(zero_copy_only=False)
+            committed = updates.column("committed").to_numpy(zero_copy_only=False)
+            np.maximum.at(self.committed, groups, committed)
+
+    # ------------------------------------------------------------ batches
+
+    def _positions(self, groups: np.ndarray) -> np.ndarray:
+        """Each row's position in its key group, continuing from earlier batches."""
+        order = np.argsort(groups, kind="stable")
+        ordered = groups[order]
+        starts = np.empty(len(ordered), dtype=bool)
+        starts[:1] = True
+        np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+        index = np.arange(len(ordered))
+        rank = index - np.maximum.accumulate(np.where(starts, index, 0))
+        positions = np.empty(len(groups), dtype=np.int64)
+        positions[order] = self.next_position[ordered] + rank
+        self.next_position += np.bincount(groups, minlength=len(self.next_position))
+        return positions
+
+    def _run_starts(self, batch: pa.RecordBatch, positions: np.ndarray) -> np.ndarray:
+        """Each row's ``run_start``: the position of the first event with its sort key.
+
+        Rows with equal sort keys are adjacent (the batch is sorted). Ties of the
+        tie hash are rare, so only those are compared in full.
+        """
+        ties = batch.column(TIE).to_numpy(zero_copy_only=False)
+        count = len(ties)
+        equal = np.zeros(count, dtype=bool)
+        np.equal(ties[1:], ties[:-1], out=equal[1:])
+        if self.last_key is not None:
+            equal[0] = ties[0] == self.last_key[2]
+        candidates = np.flatnonzero(equal)
+        if candidates.size:
+            orders = batch.column(self.plan.order)
+            keys = batch.column(self.plan.key)
+            for row in candidates.tolist():
+                before = (orders[row - 1].as_py(), keys[row - 1].as_py()) if row else self.last_key[:2]  # type: ignore[index]
+                equal[row] = _same(orders[row].as_py(), before[0]) and _same(keys[row].as_py(), before[1])
+        index = np.arange(count)
+        start = np.maximum.accumulate(np.where(equal, -1, index))
+        run_starts = np.where(start >= 0, positions[np.maximum(start, 0)], self.last_run_start)
+        if count:
+            self.last_key = (batch.column(self.plan.order)[count - 1].as_py(),
+                             batch.column(self.plan.key)[count - 1].as_py(), int(ties[-1]))
+            self.last_run_start = int(run_starts[-1])
+        return run_starts
+
+    def _done(self, groups: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
+        """Rows already done (by an earlier run or attempt); ``None`` when there are none."""
+        done = positions < self.committed[groups]
+        if self.plan.extras:
+            for row in np.flatnonzero(np.isin(groups, list(self.plan.extras))).tolist():
+                if int(positions[row]) in self.plan.extras[int(groups[row])]:
+                    done[row] = True
+        return done if done.any() else None
+
+    def handle(self, batch: pa.RecordBatch) -> HandlerFailed | None:
+        """Handle one batch; returns the failure if the handler raised."""
+        groups = batch.column(KG).to_numpy(zero_copy_only=False)
+        positions = self._positions(groups)
+        run_starts = self._run_starts(batch, positions)
+        skip = self._done(groups, positions)
+        events = batch.select(list(self.plan.columns)).to_pylist()
+        current = _Batch(batch, groups, positions, run_starts, skip)
+        handler = self.plan.handler
+        flush_every = self.plan.flush_every
+        for row, event in enumerate(events):
+            if skip is not None and skip[row]:
+                continue
+            try:
+                handler(event)
+            except Exception as error:
+                self._commit(current, row)
+                self.rows_seen += row
+                return HandlerFailed(
+                    event.get(self.plan.key), event.get(self.plan.order), int(positions[row]),
+                    int(groups[row]), f"{type(error).__name__}: {error}", traceback.format_exc(),
+                )
+            if row % _CHECK_EVERY == _CHECK_EVERY - 1 and (
+                self.rows_seen + row + 1 - self.rows_at_flush >= flush_every
+                or time.monotonic() - self.last_flush >= self.plan.flush_interval
+            ):
+                self._commit(current, row + 1)
+                self._flush(self.rows_seen + row + 1)
+                if self.stopped:
+                    return None
+        self._commit(current, len(events))
+        self.rows_seen += len(events)
+        if (self.rows_seen - self.rows_at_flush >= flush_every
+                or time.monotonic() - self.last_flush >= self.plan.flush_interval):
+            self._flush(self.rows_seen)
+        return None
+
+    # ---------------------------------------------------- commits, flushes
+
+    def _commit(self, current: _Batch, upto: int) -> None:
+        """Rows of ``current`` below ``upto`` are done: move their key groups' committed points."""
+        first = current.committed_rows
+        if upto <= first:
+            return
+        groups = current.groups[first:upto]
+        distinct, from_end = np.unique(groups[::-1], return_index=True)
+        last = first + (upto - first - 1) - from_end
+        committed = current.positions[last] + 1
+        self.committed[distinct] = committed
+        boundary = current.batch.select([self.plan.order, self.plan.key, TIE]).take(pa.array(last))
+        self.pending.append(pa.table([
+            pa.array(distinct, pa.int32()), pa.array(committed, pa.int64()),
+            pa.array(current.run_starts[last], pa.int64()), boundary.column(0), boundary.column(1),
+            boundary.column(2), pa.nulls(len(distinct), pa.list_(pa.int64())),
+        ], schema=self.schema))
+        skipped = 0 if current.skip is None else int(current.skip[first:upto].sum())
+        self.handled += upto - first - skipped
+        current.committed_rows = upto
+
+    def _updates(self) -> pa.Table:
+        """Every key group this task moved, at its latest committed point."""
+        if self.pending:
+            merged = pa.concat_tables([self.sent, *self.pending])
+            groups = merged.column("kg").to_numpy(zero_copy_only=False)
+            _, from_end = np.unique(groups[::-1], return_index=True)
+            self.sent = merged.take(pa.array(len(groups) - 1 - from_end))
+            self.pending = []
+        return self.sent
+
+    def _flush(self, rows_seen: int) -> None:
+        self.plan.store.write_progress(self.name, self._updates())
+        self.rows_at_flush = rows_seen
+        self.last_flush = time.monotonic()
+        if self.plan.store.stop_requested(self.plan.run_id):
+            self.stopped = True
+
+    def result(self, failure: HandlerFailed | None) -> pa.RecordBatch:
+        """The task's final updates and its summary row, in :func:`result_arrow_schema`."""
+        updates = self._updates()
+        rows = updates.num_rows
+        columns = [pa.concat_arrays([column.combine_chunks(), pa.nulls(1, column.type)])
+                   for column in updates.columns]
+        columns[0] = pa.concat_arrays([updates.column(0).combine_chunks(), pa.array([-1], pa.int32())])
+        handled = pa.array([None] * rows + [self.handled], pa.int64())
+        blob = pa.array([None] * rows + [None if failure is None else pickle.dumps(failure)], pa.binary())
+        schema = result_arrow_schema(self.plan.order_type, self.plan.key_type)
+        return pa.RecordBatch.from_arrays([*columns, handled, blob], schema=schema)
+
+
+class _Batch:
+    """One batch in the handler's hands, and how many of its rows are committed."""
+
+    __slots__ = ("batch", "committed_rows", "groups", "positions", "run_starts", "skip")
+
+    def __init__(self, batch: pa.RecordBatch, groups: np.ndarray, positions: np.ndarray,
+                 run_starts: np.ndarray, skip: np.ndarray | None) -> None:
+        self.batch = batch
+        self.groups = groups
+        self.positions = positions
+        self.run_starts = run_starts
+        self.skip = skip
+        self.committed_rows = 0
+
+
+def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` function of a replay: one segment's events in, its progress out."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    partition = context.partitionId() if context else 0
+    attempt = context.attemptNumber() if context else 0
+    task = _SegmentTask(plan, partition, attempt)
+    failure = None
+    for batch in batches:
+        failure = task.handle(batch)
+        if failure is not None:
+            task._flush(task.rows_seen)
+            plan.store.request_stop(plan.run_id, f"the handler failed in segment {partition}")
+            break
+        if task.stopped:
+            break
+    else:
+        task._flush(task.rows_seen)
+    yield task.result(failure)

@@ -1,0 +1,369 @@
+"""Per-key-group progress: the tokens of a replay.
+
+An event's *key group* is ``hash & (2**bits - 1)`` (``bits`` is the checkpoint's
+resolution, 12 by default). A segment with at most ``bits`` mask bits owns whole
+key groups, so any rescale made of splits and merges keeps every key group in
+one segment, and progress kept per key group survives it unchanged.
+
+Within its key group, an event has a *position*: its rank by the *sort key*
+``(order, key, tie)``, where the tie is a hash of the rest of the row, plus the
+key group's *base* (0 for a replay; for a stream, the number of the key group's
+events in earlier micro-batches). Positions depend only on the data.
+
+For each key group ``g`` the tokens hold:
+
+``base[g]``
+    the position of the first event of the current input;
+``count[g]``
+    how many events of the current input fall in ``g``;
+``committed[g]``
+    every event at a position below it is done (``base <= committed <= base + count``);
+the *boundary* (only where ``committed > base``)
+    the sort key of the event at position ``committed - 1``, and ``run_start``:
+    the position of the first event whose sort key equals it (events equal in
+    every column share a sort key; they are interchangeable);
+``extras[g]``
+    positions at or past ``committed`` that are done too: the few completions
+    beyond the committed point when events finish out of order.
+
+The boundary is what lets a resumed run drop done events in the JVM with one
+comparison, ``(order, key, tie) >= boundary``, instead of computing every
+event's position there (a window over all events). The events kept are those
+from ``run_start`` on; the task counts positions from there and skips those
+below ``committed`` or among the extras.
+
+Progress from tasks arrives as *updates*: rows ``(kg, committed, run_start,
+order, key, tie, extras)``. Applying an update keeps, per key group, the
+larger committed point with its boundary, and the union of the extras that
+lie past it. Applying the same update twice, or an older one after a newer
+one, changes nothing, so progress files can be merged in any order.
+
+Tokens and updates travel as Arrow IPC streams behind a magic string and a
+CRC-32, so that a damaged or foreign file is refused rather than misread.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from segack.kernel import MAX_KEY_GROUP_BITS
+
+__all__ = [
+    "DEFAULT_KEY_GROUP_BITS",
+    "KeyGroupTokens",
+    "TokenError",
+    "decode_updates",
+    "encode_updates",
+    "update_schema",
+]
+
+#: The default resolution: 4096 key groups.
+DEFAULT_KEY_GROUP_BITS = 12
+
+_TOKENS_MAGIC = b"SGKT\x01"
+_UPDATES_MAGIC = b"SGKU\x01"
+
+
+class TokenError(ValueError):
+    """Tokens or updates that cannot be trusted: damaged, foreign or inconsistent."""
+
+
+def update_schema(order_type: pa.DataType, key_type: pa.DataType) -> pa.Schema:
+    """The schema of an update table: one row per key group whose progress moved."""
+    return pa.schema([
+        ("kg", pa.int32()),
+        ("committed", pa.int64()),
+        ("run_start", pa.int64()),
+        ("order", order_type),
+        ("key", key_type),
+        ("tie", pa.int64()),
+        ("extras", pa.list_(pa.int64())),
+    ])
+
+
+def _token_schema(order_type: pa.DataType, key_type: pa.DataType) -> pa.Schema:
+    return pa.schema([
+        ("kg", pa.int32()),
+        ("base", pa.int64()),
+        ("count", pa.int64()),
+        ("committed", pa.int64()),
+        ("run_start", pa.int64()),
+        ("order", order_type),
+        ("key", key_type),
+        ("tie", pa.int64()),
+        ("extras", pa.list_(pa.int64())),
+    ])
+
+
+def _seal(magic: bytes, table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+        writer.write_table(table)
+    body = bytes(sink.getvalue())
+    return magic + struct.pack(">I", zlib.crc32(body)) + body
+
+
+def _unseal(magic: bytes, data: bytes, what: str) -> pa.Table:
+    data = bytes(data)
+    if not data.startswith(magic[:4]):
+        raise TokenError(f"{what} is not segack key-group progress")
+    if data[: len(magic)] != magic:
+        raise TokenError(f"{what} has an unknown format version {data[4]}")
+    header = len(magic) + 4
+    if len(data) < header:
+        raise TokenError(f"{what} is damaged: it is cut short")
+    (crc,) = struct.unpack(">I", data[len(magic):header])
+    body = data[header:]
+    if zlib.crc32(body) != crc:
+        raise TokenError(f"{what} is damaged: its checksum does not match")
+    try:
+        return pa.ipc.open_stream(body).read_all()
+    except (pa.ArrowException, OSError) as error:
+        raise TokenError(f"{what} is damaged: {error}") from None
+
+
+def _check_schema(table: pa.Table, expected: pa.Schema, what: str) -> None:
+    names = [name for name in expected.names if name not in ("order", "key")]
+    got = {name: table.schema.field(name).type for name in table.schema.names}
+    for name in names:
+        if got.get(name) != expected.field(name).type:
+            raise TokenError(f"{what} is damaged: column {name!r} is missing or has the wrong type")
+    if "order" not in got or "key" not in got:
+        raise TokenError(f"{what} is damaged: the boundary columns are missing")
+
+
+def encode_updates(updates: pa.Table) -> bytes:
+    """An update table as sealed bytes (a progress file's content)."""
+    return _seal(_UPDATES_MAGIC, updates)
+
+
+def decode_updates(data: bytes, what: str = "progress") -> pa.Table:
+    """The update table in ``data``; anything damaged or foreign is a :class:`TokenError`."""
+    table = _unseal(_UPDATES_MAGIC, data, what)
+    _check_schema(table, update_schema(pa.null(), pa.null()), what)
+    return table
+
+
+@dataclass
+class KeyGroupTokens:
+    """The progress of the current input, per key group (see the module's docstring).
+
+    ``order_type`` and ``key_type`` are the Arrow types of the order and key
+    columns: boundaries are kept with them, so that a resumed run compares
+    like with like.
+    """
+
+    bits: int
+    order_type: pa.DataType
+    key_type: pa.DataType
+    base: np.ndarray = field(repr=False)
+    count: np.ndarray = field(repr=False)
+    committed: np.ndarray = field(repr=False)
+    run_start: np.ndarray = field(repr=False)
+    boundaries: dict[int, tuple[Any, Any, int]] = field(default_factory=dict, repr=False)
+    extras: dict[int, set[int]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def empty(cls, bits: int, order_type: pa.DataType, key_type: pa.DataType) -> KeyGroupTokens:
+        """Tokens with nothing counted and nothing done."""
+        if isinstance(bits, bool) or not isinstance(bits, int) or not 0 <= bits <= MAX_KEY_GROUP_BITS:
+            raise ValueError(f"key_group_bits must be an int in 0..{MAX_KEY_GROUP_BITS}, not {bits!r}")
+        size = 1 << bits
+        return cls(bits, order_type, key_type, base=np.zeros(size, dtype=np.int64),
+                   count=np.zeros(size, dtype=np.int64), committed=np.zeros(size, dtype=np.int64),
+                   run_start=np.zeros(size, dtype=np.int64))
+
+    @property
+    def size(self) -> int:
+        """The number of key groups, ``2**bits``."""
+        return 1 << self.bits
+
+    # --------------------------------------------------------------- totals
+
+    @property
+    def total(self) -> int:
+        """Events in the current input."""
+        return int(self.count.sum())
+
+    def done_per_key_group(self) -> np.ndarray:
+        """Events of the current input done, per key group (committed prefix plus extras)."""
+        done: np.ndarray = self.committed - self.base
+        for group, positions in self.extras.items():
+            done[group] += len(positions)
+        return done
+
+    @property
+    def done(self) -> int:
+        """Events of the current input done."""
+        return int(self.done_per_key_group().sum())
+
+    @property
+    def complete(self) -> bool:
+        """Whether every event of the current input is done."""
+        return bool(np.array_equal(self.committed, self.base + self.count))
+
+    # ------------------------------------------------------------- changes
+
+    def start_input(self, counts: np.ndarray) -> None:
+        """Begin a new input (a stream's next micro-batch) after a complete one.
+
+        Positions continue: each key group's base moves to its committed point.
+        Refuses (``ValueError``, nothing changed) while the current input is not done.
+        """
+        if not self.complete:
+            raise ValueError("the current input is not complete; a new one cannot start")
+        counts = np.asarray(counts, dtype=np.int64)
+        if counts.shape != (self.size,) or (counts < 0).any():
+            raise ValueError(f"counts must be {self.size} non-negative integers")
+        self.base = self.committed.copy()
+        self.count = counts.copy()
+        self.run_start = self.committed.copy()
+        self.boundaries = {}
+        self.extras = {}
+
+    def apply(self, updates: pa.Table) -> int:
+        """Fold an update table in; returns how many key groups moved.
+
+        An update whose committed point is not past the current one changes only
+        the extras. Updates that contradict the tokens (a key group out of range,
+        a committed point past the input, a boundary missing) are a
+        :class:`TokenError`, and nothing is changed.
+        """
+        columns = {name: updates.column(name) for name in updates.schema.names}
+        groups = columns["kg"].to_numpy(zero_copy_only=False)
+        committed = columns["committed"].to_numpy(zero_copy_only=False)
+        run_start = columns["run_start"].to_numpy(zero_copy_only=False)
+        ties = columns["tie"].to_pylist()
+        extras = columns["extras"].to_pylist()
+        if len(groups) and (groups.min() < 0 or groups.max() >= self.size):
+            raise TokenError(f"an update names a key group outside 0..{self.size - 1}")
+        limit = self.base + self.count
+        for row in range(len(groups)):
+            group = int(groups[row])
+            if not self.base[group] <= committed[row] <= limit[group]:
+                raise TokenError(
+                    f"an update puts key group {group} at {committed[row]}, outside "
+                    f"{self.base[group]}..{limit[group]} (is it from another input?)"
+                )
+            if committed[row] > self.base[group] and (
+                ties[row] is None or not self.base[group] <= run_start[row] < committed[row]
+            ):
+                raise TokenError(f"an update of key group {group} has no valid boundary")
+            for position in extras[row] or ():
+                if not self.base[group] <= position < limit[group]:
+                    raise TokenError(f"an update marks position {position} of key group {group}, "
+                                     f"outside the input")
+        orders = columns["order"].to_pylist()
+        keys = columns["key"].to_pylist()
+        moved = 0
+        for row in range(len(groups)):
+            group = int(groups[row])
+            if committed[row] > self.committed[group]:
+                self.committed[group] = committed[row]
+                self.run_start[group] = run_start[row]
+                self.boundaries[group] = (orders[row], keys[row], int(ties[row]))
+                moved += 1
+            beyond = set(self.extras.get(group, ())) | set(extras[row] or ())
+            beyond = {position for position in beyond if position >= self.committed[group]}
+            if beyond:
+                self.extras[group] = beyond
+            else:
+                self.extras.pop(group, None)
+        return moved
+
+    # ------------------------------------------------------- what tasks see
+
+    def boundary_table(self) -> pa.Table:
+        """One row per key group with a boundary: ``kg``, ``order``, ``key``, ``tie``."""
+        groups = sorted(self.boundaries)
+        return pa.table({
+            "kg": pa.array(groups, pa.int32()),
+            "order": pa.array([self.boundaries[g][0] for g in groups], self.order_type),
+            "key": pa.array([self.boundaries[g][1] for g in groups], self.key_type),
+            "tie": pa.array([self.boundaries[g][2] for g in groups], pa.int64()),
+        })
+
+    def first_kept_positions(self) -> np.ndarray:
+        """Per key group, the position of the first event ``(order, key, tie) >= boundary`` keeps."""
+        positions: np.ndarray = np.where(self.committed > self.base, self.run_start, self.base)
+        return positions
+
+    # ----------------------------------------------------------- bytes
+
+    def to_bytes(self) -> bytes:
+        """The tokens as sealed bytes: rows only for key groups with events or progress."""
+        used = np.flatnonzero((self.count > 0) | (self.base > 0) | (self.committed > 0))
+        groups = used.tolist()
+        bounds = [self.boundaries.get(group) for group in groups]
+
+        def bound(part: int) -> list[Any]:
+            return [None if entry is None else entry[part] for entry in bounds]
+
+        table = pa.table({
+            "kg": pa.array(groups, pa.int32()),
+            "base": pa.array(self.base[used], pa.int64()),
+            "count": pa.array(self.count[used], pa.int64()),
+            "committed": pa.array(self.committed[used], pa.int64()),
+            "run_start": pa.array([None if entry is None else int(self.run_start[group])
+                                   for group, entry in zip(groups, bounds, strict=True)], pa.int64()),
+            "order": pa.array(bound(0), self.order_type),
+            "key": pa.array(bound(1), self.key_type),
+            "tie": pa.array(bound(2), pa.int64()),
+            "extras": pa.array([sorted(self.extras.get(group, ())) or None for group in groups],
+                               pa.list_(pa.int64())),
+        }, schema=_token_schema(self.order_type, self.key_type))
+        return _seal(_TOKENS_MAGIC, table)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, bits: int, what: str = "tokens") -> KeyGroupTokens:
+        """Tokens from :meth:`to_bytes`; anything damaged or inconsistent is a :class:`TokenError`."""
+        table = _unseal(_TOKENS_MAGIC, data, what)
+        _check_schema(table, _token_schema(pa.null(), pa.null()), what)
+        tokens = cls.empty(bits, table.schema.field("order").type, table.schema.field("key").type)
+        groups = table.column("kg").to_numpy(zero_copy_only=False)
+        if len(groups) and (groups.min() < 0 or groups.max() >= tokens.size
+                            or len(np.unique(groups)) != len(groups)):
+            raise TokenError(f"{what} is damaged: its key groups are not distinct values "
+                             f"in 0..{tokens.size - 1}")
+        for name in ("base", "count", "committed"):
+            values = table.column(name)
+            if values.null_count:
+                raise TokenError(f"{what} is damaged: {name} has gaps")
+            getattr(tokens, name)[groups] = values.to_numpy(zero_copy_only=False)
+        if (tokens.base < 0).any() or (tokens.count < 0).any() or (tokens.committed < tokens.base).any() or (
+                tokens.committed > tokens.base + tokens.count).any():
+            raise TokenError(f"{what} is damaged: a committed point lies outside its key group")
+        tokens.run_start = tokens.base.copy()
+        rows = table.select(["kg", "run_start", "order", "key", "tie", "extras"]).to_pylist()
+        for row in rows:
+            group = row["kg"]
+            if tokens.committed[group] > tokens.base[group]:
+                if row["tie"] is None or row["run_start"] is None or not (
+                        tokens.base[group] <= row["run_start"] < tokens.committed[group]):
+                    raise TokenError(f"{what} is damaged: key group {group} has no valid boundary")
+                tokens.run_start[group] = row["run_start"]
+                tokens.boundaries[group] = (row["order"], row["key"], row["tie"])
+            if row["extras"]:
+                beyond = set(row["extras"])
+                limit = tokens.base[group] + tokens.count[group]
+                if len(beyond) != len(row["extras"]) or min(beyond) < tokens.committed[group] or (
+                        max(beyond) >= limit):
+                    raise TokenError(f"{what} is damaged: key group {group} has extras outside its events")
+                tokens.extras[group] = beyond
+        return tokens
+
+    def copy(self) -> KeyGroupTokens:
+        """An independent copy."""
+        return KeyGroupTokens(
+            self.bits, self.order_type, self.key_type, self.base.copy(), self.count.copy(),
+            self.committed.copy(), self.run_start.copy(), dict(self.boundaries),
+            {group: set(positions) for group, positions in self.extras.items()},
+        )
+

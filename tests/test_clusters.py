@@ -1,0 +1,217 @@
+"""``segack replay`` in Spark's real modes: separate executor JVMs, a standalone cluster, Spark Connect.
+
+Each test starts what it needs from the installed ``pyspark`` (a ``local-cluster``
+master, a standalone master and worker on loopback, a Spark Connect server) and
+stops it at the end, also when the test fails. The handler lives in a module
+that exists only in the test's working directory: ``segack replay`` must ship it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from segack.demo import generate_events
+from segack.spark_adapter.checkpoint import CheckpointStore
+from tests import expected
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.skipif(shutil.which("java") is None and not os.environ.get("JAVA_HOME"),
+                       reason="needs a JDK"),
+]
+
+EVENTS = 20_000
+# Executors take their environment from the cluster, not from the driver: the log's path is in the source.
+HANDLERS = '''
+import json, os
+
+LOG = LOG_PATH
+
+def record(event):
+    with open(LOG, "a") as log:
+        log.write(json.dumps([event["user"], event["seq"], os.getpid()]) + "\\n")
+
+def refuse(event):
+    if event["seq"] == 3:
+        raise LookupError(f"part 3 of {event['user']} is missing")
+'''
+
+
+def _spark_home() -> str:
+    import pyspark
+
+    return os.path.dirname(pyspark.__file__)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes] | None, log: Path, seconds: float = 120,
+                   ) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"exited early:\n{log.read_text()[-3000:]}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        time.sleep(0.5)
+    told = log.read_text()[-3000:] if log.exists() else ""
+    raise AssertionError(f"nothing listens on port {port}:\n{told}")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _environment() -> dict[str, str]:
+    return dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
+                SPARK_HOME=_spark_home())
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """A working directory holding the events and the handler module, and nothing else of ours."""
+    handlers = HANDLERS.replace("LOG_PATH", repr(str(tmp_path / "log.jsonl")))
+    (tmp_path / "cluster_handlers.py").write_text(handlers)
+    pq.write_table(generate_events(EVENTS, seed=31), tmp_path / "events.parquet")
+    return tmp_path
+
+
+def _replay(workdir: Path, handler: str, checkpoint: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "segack", "replay", "events.parquet", "--key", "user", "--order", "ts",
+               "--handler", f"cluster_handlers:{handler}", "--checkpoint", checkpoint, *extra]
+    # Run from the working directory with nothing of the repository on the path.
+    environment = _environment()
+    environment.pop("PYTHONPATH", None)
+    return subprocess.run(command, cwd=workdir, env=environment, capture_output=True, text=True, timeout=900)
+
+
+def _assert_complete(workdir: Path, checkpoint: Path) -> None:
+    table = pq.read_table(workdir / "events.parquet")
+    state = CheckpointStore(str(checkpoint)).load()
+    assert state.tokens.complete and state.settings["status"] == "complete"
+    assert expected.done_events(table, state.tokens) == set(expected.positions(table))
+    logged = (workdir / "log.jsonl").read_text().splitlines()
+    assert len(logged) == EVENTS
+
+
+def test_local_cluster_with_a_relative_checkpoint_records_everything(workdir):
+    """``local-cluster`` runs executors in separate JVMs, with their own working directories: a relative
+    checkpoint path must mean the driver's directory there too."""
+    done = _replay(workdir, "record", "ck", "--master", "local-cluster[2,1,1024]", "--segments", "3")
+    assert done.returncode == 0, done.stderr
+    assert "20,000 events handled" in done.stdout
+    _assert_complete(workdir, workdir / "ck")
+    pids = {line.rsplit(",", 1)[1] for line in (workdir / "log.jsonl").read_text().splitlines()}
+    assert len(pids) >= 2, "the events were not handled in separate executors"
+
+
+@pytest.fixture
+def standalone_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A standalone master and one worker on loopback, from the installed pyspark; stopped at the end."""
+    logs = tmp_path_factory.mktemp("standalone")
+    environment = _environment()
+    environment["SPARK_MASTER_OPTS"] = "-Dspark.master.rest.enabled=false"
+    port, master_ui, worker_ui = _free_port(), _free_port(), _free_port()
+    spark_class = os.path.join(_spark_home(), "bin", "spark-class")
+    started = []
+    try:
+        with open(logs / "master.log", "wb") as master_log:
+            started.append(subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                 "--port", str(port), "--webui-port", str(master_ui)],
+                env=environment, stdout=master_log, stderr=subprocess.STDOUT, start_new_session=True))
+        _wait_for_port(port, started[0], logs / "master.log")
+        with open(logs / "worker.log", "wb") as worker_log:
+            started.append(subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}",
+                 "--host", "127.0.0.1", "--cores", "2", "--memory", "2g", "--webui-port", str(worker_ui),
+                 "--work-dir", str(logs / "work")],
+                env=environment, stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True))
+        deadline = time.monotonic() + 120
+        while b"Registering worker" not in (logs / "master.log").read_bytes():
+            assert time.monotonic() < deadline, (logs / "worker.log").read_text()[-3000:]
+            assert started[1].poll() is None, (logs / "worker.log").read_text()[-3000:]
+            time.sleep(0.5)
+        yield f"spark://127.0.0.1:{port}"
+    finally:
+        for process in reversed(started):
+            _stop(process)
+
+
+def test_standalone_cluster_ships_the_handler_and_refuses_a_local_checkpoint(workdir, standalone_master):
+    refused = _replay(workdir, "record", "ck", "--master", standalone_master)
+    assert refused.returncode == 1
+    assert "is a local path, but executors of master spark://" in refused.stderr
+    assert "--shared-local-checkpoint" in refused.stderr
+    assert not (workdir / "ck").exists() and not (workdir / "log.jsonl").exists()
+
+    done = _replay(workdir, "record", "ck", "--master", standalone_master, "--shared-local-checkpoint",
+                   "--segments", "4")
+    assert done.returncode == 0, done.stderr
+    _assert_complete(workdir, workdir / "ck")
+
+    failed = _replay(workdir, "refuse", "ck-refuse", "--master", standalone_master,
+                     "--shared-local-checkpoint")
+    assert failed.returncode == 1
+    reason = [line for line in failed.stderr.splitlines() if line.startswith("segack replay:")]
+    assert len(reason) == 1
+    assert "LookupError: part 3 of user-" in reason[0] and "is missing" in reason[0]
+
+
+@pytest.fixture
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Spark Connect server (``sbin/start-connect-server.sh`` of pyspark), stopped at the end."""
+    logs = tmp_path_factory.mktemp("connect")
+    environment = _environment()
+    environment.update(SPARK_LOG_DIR=str(logs), SPARK_PID_DIR=str(logs), SPARK_IDENT_STRING="segack-test")
+    port = _free_port()
+    sbin = os.path.join(_spark_home(), "sbin")
+    subprocess.run([os.path.join(sbin, "start-connect-server.sh"), "--master", "local[2]",
+                    "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.ui.enabled=false",
+                    "--conf", "spark.sql.shuffle.partitions=3"],
+                   env=environment, check=True, capture_output=True, timeout=120)
+    try:
+        log = next(iter(logs.glob("*.out")), logs / "missing.out")
+        _wait_for_port(port, None, log)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        subprocess.run([os.path.join(sbin, "stop-connect-server.sh")], env=environment, capture_output=True,
+                       timeout=120)
+        for pid_file in logs.glob("*.pid"):
+            with contextlib.suppress(ValueError, ProcessLookupError):
+                os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
+
+
+def test_spark_connect_replays_through_remote(workdir, connect_server):
+    done = _replay(workdir, "record", "ck", "--remote", connect_server)
+    assert done.returncode == 0, done.stderr
+    # No --segments: the count comes from the server's spark.sql.shuffle.partitions.
+    assert "over 3 segments" in done.stdout
+    _assert_complete(workdir, workdir / "ck")
+
+    failed = _replay(workdir, "refuse", "ck-refuse", "--remote", connect_server)
+    assert failed.returncode == 1
+    assert "LookupError: part 3 of user-" in failed.stderr

@@ -1,0 +1,181 @@
+"""Per-key-group tokens without Spark: applying updates, bytes, damage, and what a resume keeps."""
+
+from __future__ import annotations
+
+import datetime
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from segack.spark_adapter.tokens import (
+    KeyGroupTokens,
+    TokenError,
+    decode_updates,
+    encode_updates,
+    update_schema,
+)
+
+ORDER, KEY = pa.int64(), pa.string()
+
+
+def _updates(rows, order_type=ORDER, key_type=KEY):
+    """An update table from ``(kg, committed, run_start, order, key, tie, extras)`` tuples."""
+    columns = list(zip(*rows, strict=True)) if rows else [[] for _ in range(7)]
+    return pa.table([pa.array(list(values), field.type) for values, field in
+                     zip(columns, update_schema(order_type, key_type), strict=True)],
+                    schema=update_schema(order_type, key_type))
+
+
+def _tokens(counts, bits=3):
+    tokens = KeyGroupTokens.empty(bits, ORDER, KEY)
+    tokens.count[: len(counts)] = counts
+    return tokens
+
+
+def _state(tokens):
+    return (tokens.base.tolist(), tokens.count.tolist(), tokens.committed.tolist(),
+            {g: int(tokens.run_start[g]) for g in tokens.boundaries}, dict(tokens.boundaries),
+            {g: sorted(p) for g, p in tokens.extras.items()})
+
+
+def test_an_update_moves_committed_points_and_records_boundaries():
+    tokens = _tokens([5, 3, 0, 2])
+    moved = tokens.apply(_updates([(0, 3, 1, 10, "a", 7, None), (1, 1, 0, 4, "b", 9, [2])]))
+    assert moved == 2
+    assert tokens.committed.tolist()[:4] == [3, 1, 0, 0]
+    assert tokens.boundaries == {0: (10, "a", 7), 1: (4, "b", 9)}
+    assert tokens.extras == {1: {2}}
+    assert tokens.done == 5 and tokens.total == 10 and not tokens.complete
+    assert tokens.first_kept_positions().tolist()[:4] == [1, 0, 0, 0]
+
+
+def test_updates_are_idempotent_and_order_free():
+    newer = _updates([(0, 4, 3, 12, "c", 1, None)])
+    older = _updates([(0, 2, 1, 8, "a", 5, [3])])
+    one, two = _tokens([6]), _tokens([6])
+    one.apply(older)
+    one.apply(newer)
+    two.apply(newer)
+    two.apply(older)
+    two.apply(newer)
+    assert _state(one) == _state(two)
+    # The older update's extra (position 3) now lies below the committed point: it is dropped.
+    assert one.committed[0] == 4 and one.extras == {}
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 9), st.lists(st.integers(0, 8), max_size=3)),
+                max_size=8), st.randoms())
+def test_applying_updates_in_any_order_gives_the_same_tokens(updates, random):
+    rows = [(group, committed, committed - 1, committed * 10, f"k{committed}", committed,
+             sorted({p for p in extras if p >= committed}) or None)
+            for group, committed, extras in updates]
+    shuffled = list(rows)
+    random.shuffle(shuffled)
+    one, two = _tokens([9, 9, 9, 9]), _tokens([9, 9, 9, 9])
+    for row in rows:
+        one.apply(_updates([row]))
+    two.apply(_updates(shuffled))
+    assert _state(one) == _state(two)
+    for group in range(4):
+        expected = max([committed for g, committed, _ in updates if g == group], default=0)
+        assert one.committed[group] == expected
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    ((8, 1, 0, 1, "a", 1, None), r"outside 0\.\.7"),
+    ((0, 6, 5, 1, "a", 1, None), r"outside 0\.\.5"),
+    ((0, 2, 0, 1, "a", None, None), "no valid boundary"),
+    ((0, 2, 2, 1, "a", 1, None), "no valid boundary"),
+    ((0, 2, 1, 1, "a", 1, [5]), "outside the input"),
+])
+def test_contradicting_updates_are_refused_and_change_nothing(row, message):
+    tokens = _tokens([5])
+    tokens.apply(_updates([(0, 1, 0, 3, "x", 4, None)]))
+    before = _state(tokens)
+    with pytest.raises(TokenError, match=message):
+        tokens.apply(_updates([(0, 1, 0, 3, "x", 4, None), row]))
+    assert _state(tokens) == before
+
+
+def test_a_new_input_continues_positions_and_needs_the_last_one_done():
+    tokens = _tokens([2, 1])
+    tokens.apply(_updates([(0, 2, 1, 5, "a", 1, None)]))
+    with pytest.raises(ValueError, match="not complete"):
+        tokens.start_input(np.zeros(8))
+    tokens.apply(_updates([(1, 1, 0, 6, "b", 2, None)]))
+    tokens.start_input(np.array([1, 0, 3, 0, 0, 0, 0, 0]))
+    assert tokens.base.tolist()[:3] == [2, 1, 0] and tokens.committed.tolist()[:3] == [2, 1, 0]
+    assert tokens.boundaries == {} and tokens.total == 4 and tokens.done == 0
+    assert tokens.first_kept_positions().tolist()[:3] == [2, 1, 0]
+    with pytest.raises(TokenError, match=r"outside 2\.\.3"):
+        tokens.apply(_updates([(0, 1, 0, 5, "a", 1, None)]))
+
+
+@pytest.mark.parametrize(("order_type", "value"), [
+    (pa.timestamp("us", tz="UTC"), datetime.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=datetime.UTC)),
+    (pa.float64(), float("nan")),
+    (pa.decimal128(20, 3), None),
+    (pa.string(), "ünïcødé"),
+    (pa.date32(), datetime.date(1999, 12, 31)),
+])
+def test_tokens_round_trip_through_bytes_with_their_types(order_type, value):
+    tokens = KeyGroupTokens.empty(4, order_type, pa.int64())
+    tokens.count[[1, 5, 9]] = [3, 4, 1]
+    tokens.apply(_updates([(5, 3, 1, value, 77, -5, [3])], order_type, pa.int64()))
+    back = KeyGroupTokens.from_bytes(tokens.to_bytes(), 4)
+    assert (back.order_type, back.key_type) == (order_type, pa.int64())
+    got, want = _state(back), _state(tokens)
+    if order_type == pa.float64():  # NaN != NaN; compare it apart
+        assert np.isnan(got[4][5][0]) and np.isnan(want[4][5][0])
+        got[4][5] = want[4][5] = None
+    assert got == want
+
+
+def test_every_damaged_byte_is_refused_or_reads_the_same():
+    tokens = _tokens([4, 2, 0, 7])
+    tokens.apply(_updates([(0, 2, 0, 5, "a", 3, [3]), (3, 7, 6, 9, "z", 1, None)]))
+    data = tokens.to_bytes()
+    for position in range(len(data)):
+        damaged = bytearray(data)
+        damaged[position] ^= 0x10
+        try:
+            back = KeyGroupTokens.from_bytes(bytes(damaged), 3)
+        except TokenError:
+            continue
+        assert _state(back) == _state(tokens)
+    for cut in (0, 3, 6, 9, len(data) - 1):
+        with pytest.raises(TokenError):
+            KeyGroupTokens.from_bytes(data[:cut], 3)
+    with pytest.raises(TokenError, match="not segack key-group progress"):
+        KeyGroupTokens.from_bytes(b"PAR1" + data[4:], 3)
+    with pytest.raises(TokenError, match="not segack key-group progress"):
+        decode_updates(data)
+
+
+def test_tokens_that_contradict_themselves_are_refused():
+    tokens = _tokens([1])
+    tokens.committed[0] = 2  # past the key group's one event: not something apply() allows
+    with pytest.raises(TokenError, match="outside its key group"):
+        KeyGroupTokens.from_bytes(tokens.to_bytes(), 3)
+    finer = KeyGroupTokens.empty(4, ORDER, KEY)
+    finer.count[9] = 1
+    with pytest.raises(TokenError, match=r"not distinct values in 0\.\.7"):
+        KeyGroupTokens.from_bytes(finer.to_bytes(), 3)
+
+
+def test_update_bytes_round_trip_and_refuse_damage():
+    updates = _updates([(2, 5, 3, 1, "k", 8, [7, 9])])
+    data = encode_updates(updates)
+    assert decode_updates(data).equals(updates)
+    with pytest.raises(TokenError, match="checksum"):
+        decode_updates(data[:-1] + bytes([data[-1] ^ 1]))
+
+
+@pytest.mark.parametrize("bits", [-1, 17, True, 2.0])
+def test_a_resolution_outside_0_to_16_is_refused(bits):
+    with pytest.raises(ValueError, match="key_group_bits"):
+        KeyGroupTokens.empty(bits, ORDER, KEY)
