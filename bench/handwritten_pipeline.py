@@ -7,6 +7,7 @@ dict). No index, no checkpoint, no resume: the floor segack's extra work is meas
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +15,12 @@ from typing import Any
 
 def handle(event: dict[str, Any]) -> None:
     """The no-op handler both pipelines call."""
+
+
+def handle_before_cut(event: dict[str, Any]) -> None:
+    """No-op up to ``$SEGACK_BENCH_STOP_AT`` (a ``ts``); raises from there, so each segment stops at it."""
+    if event["ts"] >= int(os.environ["SEGACK_BENCH_STOP_AT"]):
+        raise RuntimeError("the bench stops here")
 
 
 def _process(frames: Iterator[Any]) -> Iterator[Any]:

@@ -1,17 +1,20 @@
-"""Spark benchmarks: whole ``segack replay`` runs against a hand-written pipeline, and columns.
+"""Spark benchmarks: whole ``segack replay`` runs against a hand-written pipeline, resumes, columns.
 
 Whole-process timings: each pipeline is a fresh ``python`` process (JVM start
-included), run alternately, best of two. Column timings share one session and
-aggregate the column so that Spark cannot skip computing it.
+included), run alternately, best of three. While segack runs, a thread samples
+the checkpoint's bytes. Column timings share one session and aggregate the
+column so that Spark cannot skip computing it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,35 +23,96 @@ from bench.common import best_of, print_table, save
 
 ROOT = Path(__file__).resolve().parents[1]
 SEGMENTS = 2
+REPEATS = 3
 
 
-def _timed(command: list[str]) -> float:
+class _PeakSize:
+    """Samples a checkpoint directory's bytes (checkpoint.json plus progress files) while a run goes on."""
+
+    def __init__(self, location: str) -> None:
+        from segack.spark_adapter.checkpoint import CheckpointStore
+
+        self.store = CheckpointStore(location)
+        self.peak = 0
+        self._running = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while self._running.is_set():
+            with contextlib.suppress(OSError):
+                self.peak = max(self.peak, self.store.size_bytes())
+            time.sleep(0.05)
+
+    def __enter__(self) -> _PeakSize:
+        self._running.set()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._running.clear()
+        self._thread.join()
+        self.peak = max(self.peak, self.store.size_bytes())
+
+
+def _timed(command: list[str], expect_success: bool = True) -> float:
     began = time.perf_counter()
-    subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if expect_success and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
     return time.perf_counter() - began
 
 
-def _replay_vs_handwritten(rows: list[dict[str, Any]], events: int, workdir: str) -> None:
-    import pyarrow.parquet as pq
+def _segack(data: str, checkpoint: str, handler: str = "bench.handwritten_pipeline:handle") -> list[str]:
+    return [sys.executable, "-m", "segack", "replay", data, "--key", "user", "--order", "ts",
+            "--handler", handler, "--checkpoint", checkpoint, "--segments", str(SEGMENTS)]
 
-    from segack.demo import generate_events
 
-    data = os.path.join(workdir, f"events-{events}.parquet")
-    pq.write_table(generate_events(events), data)
+def _replay_vs_handwritten(rows: list[dict[str, Any]], sizes: list[dict[str, Any]], events: int,
+                           data: str, workdir: str) -> None:
     handwritten = [sys.executable, "-m", "bench.handwritten_pipeline", data, "user", "ts", str(SEGMENTS)]
     best_segack = best_handwritten = float("inf")
-    for attempt in range(2):
+    peak = 0
+    for attempt in range(REPEATS):
         checkpoint = os.path.join(workdir, f"checkpoint-{events}-{attempt}")
-        segack = [sys.executable, "-m", "segack", "replay", data, "--key", "user", "--order", "ts",
-                  "--handler", "bench.handwritten_pipeline:handle", "--checkpoint", checkpoint,
-                  "--segments", str(SEGMENTS)]
         best_handwritten = min(best_handwritten, _timed(handwritten))
-        best_segack = min(best_segack, _timed(segack))
+        with _PeakSize(checkpoint) as size:
+            best_segack = min(best_segack, _timed(_segack(data, checkpoint)))
+        peak = max(peak, size.peak)
         shutil.rmtree(checkpoint)
     rows.append({"workload": f"{events:,} events, no-op handler, whole process",
                  "segack": f"{best_segack:.1f} s", "competitor": f"{best_handwritten:.1f} s",
                  "segack / competitor": f"{best_segack / best_handwritten:.2f}x",
                  "competitor is": "repartition + sortWithinPartitions + mapInPandas"})
+    sizes.append({"workload": f"{events:,} skewed events", "peak checkpoint + progress": f"{peak:,} bytes"})
+
+
+def _resume_vs_fresh_remainder(rows: list[dict[str, Any]], events: int, data: str, workdir: str) -> None:
+    """A resume with 90 % done against a fresh run over just the remaining 10 %."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(data)
+    cut = int(pc.quantile(table.column("ts"), 0.9)[0].as_py())
+    remainder = os.path.join(workdir, f"remainder-{events}.parquet")
+    pq.write_table(table.filter(pc.greater_equal(table.column("ts"), cut)), remainder)
+    remaining = pq.read_metadata(remainder).num_rows
+    best_resume = best_fresh = float("inf")
+    for attempt in range(REPEATS - 1):
+        checkpoint = os.path.join(workdir, f"resume-{events}-{attempt}")
+        # Every event from the cut on raises: each segment stops right there, 90 % done.
+        os.environ["SEGACK_BENCH_STOP_AT"] = str(cut)
+        stopping = _segack(data, checkpoint, "bench.handwritten_pipeline:handle_before_cut")
+        _timed(stopping, expect_success=False)
+        del os.environ["SEGACK_BENCH_STOP_AT"]
+        fresh = os.path.join(workdir, f"fresh-{events}-{attempt}")
+        best_fresh = min(best_fresh, _timed(_segack(remainder, fresh)))
+        best_resume = min(best_resume, _timed(_segack(data, checkpoint)))
+        shutil.rmtree(checkpoint)
+        shutil.rmtree(fresh)
+    rows.append({"workload": f"{events:,} events, no-op handler, whole process",
+                 "done before": f"{events - remaining:,}", "resume": f"{best_resume:.1f} s",
+                 "fresh run of the rest": f"{best_fresh:.1f} s",
+                 "resume / fresh": f"{best_resume / best_fresh:.2f}x"})
 
 
 def _columns(rows: list[dict[str, Any]]) -> None:
@@ -87,18 +151,34 @@ def _columns(rows: list[dict[str, Any]]) -> None:
 
 
 def run() -> None:
+    import pyarrow.parquet as pq
+
+    from segack.demo import generate_events
+
     column_rows: list[dict[str, Any]] = []
     _columns(column_rows)
     print_table("Spark columns (floor: segment column <= 1.1x Spark's own hash() & mask)", column_rows,
                 ["workload", "column", "seconds", "vs Spark alone"])
     save("spark-columns", column_rows)
     replay_rows: list[dict[str, Any]] = []
+    size_rows: list[dict[str, Any]] = []
+    resume_rows: list[dict[str, Any]] = []
     workdir = tempfile.mkdtemp(prefix="segack-bench-")
     try:
-        for events in (200_000, 1_000_000):
-            _replay_vs_handwritten(replay_rows, events, workdir)
+        for events in (1_000_000, 5_000_000):
+            data = os.path.join(workdir, f"events-{events}.parquet")
+            pq.write_table(generate_events(events), data)
+            _replay_vs_handwritten(replay_rows, size_rows, events, data, workdir)
+        _resume_vs_fresh_remainder(resume_rows, 5_000_000, os.path.join(workdir, "events-5000000.parquet"),
+                                   workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print_table("segack replay vs a hand-written pipeline (floor: <= 1.5x)", replay_rows,
+    print_table("segack replay vs a hand-written pipeline (floor: <= 1.10x)", replay_rows,
                 ["workload", "segack", "competitor", "segack / competitor", "competitor is"])
     save("spark-replay", replay_rows)
+    print_table("Peak checkpoint bytes during those runs (must not grow with events)", size_rows,
+                ["workload", "peak checkpoint + progress"])
+    save("spark-checkpoint", size_rows)
+    print_table("Resume with 90 % done vs a fresh run of the remaining 10 % (goal: close to 1x)", resume_rows,
+                list(resume_rows[0]))
+    save("spark-resume", resume_rows)

@@ -113,7 +113,8 @@ def performance(out: Path) -> None:
     figure.savefig(out / "perf-hashes.png", dpi=110)
     plt.close(figure)
     tables = []
-    for name in ("hashes", "acker", "acker-state", "spark-columns", "spark-replay"):
+    for name in ("hashes", "acker", "acker-state", "spark-columns", "spark-replay", "spark-checkpoint",
+                 "spark-resume"):
         data = json.loads((HERE / "perf" / f"{name}.json").read_text())
         columns = list(dict.fromkeys(key for row in data["rows"] for key in row))
         tables.append(f".. list-table:: {name}\n   :header-rows: 1\n")

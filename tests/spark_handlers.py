@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import time
@@ -25,9 +26,16 @@ class Recorder:
             log.write(line + "\n")
 
 
+def _plain(value: Any) -> str:
+    # The same instant reaches Python in the session's time zone or in UTC, depending on the path.
+    if isinstance(value, datetime.datetime) and value.tzinfo is not None:
+        return value.astimezone(datetime.UTC).isoformat()
+    return str(value)
+
+
 def event_line(event: dict[str, Any]) -> str:
     """An event as one comparable line: its values by column name, as JSON (NaN and all)."""
-    return json.dumps([event[name] for name in sorted(event)], default=str)
+    return json.dumps([event[name] for name in sorted(event)], default=_plain)
 
 
 class LineRecorder:
@@ -43,6 +51,18 @@ class LineRecorder:
             raise ValueError("the handler refuses this event")
         with open(self.path, "a") as log:
             log.write(line + "\n")
+
+
+class SlowOn:
+    """Does nothing, slowly for one key: ``seconds`` per event of ``key``."""
+
+    def __init__(self, key: Any, seconds: float) -> None:
+        self.key = key
+        self.seconds = seconds
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if event["user"] == self.key:
+            time.sleep(self.seconds)
 
 
 def read_lines(path: str) -> list[str]:

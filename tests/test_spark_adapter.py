@@ -10,6 +10,8 @@ import json
 import math
 import os
 import pickle
+import threading
+import time
 import zlib
 
 import numpy as np
@@ -25,7 +27,7 @@ from segack.spark_adapter import HandlerFailed, KeyGroupTokens, replay
 from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore, resolve_location
 from segack.spark_adapter.columns import hash_column, member_index_column, segment_column
 from tests import expected
-from tests.spark_handlers import LineRecorder, Recorder, event_line, read_lines, read_log
+from tests.spark_handlers import LineRecorder, Recorder, SlowOn, event_line, read_lines, read_log
 
 pytestmark = pytest.mark.spark
 
@@ -193,6 +195,28 @@ ORDER_KINDS = {
 }
 
 
+def _fail_then_resume(frame, tmp_path, stop_at, **arguments):
+    """Replay ``frame`` failing at the event whose line is ``stop_at``, then resume it; check that the
+    two runs handled every row exactly once between them, and each key's events in order."""
+    events = frame.toArrow().to_pylist()
+    first, second = str(tmp_path / "first.jsonl"), str(tmp_path / "second.jsonl")
+    arguments = {"key": "k", "order": "o", "checkpoint": str(tmp_path / "checkpoint"), **arguments}
+    with pytest.raises(HandlerFailed):
+        replay(frame, handler=LineRecorder(first, fail_on=stop_at), **arguments)
+    result = replay(frame.repartition(2), handler=LineRecorder(second), **arguments)
+    assert result.complete
+    handled = read_lines(first) + read_lines(second)
+    assert collections.Counter(handled) == collections.Counter(event_line(event) for event in events)
+    key_at = sorted(events[0]).index("k")
+    order_of = {event_line(event): event["o"] for event in events}
+    per_key: dict[object, list[object]] = {}
+    for line in handled:
+        per_key.setdefault(json.loads(line)[key_at], []).append(order_of[line])
+    for orders in per_key.values():
+        sort_keys = [_spark_order(value) for value in orders]
+        assert sort_keys == sorted(sort_keys)
+
+
 @settings(max_examples=12, deadline=None)
 @given(data=st.data(), order_kind=st.sampled_from(sorted(ORDER_KINDS)),
        key_kind=st.sampled_from(["string", "bigint"]))
@@ -204,27 +228,33 @@ def test_a_resume_after_a_failure_anywhere_handles_every_row_exactly_once_in_ord
                      else st.sampled_from(["k0", "k1", "k2", "k7"]))
     row = st.tuples(keys, ORDER_KINDS[order_kind], st.sampled_from(["p", "q"]), st.sampled_from([0.0, -0.0]))
     rows = data.draw(st.lists(row, min_size=1, max_size=60))
-    tmp_path = tmp_path_factory.mktemp("resume")
     frame = spark.createDataFrame(rows, f"k {key_kind}, o {order_kind}, p string, z double").repartition(3)
-    events = frame.toArrow().to_pylist()
-    stop_at = event_line(data.draw(st.sampled_from(events)))
-    first, second = str(tmp_path / "first.jsonl"), str(tmp_path / "second.jsonl")
-    arguments = {"key": "k", "order": "o", "checkpoint": str(tmp_path / "checkpoint"),
-                 "segments": data.draw(st.integers(1, 4)), "key_group_bits": data.draw(st.integers(2, 12))}
-    with pytest.raises(HandlerFailed):
-        replay(frame, handler=LineRecorder(first, fail_on=stop_at), **arguments)
-    result = replay(frame.repartition(2), handler=LineRecorder(second), **arguments)
-    assert result.complete
-    handled = read_lines(first) + read_lines(second)
-    assert collections.Counter(handled) == collections.Counter(event_line(event) for event in events)
-    per_key: dict[object, list[object]] = {}
-    for line in handled:
-        key, order, *_ = json.loads(line)
-        per_key.setdefault(key, []).append(order)
-    for orders in per_key.values():
-        restored = [None if o is None else float(o) if order_kind == "double" else o for o in orders]
-        sort_keys = [_spark_order(value) for value in restored]
-        assert sort_keys == sorted(sort_keys)
+    stop_at = event_line(data.draw(st.sampled_from(frame.toArrow().to_pylist())))
+    segments, bits = data.draw(st.integers(1, 4)), data.draw(st.integers(2, 12))
+    workdir = tmp_path_factory.mktemp("resume")
+    _fail_then_resume(frame, workdir, stop_at, segments=segments, key_group_bits=bits)
+
+
+def test_timestamp_boundaries_survive_a_session_time_zone_other_than_utc(spark, tmp_path):
+    moments = [datetime.datetime(2026, 3, 8, 6, 59, 59, 999999, tzinfo=datetime.UTC) + datetime.timedelta(
+        microseconds=step * 137) for step in range(40)]
+    rows = [(f"k{n % 3}", moments[n % 20], f"p{n % 2}") for n in range(80)]
+    previous = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+    try:
+        frame = spark.createDataFrame(rows, "k string, o timestamp, p string")
+        stop_at = event_line(sorted(frame.toArrow().to_pylist(), key=lambda e: e["o"])[30])
+        _fail_then_resume(frame, tmp_path, stop_at, segments=2, key_group_bits=4)
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", previous)
+
+
+def test_an_empty_input_is_complete_at_once(spark, tmp_path):
+    frame = spark.createDataFrame([], "k string, o bigint")
+    result = replay(frame, key="k", order="o", handler=Recorder(str(tmp_path / "log.jsonl")),
+                    checkpoint=str(tmp_path / "checkpoint"))
+    assert result.complete and result.total == 0 and result.handled == 0
+    assert CheckpointStore(str(tmp_path / "checkpoint")).load().settings["status"] == "complete"
 
 
 def test_a_resume_skips_the_completions_beyond_a_committed_point(spark, tmp_path):
@@ -481,3 +511,44 @@ def test_no_stage_of_a_replay_gathers_events_into_one_partition(spark, tmp_path)
         assert "Exchange" in plan_text
         assert "SinglePartition" not in plan_text, plan_text
         assert "Window" not in plan_text, plan_text
+
+
+def _skewed_events(count, seed):
+    """Events where one key holds 30 % of all events; the rest spread over many keys."""
+    rng = np.random.default_rng(seed)
+    users = np.where(rng.random(count) < 0.3, "hot", np.char.add("user-", rng.integers(0, count // 3, count)
+                                                                  .astype(str)))
+    return pa.table({"user": users.tolist(), "ts": rng.permutation(count).astype(np.int64),
+                     "payload": rng.integers(0, 1000, count)})
+
+
+def _peak_checkpoint_bytes(spark, tmp_path, count):
+    store = CheckpointStore(str(tmp_path / f"checkpoint-{count}"))
+    peak, running = [0], threading.Event()
+    running.set()
+
+    def watch():
+        while running.is_set():
+            with contextlib.suppress(OSError):
+                peak[0] = max(peak[0], store.size_bytes())
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        result = replay(spark.createDataFrame(_skewed_events(count, seed=count)), key="user", order="ts",
+                        handler=SlowOn("hot", 0.0002), checkpoint=store, segments=4, key_group_bits=8,
+                        flush_every=100, flush_interval=0.05)
+    finally:
+        running.clear()
+        watcher.join()
+    assert result.complete
+    return max(peak[0], store.size_bytes())
+
+
+def test_the_checkpoint_does_not_grow_with_the_number_of_events(spark, tmp_path):
+    """Peak bytes of checkpoint.json and progress files during a run: 10x the events, about the same
+    size. Both runs have events in all 256 key groups, so only the number of events differs."""
+    small = _peak_checkpoint_bytes(spark, tmp_path, 4_000)
+    large = _peak_checkpoint_bytes(spark, tmp_path, 40_000)
+    assert large <= 1.5 * small, (small, large)
