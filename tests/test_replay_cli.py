@@ -132,13 +132,14 @@ def test_a_damaged_checkpoint_fails_the_command_and_is_kept(tmp_path, capsys):
 
 
 def test_status_shows_progress_per_segment_and_the_size(tmp_path, capsys):
+    import numpy as np
     import pyarrow as pa
 
     from segack.spark_adapter.checkpoint import Checkpoint
     from segack.spark_adapter.tokens import KeyGroupTokens
 
     tokens = KeyGroupTokens.empty(2, pa.int64(), pa.string())
-    tokens.count[:] = [5, 0, 3, 2]
+    tokens.set_counts(np.array([5, 0, 3, 2]))
     tokens.committed[:] = [5, 0, 1, 0]
     tokens.run_start[:] = [4, 0, 0, 0]
     tokens.boundaries = {0: (9, "a", 1), 2: (3, "b", 2)}
@@ -156,6 +157,13 @@ def test_status_shows_progress_per_segment_and_the_size(tmp_path, capsys):
     assert f"size            {store.size_bytes():,} bytes (checkpoint.json and 0 progress files)" in out
     assert "status          failed" in out and "key             user" in out
     assert main(["status", str(tmp_path / "missing")]) == 1
+
+    tokens.counted = False
+    store.save(Checkpoint(settings, tokens))
+    assert main(["status", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    assert "events          7 done; not counted until a run ends without a failure" in out
+    assert re.search(r"#0 +id 0 +mask 1 +\? events +6 done", out)
 
 
 def test_replay_rejects_a_handler_it_cannot_import(tmp_path, capsys):

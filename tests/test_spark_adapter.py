@@ -205,6 +205,9 @@ def _fail_then_resume(frame, tmp_path, stop_at, **arguments):
         replay(frame, handler=LineRecorder(first, fail_on=stop_at), **arguments)
     result = replay(frame.repartition(2), handler=LineRecorder(second), **arguments)
     assert result.complete
+    # A third run verifies the prefix digests the resume wrote, and finds nothing left to do.
+    again = replay(frame, handler=LineRecorder(str(tmp_path / "third.jsonl")), **arguments)
+    assert again.complete and again.handled == 0 and not read_lines(str(tmp_path / "third.jsonl"))
     handled = read_lines(first) + read_lines(second)
     assert collections.Counter(handled) == collections.Counter(event_line(event) for event in events)
     key_at = sorted(events[0]).index("k")
@@ -329,8 +332,15 @@ def test_a_checkpoint_of_other_input_is_refused(spark, tmp_path, change):
     if change == "other events":
         other = generate_events(300, seed=2)
     elif change == "a duplicated event":
-        # Two equal rows would cancel out of an XOR; the fingerprint must still see them.
-        other = pa.concat_tables([table, table.slice(7, 1), table.slice(7, 1)])
+        # Two equal rows would cancel out of an XOR; the digest must still see them. The copied event
+        # has a later one in its key group: it lies behind the boundary, among the events done.
+        placed = expected.positions(table)
+        groups = collections.Counter(group for group, _ in placed.values())
+        user, seq = min(event for event, (group, position) in placed.items()
+                        if position < groups[group] - 1)
+        copy = table.filter(pa.compute.and_(pa.compute.equal(table["user"], user),
+                                            pa.compute.equal(table["seq"], seq)))
+        other = pa.concat_tables([table, copy, copy])
     else:
         other, key = table.append_column("account", table.column("user")), "account"
     with pytest.raises(CheckpointError, match="other input"):
@@ -338,6 +348,34 @@ def test_a_checkpoint_of_other_input_is_refused(spark, tmp_path, change):
                handler=Recorder(str(tmp_path / "b.jsonl")), checkpoint=checkpoint)
     assert (tmp_path / "checkpoint" / "checkpoint.json").read_bytes() == before
     assert not (tmp_path / "b.jsonl").exists()
+
+
+def test_a_crashed_first_run_then_other_input_is_refused(spark, tmp_path):
+    """The first run never finished, so nothing counted the input; the done events still identify it."""
+    table = generate_events(400, seed=1)
+    checkpoint = str(tmp_path / "checkpoint")
+    tenth = table.sort_by("ts").slice(9, 1).to_pylist()[0]
+    with pytest.raises(HandlerFailed):
+        replay(spark.createDataFrame(table), key="user", order="ts", segments=1, checkpoint=checkpoint,
+               handler=Recorder(str(tmp_path / "a.jsonl"), fail_on=(tenth["user"], tenth["seq"])))
+    assert CheckpointStore(checkpoint).load().tokens.total is None
+    before = (tmp_path / "checkpoint" / "checkpoint.json").read_bytes()
+    # The same events but one: a done event changed its payload.
+    first = table.sort_by("ts").slice(0, 1).to_pylist()[0]
+    changed = pa.Table.from_pylist([dict(event, part="edited") if event == first else event
+                                    for event in table.to_pylist()], schema=table.schema)
+    with pytest.raises(CheckpointError, match="other input: in key group"):
+        replay(spark.createDataFrame(changed), key="user", order="ts", checkpoint=checkpoint,
+               handler=Recorder(str(tmp_path / "b.jsonl")))
+    assert (tmp_path / "checkpoint" / "checkpoint.json").read_bytes() == before
+    assert not (tmp_path / "b.jsonl").exists()
+    # Events added after every boundary are new work, not another input.
+    later = pa.concat_tables([table, pa.table({"user": ["user-new"], "ts": [2**62], "seq": [0],
+                                               "part": ["late"]}, schema=table.schema)])
+    result = replay(spark.createDataFrame(later), key="user", order="ts", checkpoint=checkpoint,
+                    handler=Recorder(str(tmp_path / "c.jsonl")))
+    assert result.complete and result.total == 401
+    assert {e["user"] for e in read_log(str(tmp_path / "c.jsonl"))} >= {"user-new"}
 
 
 @pytest.mark.parametrize(("kwargs", "error", "message"), [
@@ -388,7 +426,7 @@ def test_checkpoint_round_trip_and_every_damage_is_refused(tmp_path):
     from segack.spark_adapter.checkpoint import Checkpoint
 
     tokens = KeyGroupTokens.empty(2, pa.int64(), pa.string())
-    tokens.count[:] = [3, 0, 2, 1]
+    tokens.set_counts(np.array([3, 0, 2, 1]))
     tokens.committed[:] = [2, 0, 0, 1]
     tokens.run_start[:] = [1, 0, 0, 0]
     tokens.boundaries = {0: (17, "a", 5), 3: (4, "b", -2)}
@@ -491,18 +529,16 @@ def test_no_stage_of_a_replay_gathers_events_into_one_partition(spark, tmp_path)
 
     frame = spark.createDataFrame(generate_events(2000, seed=17)).repartition(4)
     events = EventInput(frame, "user", "ts", "spark", "auto", 12)
-    counts, _, order_type, key_type = events.fingerprint()
-    tokens = KeyGroupTokens.empty(12, order_type, key_type)
-    tokens.count = counts
+    tokens = KeyGroupTokens.empty(12, pa.int64(), pa.string())
     plan = TaskPlan(run_id="plan", store=CheckpointStore(str(tmp_path / "ck")), handler=print,
-                    columns=tuple(frame.columns), key="user", order="ts", order_type=order_type,
-                    key_type=key_type, committed=tokens.committed, first_positions=tokens.base,
+                    columns=tuple(frame.columns), key="user", order="ts", committed=tokens.committed,
+                    done_xor=tokens.done_xor, done_sum=tokens.done_sum, first_positions=tokens.base,
                     extras={}, flush_every=10, flush_interval=1.0)
     resuming = tokens.copy()
     resuming.committed[7] = 1
     resuming.boundaries[7] = (0, "user-x", 0)
-    frames = [events.fingerprint_frame(), events.job(tokens, kernel.SegmentSet.balanced(3), plan),
-              events.job(resuming, kernel.SegmentSet.balanced(5), plan)]
+    frames = [events.job(tokens, kernel.SegmentSet.balanced(3), plan),
+              events.verification_frame(resuming), events.job(resuming, kernel.SegmentSet.balanced(5), plan)]
     for frame_to_check in frames:
         text = io.StringIO()
         with contextlib.redirect_stdout(text):

@@ -22,8 +22,10 @@ ORDER, KEY = pa.int64(), pa.string()
 
 
 def _updates(rows, order_type=ORDER, key_type=KEY):
-    """An update table from ``(kg, committed, run_start, order, key, tie, extras)`` tuples."""
-    columns = list(zip(*rows, strict=True)) if rows else [[] for _ in range(7)]
+    """An update table from ``(kg, committed, run_start, order, key, tie, extras)`` tuples, with
+    ``(done_xor, done_sum)`` appended when a tuple leaves them out."""
+    rows = [row if len(row) == 9 else (*row, row[1] * 3, row[1] * 5) for row in rows]
+    columns = list(zip(*rows, strict=True)) if rows else [[] for _ in range(9)]
     return pa.table([pa.array(list(values), field.type) for values, field in
                      zip(columns, update_schema(order_type, key_type), strict=True)],
                     schema=update_schema(order_type, key_type))
@@ -31,14 +33,17 @@ def _updates(rows, order_type=ORDER, key_type=KEY):
 
 def _tokens(counts, bits=3):
     tokens = KeyGroupTokens.empty(bits, ORDER, KEY)
-    tokens.count[: len(counts)] = counts
+    padded = np.zeros(2**bits, dtype=np.int64)
+    padded[: len(counts)] = counts
+    tokens.set_counts(padded)
     return tokens
 
 
 def _state(tokens):
-    return (tokens.base.tolist(), tokens.count.tolist(), tokens.committed.tolist(),
+    return (tokens.base.tolist(), tokens.count.tolist(), tokens.counted, tokens.committed.tolist(),
             {g: int(tokens.run_start[g]) for g in tokens.boundaries}, dict(tokens.boundaries),
-            {g: sorted(p) for g, p in tokens.extras.items()})
+            {g: sorted(p) for g, p in tokens.extras.items()}, tokens.done_xor.tolist(),
+            tokens.done_sum.tolist())
 
 
 def test_an_update_moves_committed_points_and_records_boundaries():
@@ -48,6 +53,7 @@ def test_an_update_moves_committed_points_and_records_boundaries():
     assert tokens.committed.tolist()[:4] == [3, 1, 0, 0]
     assert tokens.boundaries == {0: (10, "a", 7), 1: (4, "b", 9)}
     assert tokens.extras == {1: {2}}
+    assert tokens.done_xor.tolist()[:2] == [9, 3] and tokens.done_sum.tolist()[:2] == [15, 5]
     assert tokens.done == 5 and tokens.total == 10 and not tokens.complete
     assert tokens.first_kept_positions().tolist()[:4] == [1, 0, 0, 0]
 
@@ -105,14 +111,39 @@ def test_a_new_input_continues_positions_and_needs_the_last_one_done():
     tokens = _tokens([2, 1])
     tokens.apply(_updates([(0, 2, 1, 5, "a", 1, None)]))
     with pytest.raises(ValueError, match="not complete"):
-        tokens.start_input(np.zeros(8))
+        tokens.start_input()
     tokens.apply(_updates([(1, 1, 0, 6, "b", 2, None)]))
-    tokens.start_input(np.array([1, 0, 3, 0, 0, 0, 0, 0]))
+    tokens.start_input()
     assert tokens.base.tolist()[:3] == [2, 1, 0] and tokens.committed.tolist()[:3] == [2, 1, 0]
-    assert tokens.boundaries == {} and tokens.total == 4 and tokens.done == 0
-    assert tokens.first_kept_positions().tolist()[:3] == [2, 1, 0]
-    with pytest.raises(TokenError, match=r"outside 2\.\.3"):
+    assert tokens.boundaries == {} and tokens.done == 0 and tokens.total is None and not tokens.counted
+    assert tokens.done_xor.tolist() == [0] * 8 and tokens.first_kept_positions().tolist()[:3] == [2, 1, 0]
+    with pytest.raises(TokenError, match=r"outside 2\.\."):
         tokens.apply(_updates([(0, 1, 0, 5, "a", 1, None)]))
+    tokens.apply(_updates([(0, 4, 3, 5, "a", 1, None)]))
+    tokens.count_from_committed()
+    assert tokens.complete and tokens.total == 2 and tokens.count.tolist()[:2] == [2, 0]
+
+
+def test_counts_unknown_until_set_and_never_below_what_is_done():
+    tokens = KeyGroupTokens.empty(2, pa.null(), pa.null())
+    assert tokens.total is None and not tokens.complete
+    tokens.apply(_updates([(1, 3, 2, 7, "k", 4, [5])]))
+    assert (tokens.order_type, tokens.key_type) == (ORDER, KEY), "types come with the first update"
+    before = _state(tokens)
+    for counts in ([0, 2, 0, 0], [0, 5, 0, 0], [1, 2, 3]):
+        with pytest.raises(ValueError, match="counts"):
+            tokens.set_counts(np.array(counts))
+    assert _state(tokens) == before
+    back = KeyGroupTokens.from_bytes(tokens.to_bytes(), 2)
+    assert _state(back) == before and back.total is None
+    tokens.set_counts(np.array([0, 6, 0, 0]))
+    assert tokens.total == 6 and tokens.done == 4
+    # With nothing done and nothing counted there is no row to tell: the flag must still survive.
+    for flag in (False, True):
+        blank = KeyGroupTokens.empty(2, ORDER, KEY)
+        if flag:
+            blank.set_counts(np.zeros(4, dtype=np.int64))
+        assert KeyGroupTokens.from_bytes(blank.to_bytes(), 2).counted is flag
 
 
 @pytest.mark.parametrize(("order_type", "value"), [
@@ -124,14 +155,16 @@ def test_a_new_input_continues_positions_and_needs_the_last_one_done():
 ])
 def test_tokens_round_trip_through_bytes_with_their_types(order_type, value):
     tokens = KeyGroupTokens.empty(4, order_type, pa.int64())
-    tokens.count[[1, 5, 9]] = [3, 4, 1]
+    counts = np.zeros(16, dtype=np.int64)
+    counts[[1, 5, 9]] = [3, 4, 1]
+    tokens.set_counts(counts)
     tokens.apply(_updates([(5, 3, 1, value, 77, -5, [3])], order_type, pa.int64()))
     back = KeyGroupTokens.from_bytes(tokens.to_bytes(), 4)
     assert (back.order_type, back.key_type) == (order_type, pa.int64())
     got, want = _state(back), _state(tokens)
     if order_type == pa.float64():  # NaN != NaN; compare it apart
-        assert np.isnan(got[4][5][0]) and np.isnan(want[4][5][0])
-        got[4][5] = want[4][5] = None
+        assert np.isnan(got[5][5][0]) and np.isnan(want[5][5][0])
+        got[5][5] = want[5][5] = None
     assert got == want
 
 
@@ -162,13 +195,13 @@ def test_tokens_that_contradict_themselves_are_refused():
     with pytest.raises(TokenError, match="outside its key group"):
         KeyGroupTokens.from_bytes(tokens.to_bytes(), 3)
     finer = KeyGroupTokens.empty(4, ORDER, KEY)
-    finer.count[9] = 1
+    finer.committed[9] = 1
     with pytest.raises(TokenError, match=r"not distinct values in 0\.\.7"):
         KeyGroupTokens.from_bytes(finer.to_bytes(), 3)
 
 
 def test_update_bytes_round_trip_and_refuse_damage():
-    updates = _updates([(2, 5, 3, 1, "k", 8, [7, 9])])
+    updates = _updates([(2, 5, 3, 1, "k", 8, [7, 9], -4, 2**40)])
     data = encode_updates(updates)
     assert decode_updates(data).equals(updates)
     with pytest.raises(TokenError, match="checksum"):

@@ -157,20 +157,27 @@ def _status(args: argparse.Namespace) -> int:
     if tokens is not None:
         total, done = tokens.total, tokens.done
         per_group = tokens.done_per_key_group()
-        print(f"{'events':<15} {done:,} of {total:,} done ({done / max(total, 1):.1%})")
-        finished = int(((per_group == tokens.count) & (tokens.count > 0)).sum())
-        print(f"{'key groups':<15} {tokens.size:,} ({tokens.bits} bits): {int((tokens.count > 0).sum()):,} "
-              f"with events, {finished:,} of them done")
+        if total is None:
+            print(f"{'events':<15} {done:,} done; not counted until a run ends without a failure")
+        else:
+            print(f"{'events':<15} {done:,} of {total:,} done ({done / max(total, 1):.1%})")
+        if tokens.counted:
+            finished = int(((per_group == tokens.count) & (tokens.count > 0)).sum())
+            print(f"{'key groups':<15} {tokens.size:,} ({tokens.bits} bits): "
+                  f"{int((tokens.count > 0).sum()):,} with events, {finished:,} of them done")
+        else:
+            print(f"{'key groups':<15} {tokens.size:,} ({tokens.bits} bits): "
+                  f"{int((per_group > 0).sum()):,} with events done")
         if settings.get("segments"):
             segments = SegmentSet.from_ids(settings["segments"])
             owners = segments.key_group_owners(tokens.bits)
             print(f"{'segments':<15} {len(segments)} in the last run")
-            width = len(f"{int(tokens.count.max(initial=0)):,}")
+            width = len(f"{int(max(tokens.count.max(initial=0), per_group.max(initial=0))):,}")
             for position, member in enumerate(segments):
                 mine = owners == position
-                events, finished_events = int(tokens.count[mine].sum()), int(per_group[mine].sum())
+                events = f"{int(tokens.count[mine].sum()):>{width},}" if tokens.counted else "?".rjust(width)
                 print(f"  #{position:<3} id {member.segment_id:<6} mask {member.mask:<6} "
-                      f"{events:>{width},} events  {finished_events:>{width},} done  "
+                      f"{events} events  {int(per_group[mine].sum()):>{width},} done  "
                       f"{int(mine.sum()):,} key groups")
     print(f"{'size':<15} {store.size_bytes():,} bytes (checkpoint.json and {len(files)} progress files)")
     for name in ("source", "key", "order", "hash", "runs", "flush_every", "flush_interval"):

@@ -29,9 +29,12 @@ class ProgressPrinter:
 
     def __call__(self, progress: Progress) -> None:
         rate = progress.handled / progress.seconds if progress.seconds > 0 else 0.0
-        line = (f"{progress.done:,} of {progress.total:,} events done "
-                f"({progress.done / max(progress.total, 1):.1%}), {rate:,.0f}/s, "
-                f"{progress.segments} segments")
+        if progress.total is None:
+            done = f"{progress.done:,} events done"
+        else:
+            share = progress.done / max(progress.total, 1)
+            done = f"{progress.done:,} of {progress.total:,} events done ({share:.1%})"
+        line = f"{done}, {rate:,.0f}/s, {progress.segments} segments"
         if self.terminal:
             self.stream.write("\r" + line + "\033[K")
         elif time.monotonic() - self._last >= self.every:

@@ -8,7 +8,7 @@ A checkpoint is a directory, a local path or any URI :mod:`pyarrow.fs` opens
     CHECKPOINT/progress/RUN.stop         asks the run's tasks to stop at their next flush
 
 ``checkpoint.json`` is one JSON object: ``format``, ``version``, ``segack`` (the
-version that wrote it), ``settings`` (the input's fingerprint, key, order, hash,
+version that wrote it), ``settings`` (the input's key, order, hash, column types,
 key-group resolution, segments, flush policy, status), ``tokens`` (the
 :class:`~segack.spark_adapter.tokens.KeyGroupTokens`, sealed and base64) and
 ``crc32`` of the canonical JSON of everything else. Its size depends on the

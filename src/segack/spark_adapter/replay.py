@@ -2,9 +2,11 @@
 
 How a run goes (:ref:`replay-at-scale` explains key groups and tokens):
 
-1. **Fingerprint.** One JVM pass counts the events of each key group and
-   digests every column of every row. A checkpoint written for other input is
-   refused before anything runs.
+1. **Verify** (resuming only). One JVM pass joins each key group's boundary
+   and checks that the events at or below it are the ones that were done:
+   their count and the digest of their ties (every column of every row). A
+   checkpoint of other input is refused before anything runs. A fresh run has
+   nothing to verify and skips the pass.
 2. **Resume filter.** Where the checkpoint has a boundary for a key group, a
    broadcast join against those boundaries keeps only the events whose sort
    key ``(order, key, tie)`` is at or past it: one comparison per event, in the
@@ -19,7 +21,8 @@ How a run goes (:ref:`replay-at-scale` explains key groups and tokens):
 5. **The driver** merges progress files into the checkpoint on a timer (an
    atomic rewrite of ``checkpoint.json``), and the job's results at the end. A
    crash loses at most what tasks did since their last flush: those events run
-   again (at least once), never out of order.
+   again (at least once), never out of order. A run that ends without a
+   failure has seen every event, so its committed points count the input.
 
 State on both sides is one entry per key group: it does not grow with events.
 """
@@ -31,7 +34,7 @@ import pickle
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,8 +46,8 @@ from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, Checkpo
 from segack.spark_adapter.columns import hash_column, member_index_column
 from segack.spark_adapter.errors import HandlerFailed, ReplayError
 from segack.spark_adapter.session import default_segment_count, executors_share_local_disk, setting
-from segack.spark_adapter.task import KG, TIE, TaskPlan, run_task
-from segack.spark_adapter.tokens import DEFAULT_KEY_GROUP_BITS, KeyGroupTokens, TokenError
+from segack.spark_adapter.task import KG, RESULT_DDL, TIE, TaskPlan, run_task
+from segack.spark_adapter.tokens import DEFAULT_KEY_GROUP_BITS, KeyGroupTokens, TokenError, decode_updates
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -71,11 +74,14 @@ _ORDER_TYPES = ("boolean", "tinyint", "smallint", "int", "bigint", "float", "dou
 
 @dataclass(frozen=True)
 class Progress:
-    """What the driver knows during a run (passed to the ``progress`` callback at each merge)."""
+    """What the driver knows during a run (passed to the ``progress`` callback at each merge).
+
+    ``total`` is ``None`` during a checkpoint's first run: the events are counted as they are done.
+    """
 
     done: int
     handled: int
-    total: int
+    total: int | None
     segments: int
     seconds: float
 
@@ -177,7 +183,7 @@ def _has_floats(type_name: str) -> bool:
 
 
 class EventInput:
-    """A DataFrame of events as a replay sees it: key groups, ties, the fingerprint, the job.
+    """A DataFrame of events as a replay sees it: key groups, ties, the verification, the job.
 
     Checks at once (``ValueError``) that ``key`` and ``order`` exist with types
     a replay can sort and hash, and that no column uses a reserved name.
@@ -203,15 +209,11 @@ class EventInput:
 
         self.key_group: Column = hash_column(key, self.key_type.simpleString(), hash, method).bitwiseAND(
             F.lit((1 << bits) - 1))
-        rest = [name for name in df.columns if name not in (key, order)]
-        if _has_floats(self.order_type.simpleString()):
-            # -0.0 and 0.0 sort as one value; the tie tells the two events apart.
-            rest.append(order)
-        self.tie: Column = F.xxhash64(*map(self._hashable, rest)) if rest else F.lit(0).cast("bigint")
-        self.row_hash: Column = F.xxhash64(*map(self._hashable, df.columns))
+        # The whole row's hash: it breaks ties of (order, key), and digests what was done.
+        self.tie: Column = F.xxhash64(*map(self._hashable, df.columns))
 
     def _hashable(self, name: str) -> Column:
-        """A column's value as the tie and the fingerprint hash it: every distinct value distinctly.
+        """A column's value as the tie hashes it: every distinct value distinctly.
 
         Spark will not hash a map, so its JSON form (entries in stored order)
         stands in for it; Spark hashes -0.0 and 0.0 alike, so floating-point
@@ -226,57 +228,88 @@ class EventInput:
             return F.to_json(F.col(name))
         return F.col(name)
 
-    def fingerprint_frame(self) -> DataFrame:
-        """The fingerprint's aggregation: one row per key group with events (see :meth:`fingerprint`)."""
-        from pyspark.sql import functions as F
+    @property
+    def column_types(self) -> dict[str, str]:
+        """The key's and the order's Spark types, as a checkpoint records them."""
+        return {"key_type": self.key_type.simpleString(), "order_type": self.order_type.simpleString()}
 
-        return (self.df.groupBy(self.key_group.alias("kg"))
-                .agg(F.count(F.lit(1)).alias("n"), F.bit_xor(self.row_hash).alias("x"),
-                     F.sum(F.shiftright(self.row_hash, 40)).alias("s"))
-                # Typed nulls: the result's Arrow schema says how Spark hands these columns to Python.
-                .withColumn("order", F.lit(None).cast(self.order_type))
-                .withColumn("key", F.lit(None).cast(self.key_type)))
-
-    def fingerprint(self) -> tuple[np.ndarray, str, pa.DataType, pa.DataType]:
-        """Events per key group, a digest of every row, and the order and key columns' Arrow types.
-
-        One JVM pass. The digest is the XOR of the rows' 64-bit hashes with the
-        sum of their top 24 bits: XOR alone would let two equal rows cancel out.
-        """
-        rows = self.fingerprint_frame().toArrow()
-        counts = np.zeros(1 << self.bits, dtype=np.int64)
-        groups = rows.column("kg").to_numpy(zero_copy_only=False)
-        counts[groups] = rows.column("n").to_numpy(zero_copy_only=False)
-        xor = 0
-        for value in rows.column("x").to_pylist():
-            xor ^= value & 0xFFFFFFFFFFFFFFFF
-        top = sum(rows.column("s").to_pylist()) & 0xFFFFFFFFFFFFFFFF
-        return counts, f"{xor:016x}{top:016x}", rows.schema.field("order").type, rows.schema.field("key").type
-
-    def remaining(self, tokens: KeyGroupTokens) -> DataFrame:
-        """The events not behind a boundary, with their key group and tie columns."""
+    def _with_bounds(self, tokens: KeyGroupTokens) -> tuple[DataFrame, Column, Column]:
+        """Events with key group and tie, joined to their key group's boundary (if any);
+        plus the conditions "before the boundary" and "equal to it"."""
         from pyspark.sql import functions as F
         from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
         events = self.df.withColumn(KG, self.key_group).withColumn(TIE, self.tie)
-        if not tokens.boundaries:
-            return events
         schema = StructType([
             StructField(KG, IntegerType(), False), StructField(_BOUND_ORDER, self.order_type),
             StructField(_BOUND_KEY, self.key_type), StructField(_BOUND_TIE, LongType()),
         ])
         table = tokens.boundary_table().rename_columns([KG, _BOUND_ORDER, _BOUND_KEY, _BOUND_TIE])
         bounds = self.df.sparkSession.createDataFrame(table, schema=schema)
-        kept = F.col(_BOUND_TIE).isNull() | (
-            F.struct(F.col(self.order), F.col(self.key), F.col(TIE))
-            >= F.struct(F.col(_BOUND_ORDER), F.col(_BOUND_KEY), F.col(_BOUND_TIE)))
-        return (events.join(F.broadcast(bounds), KG, "left").where(kept)
-                .drop(_BOUND_ORDER, _BOUND_KEY, _BOUND_TIE))
+        here = F.struct(F.col(self.order), F.col(self.key), F.col(TIE))
+        there = F.struct(F.col(_BOUND_ORDER), F.col(_BOUND_KEY), F.col(_BOUND_TIE))
+        bounded = F.col(_BOUND_TIE).isNotNull()
+        return (events.join(F.broadcast(bounds), KG, "left"), bounded & (here < there),
+                bounded & here.eqNullSafe(there))
+
+    def verification_frame(self, tokens: KeyGroupTokens) -> DataFrame:
+        """Per key group: its events, and the count and tie digest of those before its boundary."""
+        from pyspark.sql import functions as F
+
+        joined, before, equal = self._with_bounds(tokens)
+        return joined.groupBy(KG).agg(
+            F.count(F.lit(1)).alias("n"),
+            F.count(F.when(before, F.lit(1))).alias("n_before"),
+            F.coalesce(F.bit_xor(F.when(before, F.col(TIE))), F.lit(0)).alias("x_before"),
+            F.coalesce(F.sum(F.when(before, F.shiftright(F.col(TIE), 40))), F.lit(0)).alias("s_before"),
+            F.count(F.when(equal, F.lit(1))).alias("n_equal"),
+        )
+
+    def verify(self, tokens: KeyGroupTokens, where: str) -> np.ndarray:
+        """Check that the events behind each boundary are the ones done; returns the count per key group.
+
+        In key group ``g`` with committed point ``c``, run start ``r`` and base
+        ``b``, the done events are the ``r - b`` events before the boundary and
+        ``c - r`` of those equal to it (equal sort keys, equal ties). Their count
+        and digest must match the tokens'; anything else is a
+        :class:`~segack.spark_adapter.checkpoint.CheckpointError`.
+        """
+        rows = self.verification_frame(tokens).toArrow()
+        counts = np.zeros(tokens.size, dtype=np.int64)
+        found = {name: rows.column(name).to_numpy(zero_copy_only=False)
+                 for name in ("n", "n_before", "x_before", "s_before", "n_equal")}
+        groups = rows.column(KG).to_numpy(zero_copy_only=False)
+        counts[groups] = found["n"]
+        at = {int(group): row for row, group in enumerate(groups)}
+        for group, (_, _, tie) in tokens.boundaries.items():
+            row = at.get(group)
+            before = int(tokens.run_start[group] - tokens.base[group])
+            equal = int(tokens.committed[group] - tokens.run_start[group])
+            seen_before = 0 if row is None else int(found["n_before"][row])
+            seen_equal = 0 if row is None else int(found["n_equal"][row])
+            xor, total = (0, 0) if row is None else (int(found["x_before"][row]), int(found["s_before"][row]))
+            expected = (_int64(xor ^ (tie if equal % 2 else 0)), _int64(total + equal * (tie >> 40)))
+            if seen_before != before or seen_equal < equal or expected != (
+                    int(tokens.done_xor[group]), int(tokens.done_sum[group])):
+                raise CheckpointError(
+                    f"{where} belongs to other input: in key group {group}, the events up to its committed "
+                    f"point are not the ones that were done ({seen_before + min(seen_equal, equal)} found of "
+                    f"{before + equal}, or with other contents); use a new checkpoint location"
+                )
+        return counts
+
+    def remaining(self, tokens: KeyGroupTokens) -> DataFrame:
+        """The events not behind a boundary, with their key group and tie columns."""
+        from pyspark.sql import functions as F
+
+        if not tokens.boundaries:
+            return self.df.withColumn(KG, self.key_group).withColumn(TIE, self.tie)
+        joined, before, _ = self._with_bounds(tokens)
+        return joined.where(~F.coalesce(before, F.lit(False))).drop(_BOUND_ORDER, _BOUND_KEY, _BOUND_TIE)
 
     def job(self, tokens: KeyGroupTokens, segments: SegmentSet, plan: TaskPlan) -> DataFrame:
         """The replay's one Spark job: remaining events, one segment per partition, sorted, handled."""
         from pyspark.sql import functions as F
-        from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, StructField, StructType
 
         ordered = (
             self.remaining(tokens)
@@ -286,14 +319,28 @@ class EventInput:
                                   F.col(TIE).asc())
             .drop(SEGMENT)
         )
-        schema = StructType([
-            StructField("kg", IntegerType()), StructField("committed", LongType()),
-            StructField("run_start", LongType()), StructField("order", self.order_type),
-            StructField("key", self.key_type), StructField("tie", LongType()),
-            StructField("extras", ArrayType(LongType())), StructField("handled", LongType()),
-            StructField("failure", BinaryType()),
-        ])
-        return ordered.mapInArrow(functools.partial(run_task, plan), schema)
+        return ordered.mapInArrow(functools.partial(run_task, plan), RESULT_DDL)
+
+
+def check_same_setup(previous: dict[str, Any], events: EventInput, hash: str, where: str) -> None:
+    """Refuse (:class:`~segack.spark_adapter.checkpoint.CheckpointError`) a checkpoint whose runs keyed,
+    ordered or hashed the events otherwise, or whose key and order columns had other types."""
+    if not previous.get("key"):
+        return
+    names = ("key", "order", "hash", "key_type", "order_type")
+    recorded = {name: previous.get(name) for name in names}
+    if recorded != {"key": events.key, "order": events.order, "hash": hash, **events.column_types}:
+        raise CheckpointError(
+            f"{where} belongs to other input (it recorded events keyed by {previous.get('key')!r} "
+            f"({previous.get('key_type')}), ordered by {previous.get('order')!r} "
+            f"({previous.get('order_type')}), hashed with {previous.get('hash')!r}); "
+            f"use a new checkpoint location"
+        )
+
+
+def _int64(value: int) -> int:
+    """``value`` wrapped to a signed 64-bit int, as NumPy's sums wrap."""
+    return (value + 2**63) % 2**64 - 2**63
 
 
 class _Merger:
@@ -317,15 +364,15 @@ class _Merger:
         self._thread = threading.Thread(target=self._run, name="segack-merger", daemon=True)
         self.error: BaseException | None = None
 
-    def merge(self, results: pa.Table | None = None) -> None:
-        """Fold this run's progress files (and a job's results) into the checkpoint, and save it."""
+    def merge(self, results: Sequence[pa.Table] = ()) -> None:
+        """Fold this run's progress files (and the job's results) into the checkpoint, and save it."""
         with self._lock:
             tokens = self.state.tokens
             assert tokens is not None
             for _, updates in self.store.read_progress(self.store.progress_files(self.run_id)):
                 tokens.apply(updates)
-            if results is not None:
-                tokens.apply(results)
+            for updates in results:
+                tokens.apply(updates)
             self.state.settings["updated_at"] = time.time()
             self.store.save(self.state)
             self.report()
@@ -363,9 +410,12 @@ def _execute(
 ) -> int:
     """Handle the events the checkpoint lacks; leaves ``state`` final and saved.
 
-    Merges progress a crashed run left behind first. Returns how many events
-    were done before the job started. Raises :class:`HandlerFailed` (the first
-    failure, with any later merge error attached as a note) or :class:`ReplayError`.
+    Folds in progress a crashed run left behind, then verifies the done events
+    against the input, before writing anything: another input is a
+    :class:`~segack.spark_adapter.checkpoint.CheckpointError` and changes
+    nothing. Returns how many events were done before the job started. Raises
+    :class:`HandlerFailed` (the first failure, with any later merge error
+    attached as a note) or :class:`ReplayError`.
     """
     tokens = state.tokens
     assert tokens is not None
@@ -375,6 +425,15 @@ def _execute(
             tokens.apply(leftover)
     except TokenError as error:
         raise CheckpointError(f"checkpoint {store.location}: {error}") from None
+    if tokens.has_progress:
+        counts = events.verify(tokens, f"checkpoint {store.location}")
+        try:
+            tokens.set_counts(counts)
+        except ValueError:
+            raise CheckpointError(f"checkpoint {store.location} belongs to other input: it has fewer "
+                                  f"events than were done; use a new checkpoint location") from None
+    if tokens.counted:
+        state.settings["total"] = tokens.total
     store.save(state)
     store.delete_progress(leftovers)
     already_done = tokens.done
@@ -384,8 +443,8 @@ def _execute(
         return already_done
     plan = TaskPlan(
         run_id=run_id, store=store, handler=handler, columns=tuple(events.df.columns), key=events.key,
-        order=events.order, order_type=tokens.order_type, key_type=tokens.key_type,
-        committed=tokens.committed.copy(), first_positions=tokens.first_kept_positions(),
+        order=events.order, committed=tokens.committed.copy(), done_xor=tokens.done_xor.copy(),
+        done_sum=tokens.done_sum.copy(), first_positions=tokens.first_kept_positions(),
         extras={group: frozenset(positions) for group, positions in tokens.extras.items()},
         flush_every=flush_every, flush_interval=flush_interval,
     )
@@ -404,18 +463,24 @@ def _execute(
     finally:
         spark.removeTag(tag)
     failures: list[HandlerFailed] = []
-    updates = None
-    if results is not None:
-        summary = results.filter(pa.compute.equal(results.column("kg"), -1))
-        updates = results.filter(pa.compute.not_equal(results.column("kg"), -1)).drop_columns(
-            ["handled", "failure"])
-        failures = [pickle.loads(blob) for blob in summary.column("failure").to_pylist() if blob is not None]
+    updates: list[pa.Table] = []
     merge_error: BaseException | None = merger.error
+    if results is not None:
+        failures = [pickle.loads(blob) for blob in results.column("failure").to_pylist() if blob is not None]
+        try:
+            updates = [decode_updates(blob, "a task's result")
+                       for blob in results.column("updates").to_pylist() if blob is not None]
+        except TokenError as error:
+            merge_error = merge_error or error
     try:
         merger.merge(updates)
     except Exception as error:
         merge_error = merge_error or error
     finished = merge_error is None and job_error is None and not failures
+    if finished and not tokens.counted:
+        # Every task read all of its events: each key group's committed point is its count.
+        tokens.count_from_committed()
+        state.settings["total"] = tokens.total
     state.settings.update(status=("complete" if tokens.complete else "incomplete") if finished else "failed",
                           updated_at=time.time())
     try:
@@ -500,32 +565,21 @@ def replay(
         chosen = (SegmentSet.from_ids(previous["segments"]) if previous.get("segments")
                   else SegmentSet.balanced(min(default_segment_count(spark), 1 << bits)))
     chosen.key_group_owners(bits)  # a set finer than the key groups is a ValueError here
-    counts, digest, order_type, key_type = events.fingerprint()
-    recorded = tuple(previous.get(name) for name in ("digest", "key", "order", "hash"))
-    if previous and recorded != (digest, key, order, hash):
-        raise CheckpointError(
-            f"checkpoint {store.location} belongs to other input (it recorded {previous.get('total')} events "
-            f"keyed by {previous.get('key')!r}, ordered by {previous.get('order')!r}, hashed with "
-            f"{previous.get('hash')!r}); use a new checkpoint location"
-        )
+    check_same_setup(previous, events, hash, f"checkpoint {store.location}")
     if state.tokens is None:
-        state.tokens = KeyGroupTokens.empty(bits, order_type, key_type)
-        state.tokens.count = counts
-    elif (state.tokens.order_type, state.tokens.key_type) != (order_type, key_type):
-        raise CheckpointError(f"checkpoint {store.location} recorded other column types "
-                              f"({state.tokens.order_type}, {state.tokens.key_type}); "
-                              f"use a new checkpoint location")
+        state.tokens = KeyGroupTokens.empty(bits, pa.null(), pa.null())
     run_id = uuid.uuid4().hex[:12]
     state.settings = {
         **previous, "source": source if source is not None else previous.get("source"),
-        "key": key, "order": order, "hash": hash, "key_group_bits": bits, "segments": list(chosen.ids),
-        "total": int(counts.sum()), "digest": digest, "runs": int(previous.get("runs", 0)) + 1,
+        "key": key, "order": order, "hash": hash, **events.column_types, "key_group_bits": bits,
+        "segments": list(chosen.ids), "runs": int(previous.get("runs", 0)) + 1,
         "run_id": run_id, "flush_every": flush_every, "flush_interval": flush_interval,
         "started_at": time.time(), "updated_at": time.time(), "status": "running",
     }
     already_done = _execute(events, state, store, run_id=run_id, handler=handler, segments=chosen,
                             flush_every=flush_every, flush_interval=flush_interval, progress=progress)
     tokens = state.tokens
+    assert tokens.total is not None  # a run that ends without an error has counted its input
     return ReplayResult(
         total=tokens.total, already_done=already_done, handled=tokens.done - already_done, done=tokens.done,
         segments=len(chosen), key_group_bits=bits, seconds=time.monotonic() - began,

@@ -3,9 +3,10 @@
 Each micro-batch is an input of its own to the key-group tokens: its events of
 key group ``g`` get positions from where the previous batches left ``g`` (the
 tokens' ``base``). The checkpoint records the last completed batch id and the
-batch in progress with its fingerprint, so a micro-batch Spark delivers again
-after a failure (``foreachBatch`` is at least once) gets the same positions and
-only its undone events run, and a batch already completed is skipped.
+batch in progress, so a micro-batch Spark delivers again after a failure
+(``foreachBatch`` is at least once) gets the same positions, is verified
+against what was done of it, and only its undone events run; a batch already
+completed is skipped.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
 
 from segack.kernel import SegmentSet
 from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore
@@ -25,6 +29,7 @@ from segack.spark_adapter.replay import (
     _resolution,
     _segment_set,
     check_location,
+    check_same_setup,
     check_session,
 )
 from segack.spark_adapter.tokens import KeyGroupTokens
@@ -74,32 +79,28 @@ def foreach_batch(
         stream = state.settings.get("stream", {"completed_batch": -1, "batch": None})
         if batch_id <= stream["completed_batch"]:
             return
-        counts, digest, order_type, key_type = events.fingerprint()
         current = stream["batch"]
         if current is not None and current["id"] != batch_id:
             raise CheckpointError(f"checkpoint {store.location} has batch {current['id']} in progress, "
                                   f"but Spark delivered batch {batch_id}")
-        if current is not None and current["digest"] != digest:
-            raise CheckpointError(f"Spark delivered batch {batch_id} again with other events than before")
+        check_same_setup(state.settings, events, hash, f"checkpoint {store.location}")
         if state.tokens is None:
-            state.tokens = KeyGroupTokens.empty(bits, order_type, key_type)
-        elif (state.tokens.order_type, state.tokens.key_type) != (order_type, key_type):
-            raise CheckpointError(f"checkpoint {store.location} recorded other column types "
-                                  f"({state.tokens.order_type}, {state.tokens.key_type})")
+            # Before the first batch, the stream is an empty input, complete.
+            state.tokens = KeyGroupTokens.empty(bits, pa.null(), pa.null())
+            state.tokens.set_counts(np.zeros(state.tokens.size, dtype=np.int64))
         if current is None:
-            state.tokens.start_input(counts)
-            current = {"id": batch_id, "digest": digest}
+            state.tokens.start_input()
+            current = {"id": batch_id}
         state.settings.update({
-            "key": key, "order": order, "hash": hash, "key_group_bits": bits, "segments": list(chosen.ids),
-            "total": int(counts.sum()), "digest": digest, "flush_every": flush_every,
-            "flush_interval": flush_interval, "updated_at": time.time(), "status": "running",
+            "key": key, "order": order, "hash": hash, **events.column_types, "key_group_bits": bits,
+            "segments": list(chosen.ids), "flush_every": flush_every, "flush_interval": flush_interval,
+            "updated_at": time.time(), "status": "running",
             "stream": {"completed_batch": stream["completed_batch"], "batch": current},
         })
         _execute(events, state, store, run_id=f"b{batch_id}-{uuid.uuid4().hex[:8]}", handler=handler,
                  segments=chosen, flush_every=flush_every, flush_interval=flush_interval, progress=None)
         if not state.tokens.complete:
-            raise ReplayError(f"batch {batch_id} ended with {state.tokens.total - state.tokens.done} "
-                              f"events not done")
+            raise ReplayError(f"batch {batch_id} ended with events not done")
         state.settings["stream"] = {"completed_batch": batch_id, "batch": None}
         store.save(state)
 

@@ -8,7 +8,8 @@ every event not already done, and *commits* what it finished: for each key
 group, the committed point moves past its last finished event, whose sort key
 becomes the boundary. Every ``flush_every`` events or ``flush_interval``
 seconds it writes its updates (one row per key group it moved, cumulative) to
-its progress file, and checks whether the run was asked to stop.
+its progress file, and checks whether the run was asked to stop. Committing
+also folds each newly done event's tie into its key group's prefix digest.
 
 When the handler raises, the task commits everything before the failing
 event, writes its progress, asks the run's other tasks to stop, and returns
@@ -36,13 +37,13 @@ import pyarrow as pa
 
 from segack.spark_adapter.checkpoint import CheckpointStore
 from segack.spark_adapter.errors import HandlerFailed
-from segack.spark_adapter.tokens import update_schema
+from segack.spark_adapter.tokens import encode_updates, update_schema
 
-__all__ = ["KG", "TIE", "TaskPlan", "result_arrow_schema", "run_task"]
+__all__ = ["KG", "RESULT_DDL", "RESULT_SCHEMA", "TIE", "TaskPlan", "run_task"]
 
 #: The key group column the JVM adds.
 KG = "__segack_kg"
-#: The tie column: a hash of the rest of the row, the last part of the sort key.
+#: The tie column: the hash of the whole row, the last part of the sort key.
 TIE = "__segack_tie"
 # How often (in events) the handler loop looks at the clock and the flush counter.
 _CHECK_EVERY = 64
@@ -58,19 +59,20 @@ class TaskPlan:
     columns: tuple[str, ...]
     key: str
     order: str
-    order_type: pa.DataType
-    key_type: pa.DataType
     committed: np.ndarray
+    done_xor: np.ndarray
+    done_sum: np.ndarray
     first_positions: np.ndarray
     extras: dict[int, frozenset[int]]
     flush_every: int
     flush_interval: float
 
 
-def result_arrow_schema(order_type: pa.DataType, key_type: pa.DataType) -> pa.Schema:
-    """What each task returns: its update rows, then one summary row (``kg`` = -1)."""
-    schema = update_schema(order_type, key_type)
-    return schema.append(pa.field("handled", pa.int64())).append(pa.field("failure", pa.binary()))
+#: What each task returns: one row, its updates sealed as bytes (their types are the data's).
+RESULT_SCHEMA = pa.schema([("segment", pa.int32()), ("updates", pa.binary()), ("handled", pa.int64()),
+                           ("failure", pa.binary())])
+#: :data:`RESULT_SCHEMA` as Spark DDL, for ``mapInArrow``.
+RESULT_DDL = "segment int, updates binary, handled long, failure binary"
 
 
 def _same(first: Any, second: Any) -> bool:
@@ -85,11 +87,15 @@ def _same(first: Any, second: Any) -> bool:
 class _SegmentTask:
     def __init__(self, plan: TaskPlan, partition: int, attempt: int) -> None:
         self.plan = plan
+        self.partition = partition
         self.name = CheckpointStore.progress_name(plan.run_id, partition, attempt)
         self.committed = plan.committed.copy()
+        self.done_xor = plan.done_xor.copy()
+        self.done_sum = plan.done_sum.copy()
         self.next_position = plan.first_positions.copy()
-        self.schema = update_schema(plan.order_type, plan.key_type)
-        self.sent = self.schema.empty_table()
+        # The update table's types are the data's; the first batch tells them.
+        self.schema: pa.Schema | None = None
+        self.sent: pa.Table | None = None
         self.pending: list[pa.Table] = []
         self.handled = 0
         self.rows_seen = 0
@@ -101,15 +107,21 @@ class _SegmentTask:
         self.last_run_start = 0
         if attempt > 0:
             self._adopt_earlier_attempts(partition, attempt)
+        # Events below these points are in the prefix digests already; those above are added once.
+        self.digested = self.committed.copy()
 
     def _adopt_earlier_attempts(self, partition: int, attempt: int) -> None:
         """Start from what earlier attempts of this segment in this run committed."""
         store = self.plan.store
         prefix = CheckpointStore.progress_name(self.plan.run_id, partition, attempt)[:-len(str(attempt))]
         for _, updates in store.read_progress(store.progress_files(prefix)):
-            groups = updates.column("kg").to_numpy(zero_copy_only=False)
-            committed = updates.column("committed").to_numpy(zero_copy_only=False)
-            np.maximum.at(self.committed, groups, committed)
+            columns = {name: updates.column(name).to_numpy(zero_copy_only=False)
+                       for name in ("kg", "committed", "done_xor", "done_sum")}
+            further = columns["committed"] > self.committed[columns["kg"]]
+            groups = columns["kg"][further]
+            self.committed[groups] = columns["committed"][further]
+            self.done_xor[groups] = columns["done_xor"][further]
+            self.done_sum[groups] = columns["done_sum"][further]
 
     # ------------------------------------------------------------ batches
 
@@ -127,13 +139,12 @@ class _SegmentTask:
         self.next_position += np.bincount(groups, minlength=len(self.next_position))
         return positions
 
-    def _run_starts(self, batch: pa.RecordBatch, positions: np.ndarray) -> np.ndarray:
+    def _run_starts(self, batch: pa.RecordBatch, ties: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Each row's ``run_start``: the position of the first event with its sort key.
 
-        Rows with equal sort keys are adjacent (the batch is sorted). Ties of the
-        tie hash are rare, so only those are compared in full.
+        Rows with equal sort keys are adjacent (the batch is sorted). Equal ties
+        are rare, so only those rows are compared in full.
         """
-        ties = batch.column(TIE).to_numpy(zero_copy_only=False)
         count = len(ties)
         equal = np.zeros(count, dtype=bool)
         np.equal(ties[1:], ties[:-1], out=equal[1:])
@@ -166,12 +177,16 @@ class _SegmentTask:
 
     def handle(self, batch: pa.RecordBatch) -> HandlerFailed | None:
         """Handle one batch; returns the failure if the handler raised."""
+        if self.schema is None:
+            self.schema = update_schema(batch.schema.field(self.plan.order).type,
+                                        batch.schema.field(self.plan.key).type)
         groups = batch.column(KG).to_numpy(zero_copy_only=False)
         positions = self._positions(groups)
-        run_starts = self._run_starts(batch, positions)
+        ties = batch.column(TIE).to_numpy(zero_copy_only=False)
+        run_starts = self._run_starts(batch, ties, positions)
         skip = self._done(groups, positions)
         events = batch.select(list(self.plan.columns)).to_pylist()
-        current = _Batch(batch, groups, positions, run_starts, skip)
+        current = _Batch(batch, groups, positions, ties, run_starts, skip)
         handler = self.plan.handler
         flush_every = self.plan.flush_every
         for row, event in enumerate(events):
@@ -213,20 +228,24 @@ class _SegmentTask:
         last = first + (upto - first - 1) - from_end
         committed = current.positions[last] + 1
         self.committed[distinct] = committed
+        fresh = current.positions[first:upto] >= self.digested[groups]
+        np.bitwise_xor.at(self.done_xor, groups[fresh], current.ties[first:upto][fresh])
+        np.add.at(self.done_sum, groups[fresh], current.ties[first:upto][fresh] >> 40)
         boundary = current.batch.select([self.plan.order, self.plan.key, TIE]).take(pa.array(last))
         self.pending.append(pa.table([
             pa.array(distinct, pa.int32()), pa.array(committed, pa.int64()),
             pa.array(current.run_starts[last], pa.int64()), boundary.column(0), boundary.column(1),
             boundary.column(2), pa.nulls(len(distinct), pa.list_(pa.int64())),
+            pa.array(self.done_xor[distinct], pa.int64()), pa.array(self.done_sum[distinct], pa.int64()),
         ], schema=self.schema))
         skipped = 0 if current.skip is None else int(current.skip[first:upto].sum())
         self.handled += upto - first - skipped
         current.committed_rows = upto
 
-    def _updates(self) -> pa.Table:
-        """Every key group this task moved, at its latest committed point."""
+    def _updates(self) -> pa.Table | None:
+        """Every key group this task moved, at its latest committed point; ``None`` before any."""
         if self.pending:
-            merged = pa.concat_tables([self.sent, *self.pending])
+            merged = pa.concat_tables([*([self.sent] if self.sent is not None else []), *self.pending])
             groups = merged.column("kg").to_numpy(zero_copy_only=False)
             _, from_end = np.unique(groups[::-1], return_index=True)
             self.sent = merged.take(pa.array(len(groups) - 1 - from_end))
@@ -234,35 +253,36 @@ class _SegmentTask:
         return self.sent
 
     def _flush(self, rows_seen: int) -> None:
-        self.plan.store.write_progress(self.name, self._updates())
+        updates = self._updates()
+        if updates is not None:
+            self.plan.store.write_progress(self.name, updates)
         self.rows_at_flush = rows_seen
         self.last_flush = time.monotonic()
         if self.plan.store.stop_requested(self.plan.run_id):
             self.stopped = True
 
     def result(self, failure: HandlerFailed | None) -> pa.RecordBatch:
-        """The task's final updates and its summary row, in :func:`result_arrow_schema`."""
+        """The task's one result row, in :data:`RESULT_SCHEMA`."""
         updates = self._updates()
-        rows = updates.num_rows
-        columns = [pa.concat_arrays([column.combine_chunks(), pa.nulls(1, column.type)])
-                   for column in updates.columns]
-        columns[0] = pa.concat_arrays([updates.column(0).combine_chunks(), pa.array([-1], pa.int32())])
-        handled = pa.array([None] * rows + [self.handled], pa.int64())
-        blob = pa.array([None] * rows + [None if failure is None else pickle.dumps(failure)], pa.binary())
-        schema = result_arrow_schema(self.plan.order_type, self.plan.key_type)
-        return pa.RecordBatch.from_arrays([*columns, handled, blob], schema=schema)
+        return pa.RecordBatch.from_pydict({
+            "segment": [self.partition],
+            "updates": [None if updates is None else encode_updates(updates)],
+            "handled": [self.handled],
+            "failure": [None if failure is None else pickle.dumps(failure)],
+        }, schema=RESULT_SCHEMA)
 
 
 class _Batch:
     """One batch in the handler's hands, and how many of its rows are committed."""
 
-    __slots__ = ("batch", "committed_rows", "groups", "positions", "run_starts", "skip")
+    __slots__ = ("batch", "committed_rows", "groups", "positions", "run_starts", "skip", "ties")
 
-    def __init__(self, batch: pa.RecordBatch, groups: np.ndarray, positions: np.ndarray,
+    def __init__(self, batch: pa.RecordBatch, groups: np.ndarray, positions: np.ndarray, ties: np.ndarray,
                  run_starts: np.ndarray, skip: np.ndarray | None) -> None:
         self.batch = batch
         self.groups = groups
         self.positions = positions
+        self.ties = ties
         self.run_starts = run_starts
         self.skip = skip
         self.committed_rows = 0

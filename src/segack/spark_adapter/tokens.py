@@ -5,8 +5,8 @@ resolution, 12 by default). A segment with at most ``bits`` mask bits owns whole
 key groups, so any rescale made of splits and merges keeps every key group in
 one segment, and progress kept per key group survives it unchanged.
 
-Within its key group, an event has a *position*: its rank by the *sort key*
-``(order, key, tie)``, where the tie is a hash of the rest of the row, plus the
+Every event has a *tie*: the 64-bit hash of its whole row. Within its key group
+it has a *position*: its rank by the *sort key* ``(order, key, tie)``, plus the
 key group's *base* (0 for a replay; for a stream, the number of the key group's
 events in earlier micro-batches). Positions depend only on the data.
 
@@ -14,29 +14,36 @@ For each key group ``g`` the tokens hold:
 
 ``base[g]``
     the position of the first event of the current input;
-``count[g]``
-    how many events of the current input fall in ``g``;
 ``committed[g]``
-    every event at a position below it is done (``base <= committed <= base + count``);
+    every event at a position below it is done;
 the *boundary* (only where ``committed > base``)
     the sort key of the event at position ``committed - 1``, and ``run_start``:
     the position of the first event whose sort key equals it (events equal in
     every column share a sort key; they are interchangeable);
+the *prefix digest*, ``done_xor[g]`` and ``done_sum[g]``
+    the XOR of the ties of the events from ``base`` to ``committed - 1``, and
+    the sum of their top 24 bits (XOR alone would let two equal rows cancel);
 ``extras[g]``
     positions at or past ``committed`` that are done too: the few completions
-    beyond the committed point when events finish out of order.
+    beyond the committed point when events finish out of order;
+``count[g]``
+    how many events of the current input fall in ``g``, once it is known
+    (``counted``): a run that ends without a failure has seen them all.
 
 The boundary is what lets a resumed run drop done events in the JVM with one
 comparison, ``(order, key, tie) >= boundary``, instead of computing every
 event's position there (a window over all events). The events kept are those
 from ``run_start`` on; the task counts positions from there and skips those
-below ``committed`` or among the extras.
+below ``committed`` or among the extras. The prefix digest is what lets the
+resumed run check first that the events behind each boundary are still the
+ones that were done: another input would otherwise lose events silently.
 
 Progress from tasks arrives as *updates*: rows ``(kg, committed, run_start,
-order, key, tie, extras)``. Applying an update keeps, per key group, the
-larger committed point with its boundary, and the union of the extras that
-lie past it. Applying the same update twice, or an older one after a newer
-one, changes nothing, so progress files can be merged in any order.
+order, key, tie, extras, done_xor, done_sum)``. Applying an update keeps, per
+key group, the larger committed point with its boundary and digest, and the
+union of the extras that lie past it. Applying the same update twice, or an
+older one after a newer one, changes nothing, so progress files can be merged
+in any order.
 
 Tokens and updates travel as Arrow IPC streams behind a magic string and a
 CRC-32, so that a damaged or foreign file is refused rather than misread.
@@ -66,8 +73,8 @@ __all__ = [
 #: The default resolution: 4096 key groups.
 DEFAULT_KEY_GROUP_BITS = 12
 
-_TOKENS_MAGIC = b"SGKT\x01"
-_UPDATES_MAGIC = b"SGKU\x01"
+_TOKENS_MAGIC = b"SGKT\x02"
+_UPDATES_MAGIC = b"SGKU\x02"
 
 
 class TokenError(ValueError):
@@ -84,21 +91,15 @@ def update_schema(order_type: pa.DataType, key_type: pa.DataType) -> pa.Schema:
         ("key", key_type),
         ("tie", pa.int64()),
         ("extras", pa.list_(pa.int64())),
+        ("done_xor", pa.int64()),
+        ("done_sum", pa.int64()),
     ])
 
 
 def _token_schema(order_type: pa.DataType, key_type: pa.DataType) -> pa.Schema:
-    return pa.schema([
-        ("kg", pa.int32()),
-        ("base", pa.int64()),
-        ("count", pa.int64()),
-        ("committed", pa.int64()),
-        ("run_start", pa.int64()),
-        ("order", order_type),
-        ("key", key_type),
-        ("tie", pa.int64()),
-        ("extras", pa.list_(pa.int64())),
-    ])
+    return (update_schema(order_type, key_type)
+            .insert(1, pa.field("base", pa.int64()))
+            .insert(2, pa.field("count", pa.int64())))
 
 
 def _seal(magic: bytes, table: pa.Table) -> bytes:
@@ -115,7 +116,7 @@ def _unseal(magic: bytes, data: bytes, what: str) -> pa.Table:
     if not data.startswith(magic[:4]):
         raise TokenError(f"{what} is not segack key-group progress")
     if data[: len(magic)] != magic:
-        raise TokenError(f"{what} has an unknown format version {data[4]}")
+        raise TokenError(f"{what} has an unknown format version {data[4:5].hex() or 'none'}")
     header = len(magic) + 4
     if len(data) < header:
         raise TokenError(f"{what} is damaged: it is cut short")
@@ -130,13 +131,13 @@ def _unseal(magic: bytes, data: bytes, what: str) -> pa.Table:
 
 
 def _check_schema(table: pa.Table, expected: pa.Schema, what: str) -> None:
-    names = [name for name in expected.names if name not in ("order", "key")]
     got = {name: table.schema.field(name).type for name in table.schema.names}
-    for name in names:
-        if got.get(name) != expected.field(name).type:
+    for name in expected.names:
+        if name in ("order", "key"):
+            if name not in got:
+                raise TokenError(f"{what} is damaged: the boundary columns are missing")
+        elif got.get(name) != expected.field(name).type:
             raise TokenError(f"{what} is damaged: column {name!r} is missing or has the wrong type")
-    if "order" not in got or "key" not in got:
-        raise TokenError(f"{what} is damaged: the boundary columns are missing")
 
 
 def encode_updates(updates: pa.Table) -> bytes:
@@ -151,34 +152,45 @@ def decode_updates(data: bytes, what: str = "progress") -> pa.Table:
     return table
 
 
+def _column(table: pa.Table, name: str) -> np.ndarray:
+    values: np.ndarray = table.column(name).to_numpy(zero_copy_only=False)
+    return values
+
+
 @dataclass
 class KeyGroupTokens:
     """The progress of the current input, per key group (see the module's docstring).
 
     ``order_type`` and ``key_type`` are the Arrow types of the order and key
-    columns: boundaries are kept with them, so that a resumed run compares
-    like with like.
+    columns (null until the first update brings them): boundaries are kept
+    with them, so that a resumed run compares like with like.
     """
 
     bits: int
     order_type: pa.DataType
     key_type: pa.DataType
     base: np.ndarray = field(repr=False)
-    count: np.ndarray = field(repr=False)
     committed: np.ndarray = field(repr=False)
     run_start: np.ndarray = field(repr=False)
+    done_xor: np.ndarray = field(repr=False)
+    done_sum: np.ndarray = field(repr=False)
+    count: np.ndarray = field(repr=False)
+    counted: bool = False
     boundaries: dict[int, tuple[Any, Any, int]] = field(default_factory=dict, repr=False)
     extras: dict[int, set[int]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def empty(cls, bits: int, order_type: pa.DataType, key_type: pa.DataType) -> KeyGroupTokens:
-        """Tokens with nothing counted and nothing done."""
+        """Tokens with nothing done and the events not yet counted."""
         if isinstance(bits, bool) or not isinstance(bits, int) or not 0 <= bits <= MAX_KEY_GROUP_BITS:
             raise ValueError(f"key_group_bits must be an int in 0..{MAX_KEY_GROUP_BITS}, not {bits!r}")
         size = 1 << bits
-        return cls(bits, order_type, key_type, base=np.zeros(size, dtype=np.int64),
-                   count=np.zeros(size, dtype=np.int64), committed=np.zeros(size, dtype=np.int64),
-                   run_start=np.zeros(size, dtype=np.int64))
+
+        def zeros() -> np.ndarray:
+            return np.zeros(size, dtype=np.int64)
+
+        return cls(bits, order_type, key_type, base=zeros(), committed=zeros(), run_start=zeros(),
+                   done_xor=zeros(), done_sum=zeros(), count=zeros())
 
     @property
     def size(self) -> int:
@@ -188,9 +200,9 @@ class KeyGroupTokens:
     # --------------------------------------------------------------- totals
 
     @property
-    def total(self) -> int:
-        """Events in the current input."""
-        return int(self.count.sum())
+    def total(self) -> int | None:
+        """Events in the current input, or ``None`` while they are not counted."""
+        return int(self.count.sum()) if self.counted else None
 
     def done_per_key_group(self) -> np.ndarray:
         """Events of the current input done, per key group (committed prefix plus extras)."""
@@ -205,13 +217,34 @@ class KeyGroupTokens:
         return int(self.done_per_key_group().sum())
 
     @property
+    def has_progress(self) -> bool:
+        """Whether any event of the current input is done (a resume has something to verify)."""
+        return bool(self.boundaries) or bool(self.extras)
+
+    @property
     def complete(self) -> bool:
-        """Whether every event of the current input is done."""
-        return bool(np.array_equal(self.committed, self.base + self.count))
+        """Whether every event of the current input is done (known only once counted)."""
+        return self.counted and bool(np.array_equal(self.committed, self.base + self.count))
 
     # ------------------------------------------------------------- changes
 
-    def start_input(self, counts: np.ndarray) -> None:
+    def set_counts(self, counts: np.ndarray) -> None:
+        """Record how many events each key group has; ``ValueError`` (nothing changed) if fewer
+        than are already done."""
+        counts = np.asarray(counts, dtype=np.int64)
+        if counts.shape != (self.size,) or (counts < 0).any():
+            raise ValueError(f"counts must be {self.size} non-negative integers")
+        limit = self.base + counts
+        if (self.committed > limit).any() or any(max(p) >= limit[g] for g, p in self.extras.items()):
+            raise ValueError("counts smaller than the events already done")
+        self.count = counts.copy()
+        self.counted = True
+
+    def count_from_committed(self) -> None:
+        """Count each key group's events as its committed prefix: right once a run has seen them all."""
+        self.set_counts(self.committed - self.base)
+
+    def start_input(self) -> None:
         """Begin a new input (a stream's next micro-batch) after a complete one.
 
         Positions continue: each key group's base moves to its committed point.
@@ -219,12 +252,12 @@ class KeyGroupTokens:
         """
         if not self.complete:
             raise ValueError("the current input is not complete; a new one cannot start")
-        counts = np.asarray(counts, dtype=np.int64)
-        if counts.shape != (self.size,) or (counts < 0).any():
-            raise ValueError(f"counts must be {self.size} non-negative integers")
         self.base = self.committed.copy()
-        self.count = counts.copy()
         self.run_start = self.committed.copy()
+        self.done_xor = np.zeros(self.size, dtype=np.int64)
+        self.done_sum = np.zeros(self.size, dtype=np.int64)
+        self.count = np.zeros(self.size, dtype=np.int64)
+        self.counted = False
         self.boundaries = {}
         self.extras = {}
 
@@ -236,15 +269,14 @@ class KeyGroupTokens:
         a committed point past the input, a boundary missing) are a
         :class:`TokenError`, and nothing is changed.
         """
-        columns = {name: updates.column(name) for name in updates.schema.names}
-        groups = columns["kg"].to_numpy(zero_copy_only=False)
-        committed = columns["committed"].to_numpy(zero_copy_only=False)
-        run_start = columns["run_start"].to_numpy(zero_copy_only=False)
-        ties = columns["tie"].to_pylist()
-        extras = columns["extras"].to_pylist()
+        groups = _column(updates, "kg")
+        committed = _column(updates, "committed")
+        run_start = _column(updates, "run_start")
+        ties = updates.column("tie").to_pylist()
+        extras = updates.column("extras").to_pylist()
         if len(groups) and (groups.min() < 0 or groups.max() >= self.size):
             raise TokenError(f"an update names a key group outside 0..{self.size - 1}")
-        limit = self.base + self.count
+        limit = self.base + self.count if self.counted else np.full(self.size, np.iinfo(np.int64).max)
         for row in range(len(groups)):
             group = int(groups[row])
             if not self.base[group] <= committed[row] <= limit[group]:
@@ -260,14 +292,23 @@ class KeyGroupTokens:
                 if not self.base[group] <= position < limit[group]:
                     raise TokenError(f"an update marks position {position} of key group {group}, "
                                      f"outside the input")
-        orders = columns["order"].to_pylist()
-        keys = columns["key"].to_pylist()
+        # Fresh tokens learn the columns' types from the first update; values convert between
+        # equivalent types (a timestamp in another session time zone is the same instant).
+        if pa.types.is_null(self.order_type):
+            self.order_type = updates.schema.field("order").type
+        if pa.types.is_null(self.key_type):
+            self.key_type = updates.schema.field("key").type
+        orders = updates.column("order").to_pylist()
+        keys = updates.column("key").to_pylist()
+        done_xor, done_sum = _column(updates, "done_xor"), _column(updates, "done_sum")
         moved = 0
         for row in range(len(groups)):
             group = int(groups[row])
             if committed[row] > self.committed[group]:
                 self.committed[group] = committed[row]
                 self.run_start[group] = run_start[row]
+                self.done_xor[group] = done_xor[row]
+                self.done_sum[group] = done_sum[row]
                 self.boundaries[group] = (orders[row], keys[row], int(ties[row]))
                 moved += 1
             beyond = set(self.extras.get(group, ())) | set(extras[row] or ())
@@ -299,7 +340,8 @@ class KeyGroupTokens:
 
     def to_bytes(self) -> bytes:
         """The tokens as sealed bytes: rows only for key groups with events or progress."""
-        used = np.flatnonzero((self.count > 0) | (self.base > 0) | (self.committed > 0))
+        used = np.flatnonzero((self.count > 0) | (self.base > 0) | (self.committed > 0)
+                              | np.isin(np.arange(self.size), list(self.extras)))
         groups = used.tolist()
         bounds = [self.boundaries.get(group) for group in groups]
 
@@ -309,7 +351,7 @@ class KeyGroupTokens:
         table = pa.table({
             "kg": pa.array(groups, pa.int32()),
             "base": pa.array(self.base[used], pa.int64()),
-            "count": pa.array(self.count[used], pa.int64()),
+            "count": pa.array(self.count[used] if self.counted else [None] * len(groups), pa.int64()),
             "committed": pa.array(self.committed[used], pa.int64()),
             "run_start": pa.array([None if entry is None else int(self.run_start[group])
                                    for group, entry in zip(groups, bounds, strict=True)], pa.int64()),
@@ -318,7 +360,10 @@ class KeyGroupTokens:
             "tie": pa.array(bound(2), pa.int64()),
             "extras": pa.array([sorted(self.extras.get(group, ())) or None for group in groups],
                                pa.list_(pa.int64())),
-        }, schema=_token_schema(self.order_type, self.key_type))
+            "done_xor": pa.array(self.done_xor[used], pa.int64()),
+            "done_sum": pa.array(self.done_sum[used], pa.int64()),
+        }, schema=_token_schema(self.order_type, self.key_type).with_metadata(
+            {b"counted": b"1" if self.counted else b"0"}))
         return _seal(_TOKENS_MAGIC, table)
 
     @classmethod
@@ -327,22 +372,29 @@ class KeyGroupTokens:
         table = _unseal(_TOKENS_MAGIC, data, what)
         _check_schema(table, _token_schema(pa.null(), pa.null()), what)
         tokens = cls.empty(bits, table.schema.field("order").type, table.schema.field("key").type)
-        groups = table.column("kg").to_numpy(zero_copy_only=False)
+        groups = _column(table, "kg")
         if len(groups) and (groups.min() < 0 or groups.max() >= tokens.size
                             or len(np.unique(groups)) != len(groups)):
             raise TokenError(f"{what} is damaged: its key groups are not distinct values "
                              f"in 0..{tokens.size - 1}")
-        for name in ("base", "count", "committed"):
-            values = table.column(name)
-            if values.null_count:
+        for name in ("base", "committed", "done_xor", "done_sum"):
+            if table.column(name).null_count:
                 raise TokenError(f"{what} is damaged: {name} has gaps")
-            getattr(tokens, name)[groups] = values.to_numpy(zero_copy_only=False)
+            getattr(tokens, name)[groups] = _column(table, name)
+        counted = (table.schema.metadata or {}).get(b"counted")
+        if counted not in (b"0", b"1"):
+            raise TokenError(f"{what} is damaged: it does not say whether the events are counted")
+        tokens.counted = counted == b"1"
+        if table.column("count").null_count != (0 if tokens.counted else len(table)):
+            raise TokenError(f"{what} is damaged: its counts contradict its counted flag")
+        if tokens.counted:
+            tokens.count[groups] = _column(table, "count")
+        limit = tokens.base + tokens.count if tokens.counted else np.full(tokens.size, np.iinfo(np.int64).max)
         if (tokens.base < 0).any() or (tokens.count < 0).any() or (tokens.committed < tokens.base).any() or (
-                tokens.committed > tokens.base + tokens.count).any():
+                tokens.committed > limit).any():
             raise TokenError(f"{what} is damaged: a committed point lies outside its key group")
         tokens.run_start = tokens.base.copy()
-        rows = table.select(["kg", "run_start", "order", "key", "tie", "extras"]).to_pylist()
-        for row in rows:
+        for row in table.select(["kg", "run_start", "order", "key", "tie", "extras"]).to_pylist():
             group = row["kg"]
             if tokens.committed[group] > tokens.base[group]:
                 if row["tie"] is None or row["run_start"] is None or not (
@@ -352,9 +404,8 @@ class KeyGroupTokens:
                 tokens.boundaries[group] = (row["order"], row["key"], row["tie"])
             if row["extras"]:
                 beyond = set(row["extras"])
-                limit = tokens.base[group] + tokens.count[group]
                 if len(beyond) != len(row["extras"]) or min(beyond) < tokens.committed[group] or (
-                        max(beyond) >= limit):
+                        max(beyond) >= limit[group]):
                     raise TokenError(f"{what} is damaged: key group {group} has extras outside its events")
                 tokens.extras[group] = beyond
         return tokens
@@ -362,8 +413,8 @@ class KeyGroupTokens:
     def copy(self) -> KeyGroupTokens:
         """An independent copy."""
         return KeyGroupTokens(
-            self.bits, self.order_type, self.key_type, self.base.copy(), self.count.copy(),
-            self.committed.copy(), self.run_start.copy(), dict(self.boundaries),
+            self.bits, self.order_type, self.key_type, self.base.copy(), self.committed.copy(),
+            self.run_start.copy(), self.done_xor.copy(), self.done_sum.copy(), self.count.copy(),
+            self.counted, dict(self.boundaries),
             {group: set(positions) for group, positions in self.extras.items()},
         )
-
