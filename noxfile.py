@@ -1,4 +1,4 @@
-"""Sessions: tests, conformance, lint, bench, docs, demo. ``nox -l`` lists them."""
+"""Sessions: tests, quick, conformance, lint, docs, bench. ``nox -l`` lists them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ nox.options.sessions = ["tests", "conformance", "lint", "docs"]
 nox.options.default_venv_backend = "venv"
 
 HERE = Path(__file__).parent
-SHARED_VECTORS = sorted((HERE.parent / "shared" / "conformance").glob("*.jsonl"))
+VECTORS = ("segack-spec.jsonl", "axon-sample.jsonl")
 
 
 @nox.session
@@ -21,12 +21,24 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session
+def quick(session: nox.Session) -> None:
+    """The edit-test loop: kernel and spec tests without Spark (no JVM), in well under a minute."""
+    session.install(".[test]")
+    session.run("pytest", "-m", "not spark", *session.posargs)
+
+
+@nox.session
 def conformance(session: nox.Session) -> None:
-    """Check kernel and spec against the vector files: ours, Axon's sample, and any after ``--``."""
+    """Check kernel and spec against the vector files: ours, Axon's sample, and any after ``--``.
+
+    A missing vector file is a failure, never a quietly smaller check.
+    """
+    files = [HERE / "tests" / "vectors" / name for name in VECTORS]
+    missing = [str(path) for path in files if not path.is_file()]
+    if missing:
+        session.error(f"missing vector files: {', '.join(missing)}")
     session.install(".")
-    files = [str(path) for path in sorted((HERE / "tests" / "vectors").glob("*.jsonl"))]
-    files += [str(path) for path in SHARED_VECTORS]
-    session.run("python", "-m", "segack.conformance", *files, *session.posargs)
+    session.run("python", "-m", "segack.conformance", *map(str, files), *session.posargs)
 
 
 @nox.session

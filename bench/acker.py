@@ -1,4 +1,5 @@
-"""The offset acker against a heap (the seed article's approach), pyroaring and portion."""
+"""The offset acker against a min-heap of done indexes (the approach of the article "Acking (Partially)
+Parallelly Processed Elements"), pyroaring and portion."""
 
 from __future__ import annotations
 
@@ -126,7 +127,7 @@ def run() -> None:
                 "M acks/s": f"{count / seconds / 1e6:.3g}",
                 "vs heap": f"{heap_time / seconds * count / 1e6:.1f}x"}
 
-    rows.append(row("heapq (seed article)", heap_time))
+    rows.append(row("heapq (min-heap of done indexes)", heap_time))
     rows.append(row("pyroaring BitMap64, per call", roaring))
     rows.append(row("portion intervals, per call (20k sample)", portion_rate * 1_000_000))
     rows.append(row("segack ack, per call", kernel_call))
@@ -156,7 +157,7 @@ def run() -> None:
         best = min(best, halfway - began + time.perf_counter() - resumed)
         assert acker.next_index == 2_000_000 and acker.pending_runs == 0
     heap_worst = per_call(HeapAcker(), evens.tolist() + odds[:200_000].tolist()) / 1_200_000 * 2_000_000
-    rows.append({"workload": "2M, evens then odds", "acker": "heapq (seed article), per call",
+    rows.append({"workload": "2M, evens then odds", "acker": "heapq (min-heap of done indexes), per call",
                  "M acks/s": f"{2 / heap_worst:.2f}", "vs heap": "1.0x"})
     rows.append({"workload": "2M, evens then odds", "acker": "segack ack_many",
                  "M acks/s": f"{2 / best:.2f}", "vs heap": f"{heap_worst / best:.1f}x",

@@ -20,6 +20,14 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 IMPLEMENTATIONS = {"kernel": segack.kernel, "spec": segack.specs}
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that needs a Spark session (directly or through ``jvm``) as ``spark``,
+    so ``pytest -m "not spark"`` (``nox -s quick``) runs the rest without a JVM."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
+
+
 @pytest.fixture(params=sorted(IMPLEMENTATIONS), ids=lambda name: name)
 def impl(request: pytest.FixtureRequest) -> types.ModuleType:
     """The implementation under test: the compiled kernel or the pure-Python spec."""

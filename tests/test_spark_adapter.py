@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import segack.kernel as kernel
 from segack.demo import generate_events
-from segack.spark_adapter import HandlerFailed, KeyGroupTokens, replay
+from segack.spark_adapter import HandlerFailedError, KeyGroupTokens, replay
 from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore, resolve_location
 from segack.spark_adapter.columns import hash_column, member_index_column, segment_column
 from tests import expected
@@ -146,7 +146,7 @@ def test_handler_failure_names_the_event_saves_progress_and_resume_skips_done_wo
     heavy = max(set(users), key=users.count)
     log = str(tmp_path / "log.jsonl")
     checkpoint = str(tmp_path / "checkpoint")
-    with pytest.raises(HandlerFailed) as failure:
+    with pytest.raises(HandlerFailedError) as failure:
         replay(frame, key="user", order="ts", handler=Recorder(log, fail_on=(heavy, 5)),
                checkpoint=checkpoint, segments=2, flush_every=50)
     placed = expected.positions(table)
@@ -201,7 +201,7 @@ def _fail_then_resume(frame, tmp_path, stop_at, **arguments):
     events = frame.toArrow().to_pylist()
     first, second = str(tmp_path / "first.jsonl"), str(tmp_path / "second.jsonl")
     arguments = {"key": "k", "order": "o", "checkpoint": str(tmp_path / "checkpoint"), **arguments}
-    with pytest.raises(HandlerFailed):
+    with pytest.raises(HandlerFailedError):
         replay(frame, handler=LineRecorder(first, fail_on=stop_at), **arguments)
     result = replay(frame.repartition(2), handler=LineRecorder(second), **arguments)
     assert result.complete
@@ -266,7 +266,7 @@ def test_a_resume_skips_the_completions_beyond_a_committed_point(spark, tmp_path
     frame = spark.createDataFrame(table)
     checkpoint = str(tmp_path / "checkpoint")
     tenth = table.sort_by("ts").slice(9, 1).to_pylist()[0]
-    with pytest.raises(HandlerFailed):
+    with pytest.raises(HandlerFailedError):
         replay(frame, key="user", order="ts", checkpoint=checkpoint, segments=1,
                handler=Recorder(str(tmp_path / "a.jsonl"), fail_on=(tenth["user"], tenth["seq"])))
     store = CheckpointStore(checkpoint)
@@ -355,7 +355,7 @@ def test_a_crashed_first_run_then_other_input_is_refused(spark, tmp_path):
     table = generate_events(400, seed=1)
     checkpoint = str(tmp_path / "checkpoint")
     tenth = table.sort_by("ts").slice(9, 1).to_pylist()[0]
-    with pytest.raises(HandlerFailed):
+    with pytest.raises(HandlerFailedError):
         replay(spark.createDataFrame(table), key="user", order="ts", segments=1, checkpoint=checkpoint,
                handler=Recorder(str(tmp_path / "a.jsonl"), fail_on=(tenth["user"], tenth["seq"])))
     assert CheckpointStore(checkpoint).load().tokens.total is None

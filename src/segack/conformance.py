@@ -1,7 +1,8 @@
 """Conformance vectors: check an implementation against JSON-lines files, or write new ones.
 
 One JSON object a line, ``{"op": ..., "in": ..., "out": ...}``, segments as
-``[id, mask]`` (the format is in the design document). ``python -m
+``[id, mask]`` (the docs' conformance page lists the ops); a line starting
+with ``#`` is a comment, for a file's provenance. ``python -m
 segack.conformance FILE...`` checks the kernel and the spec against every line
 and exits non-zero on the first disagreement; ``python -m segack.conformance
 --generate FILE`` writes the project's own vectors, computed by the spec.
@@ -20,6 +21,7 @@ from typing import Any
 
 import segack.kernel
 import segack.specs
+from segack.errors import SegackValueError
 
 IMPLEMENTATIONS: dict[str, types.ModuleType] = {"kernel": segack.kernel, "spec": segack.specs}
 
@@ -53,14 +55,14 @@ def evaluate(impl: types.ModuleType, op: str, given: Any) -> Any:
         return impl.java_hash(given)
     if op == "java_hash_long":
         return impl.java_hash(given)
-    raise ValueError(f"unknown op {op!r}")
+    raise SegackValueError(f"unknown op {op!r}")
 
 
 def read_vectors(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line number, vector)`` for each non-blank line of a vector file."""
+    """``(line number, vector)`` for each line of a vector file but blank and ``#`` comment lines."""
     with path.open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
-            if line.strip():
+            if line.strip() and not line.startswith("#"):
                 yield number, json.loads(line)
 
 
@@ -150,6 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = ["kernel", "spec"] if args.impl == "both" else [args.impl]
     failed = False
     for path in args.files:
+        if not path.is_file():
+            print(f"{path}: no such vector file", file=sys.stderr)
+            failed = True
+            continue
         for name in names:
             count, failures = check_file(path, IMPLEMENTATIONS[name])
             for failure in failures:

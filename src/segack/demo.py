@@ -19,7 +19,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["DB_ENV", "OrderViolation", "apply_event", "generate_events", "read_users", "sequential_users"]
+from segack.errors import SegackError, SegackValueError
+
+__all__ = [
+    "DB_ENV", "OrderViolationError", "apply_event", "generate_events", "read_users", "sequential_users",
+]
 
 #: The environment variable naming the SQLite database :func:`apply_event` writes.
 DB_ENV = "SEGACK_DEMO_DB"
@@ -31,7 +35,7 @@ STEPS = (
 _SCHEMA = "CREATE TABLE IF NOT EXISTS users (user TEXT PRIMARY KEY, version INTEGER, parts TEXT)"
 
 
-class OrderViolation(RuntimeError):
+class OrderViolationError(SegackError, RuntimeError):
     """An event arrived before an earlier event of its user."""
 
 
@@ -42,7 +46,7 @@ def generate_events(count: int, seed: int = 2026) -> pa.Table:
     ``seq`` (the event's position among its user's events) and ``part``.
     """
     if count < 1:
-        raise ValueError(f"count must be positive, not {count}")
+        raise SegackValueError(f"count must be positive, not {count}")
     rng = np.random.default_rng(seed)
     users: list[str] = []
     seqs: list[int] = []
@@ -99,7 +103,7 @@ def _apply(connection: sqlite3.Connection, event: dict[str, Any]) -> None:
     if seq <= version:
         return
     if seq != version + 1:
-        raise OrderViolation(f"{user}: event {seq} arrived after event {version}")
+        raise OrderViolationError(f"{user}: event {seq} arrived after event {version}")
     parts = part if row is None else f"{row[1]},{part}"
     connection.execute(
         "INSERT INTO users (user, version, parts) VALUES (?, ?, ?) "

@@ -11,8 +11,9 @@ import tempfile
 import time
 from typing import Any, TextIO
 
+from segack.errors import SegackValueError
 from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore, resolve_location
-from segack.spark_adapter.errors import HandlerFailed, ReplayError
+from segack.spark_adapter.errors import HandlerFailedError, ReplayError
 from segack.spark_adapter.replay import Progress, load_handler, replay, worker_error
 
 __all__ = ["ProgressPrinter", "demo_command", "replay_command"]
@@ -75,7 +76,7 @@ def replay_command(args: argparse.Namespace) -> int:
         store.load()
         missing = [path for path in py_files if not os.path.isfile(path)]
         if missing:
-            raise ValueError(f"--py-files: no such file {missing[0]!r}")
+            raise SegackValueError(f"--py-files: no such file {missing[0]!r}")
     except (ValueError, OSError) as error:
         print(f"segack replay: {error}", file=sys.stderr)
         return 1
@@ -92,7 +93,7 @@ def replay_command(args: argparse.Namespace) -> int:
             flush_every=args.flush_every, flush_interval=args.flush_interval, progress=printer,
             source=args.input, shared_local_checkpoint=args.shared_local_checkpoint,
         )
-    except (HandlerFailed, ReplayError, CheckpointError, ValueError, OSError) as error:
+    except (HandlerFailedError, ReplayError, CheckpointError, ValueError, OSError) as error:
         printer.close()
         print(f"segack replay: {error}", file=sys.stderr)
         return 1

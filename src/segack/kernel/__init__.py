@@ -9,7 +9,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from typing import Any
 
-from segack.errors import AckerFullError, DuplicateAckError
+from segack.errors import (
+    AckerFullError,
+    DuplicateAckError,
+    SegackError,
+    SegackKeyError,
+    SegackTypeError,
+    SegackValueError,
+)
 from segack.specs import commits as _commits
 
 try:
@@ -72,6 +79,10 @@ def commit_points_async(
 __all__ = [
     "AckerFullError",
     "DuplicateAckError",
+    "SegackError",
+    "SegackKeyError",
+    "SegackTypeError",
+    "SegackValueError",
     "OffsetAcker",
     "commit_points",
     "commit_points_async",

@@ -26,7 +26,7 @@ import zlib
 
 import numpy as np
 
-from segack.errors import AckerFullError, DuplicateAckError
+from segack.errors import AckerFullError, DuplicateAckError, SegackTypeError, SegackValueError
 from segack.specs import snapshot as _snapshot
 from segack.specs.acker import INDEX_MAX, _check_settings, _index_array, merged_state, restorable_state
 
@@ -865,17 +865,17 @@ cdef class OffsetAcker:
             if not overflow and self._start <= value_c <= _INDEX_MAX:
                 return value_c
         if isinstance(index, bool):
-            raise TypeError("index must be an integer, not bool")
+            raise SegackTypeError("index must be an integer, not bool")
         try:
             value = index.__index__()
         except AttributeError:
-            raise TypeError(f"index must be an integer, not {type(index).__name__}") from None
+            raise SegackTypeError(f"index must be an integer, not {type(index).__name__}") from None
         if value < 0:
-            raise ValueError(f"index {value} is negative")
+            raise SegackValueError(f"index {value} is negative")
         if value < self._start:
-            raise ValueError(f"index {value} is below the start index {self._start}")
+            raise SegackValueError(f"index {value} is below the start index {self._start}")
         if value > INDEX_MAX:
-            raise ValueError(f"index {value} is larger than {INDEX_MAX}")
+            raise SegackValueError(f"index {value} is larger than {INDEX_MAX}")
         return value
 
     def __sizeof__(self):
@@ -890,6 +890,62 @@ cdef class OffsetAcker:
     def is_done(self, index):
         """Whether ``index`` is done. Errors as for :meth:`ack`."""
         return self.is_done_c(self._check_index(index))
+
+    def _check(self):
+        """Assert the invariants (a debugging aid, as ``SortedList._check``); changes nothing.
+
+        Those of the spec's ``_check``, plus the layout's: every block holds
+        1 to ``BLOCK_SIZE`` runs and unused slots hold the empty mark, the block
+        index names each block's first run, the counters agree with the runs and
+        the window, and the window's set bits lie between the committed point
+        and its limit, which never passes the first run. Only the last index of
+        a group of set bits may own an offset object.
+        """
+        cdef Py_ssize_t b, r, runs = 0, groups = 0
+        cdef int64_t after = self._next, pending = 0, index, slot
+        cdef Run *run
+        assert self._start <= self._next <= _INDEX_MAX + 1, (self._start, self._next)
+        assert self._duplicates >= 0, self._duplicates
+        assert 0 <= self._block_count <= self._block_capacity, (self._block_count, self._block_capacity)
+        for b in range(self._block_capacity):
+            if b >= self._block_count:
+                assert self._block_firsts[b] == _EMPTY, ("unused block index slot", b)
+                continue
+            assert 1 <= self._blocks[b].count <= _BLOCK, ("block size", b, self._blocks[b].count)
+            assert self._block_firsts[b] == self._blocks[b].runs[0].first, ("block index", b)
+            for r in range(_BLOCK):
+                run = &self._blocks[b].runs[r]
+                if r >= self._blocks[b].count:
+                    assert run.first == _EMPTY, ("unused run slot", b, r)
+                    continue
+                assert after < run.first <= run.last <= _INDEX_MAX, (after, run.first, run.last)
+                after = run.last + 1
+                runs += 1
+                pending += run.last - run.first + 1
+        assert runs == self._run_count, (runs, self._run_count)
+        if self._window_active:
+            assert self._next <= self._window_limit <= self._first_run_start(), (
+                self._next, self._window_limit, self._first_run_start())
+            assert self._window_limit - self._next <= _WINDOW, (self._next, self._window_limit)
+            assert not self._window_has(self._next) or self._next == self._window_limit, (
+                "the committed point is done", self._next)
+            for index in range(self._next, self._window_limit):
+                slot = index & (_WINDOW - 1)
+                if not self._window_has(index):
+                    continue
+                pending += 1
+                if index + 1 == self._window_limit or not self._window_has(index + 1):
+                    groups += 1
+                else:
+                    assert self._window_objs[slot] == NULL, ("an offset object inside a group", index)
+            for index in range(self._window_limit, self._next + _WINDOW):
+                assert not self._window_has(index), ("a set bit past the window's limit", index)
+        elif self._window_bits != NULL:
+            for slot in range(_WINDOW):
+                assert not self._window_has(slot), ("a set bit in a closed window", slot)
+                assert self._window_objs[slot] == NULL, ("an offset object in a closed window", slot)
+        assert groups == self._window_runs, (groups, self._window_runs)
+        assert pending == self._pending_count, (pending, self._pending_count)
 
     # ------------------------------------------------------------ acking
 
@@ -978,11 +1034,11 @@ cdef class OffsetAcker:
             ):
                 native_offsets = np.ascontiguousarray(offsets, dtype=np.int64)
                 if native_offsets.ndim != 1 or len(native_offsets) != n:
-                    raise ValueError(f"{native_offsets.size} offsets for {n} indexes")
+                    raise SegackValueError(f"{native_offsets.size} offsets for {n} indexes")
             else:
                 offset_list = offsets.tolist() if isinstance(offsets, np.ndarray) else list(offsets)
                 if len(offset_list) != n:
-                    raise ValueError(f"{len(offset_list)} offsets for {n} indexes")
+                    raise SegackValueError(f"{len(offset_list)} offsets for {n} indexes")
         if n == 0:
             return None
         self._flush_window()
@@ -1315,7 +1371,7 @@ cdef class OffsetAcker:
     def merge(self, other):
         """Add every index ``other`` has done (the union); see the spec for the rules."""
         if not isinstance(other, OffsetAcker):
-            raise TypeError(f"can only merge an OffsetAcker, not {type(other).__name__}")
+            raise SegackTypeError(f"can only merge an OffsetAcker, not {type(other).__name__}")
         cdef OffsetAcker theirs = <OffsetAcker>other
         cdef Run *mine_runs = NULL
         cdef Run *their_runs = NULL

@@ -12,6 +12,8 @@ import operator
 
 import numpy as np
 
+from segack.errors import SegackTypeError, SegackValueError
+
 __all__ = [
     "java_hash",
     "java_hash_many",
@@ -83,7 +85,7 @@ cdef int32_t _java_hash_str(str text):
 cdef int64_t _java_long(object value) except? -1:
     number = operator.index(value)
     if not -(1 << 63) <= number <= (1 << 63) - 1:
-        raise ValueError(f"{number} does not fit in a Java long (64-bit signed)")
+        raise SegackValueError(f"{number} does not fit in a Java long (64-bit signed)")
     return number
 
 
@@ -102,7 +104,7 @@ def java_hash(value):
         return _java_hash_str(value)
     if isinstance(value, (int, np.integer)):
         return java_hash_long_c(_java_long(value))
-    raise TypeError(f"java_hash takes str, int, bool or None, not {type(value).__name__}")
+    raise SegackTypeError(f"java_hash takes str, int, bool or None, not {type(value).__name__}")
 
 
 def java_hash_many(values):
@@ -115,7 +117,7 @@ def java_hash_many(values):
         return _arrow_many(values, _JAVA)
     if isinstance(values, np.ndarray):
         if values.ndim != 1:
-            raise ValueError(f"values must be one-dimensional, got {values.ndim} dimensions")
+            raise SegackValueError(f"values must be one-dimensional, got {values.ndim} dimensions")
         if values.dtype.kind == "U":
             return _unicode_array_many(values, _JAVA)
         if values.dtype.kind in "iu" and values.dtype.itemsize <= 8 and values.dtype != np.uint64:
@@ -192,7 +194,7 @@ cdef int32_t _spark_hash_str(str text) except? -1:
     try:
         data = PyUnicode_AsUTF8AndSize(text, &length)
     except UnicodeEncodeError:
-        raise ValueError("a string with a lone surrogate has no UTF-8 form to hash") from None
+        raise SegackValueError("a string with a lone surrogate has no UTF-8 form to hash") from None
     return spark_hash_bytes_c(<const uint8_t *>data, length, 42)
 
 
@@ -201,12 +203,12 @@ cdef str _spark_dtype_of(object value):
         return "string"
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return "bigint"
-    raise TypeError(f"spark_hash takes str or int, not {type(value).__name__}")
+    raise SegackTypeError(f"spark_hash takes str or int, not {type(value).__name__}")
 
 
 cdef _check_dtype(object dtype):
     if dtype is not None and dtype not in SPARK_DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(SPARK_DTYPES)} or None, got {dtype!r}")
+        raise SegackValueError(f"dtype must be one of {', '.join(SPARK_DTYPES)} or None, got {dtype!r}")
 
 
 cdef int32_t _spark_hash_typed(object value, str kind) except? -1:
@@ -214,17 +216,17 @@ cdef int32_t _spark_hash_typed(object value, str kind) except? -1:
         return 42
     if kind == "string":
         if not isinstance(value, str):
-            raise TypeError(f"a string column holds str, not {type(value).__name__}")
+            raise SegackTypeError(f"a string column holds str, not {type(value).__name__}")
         return _spark_hash_str(value)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"an {kind} column holds int, not {type(value).__name__}")
+        raise SegackTypeError(f"an {kind} column holds int, not {type(value).__name__}")
     number = int(value)
     if kind == "int":
         if not _INT32_MIN <= number <= _INT32_MAX:
-            raise ValueError(f"{number} does not fit in a Spark int (32-bit signed)")
+            raise SegackValueError(f"{number} does not fit in a Spark int (32-bit signed)")
         return spark_hash_int_c(number, 42)
     if not -(1 << 63) <= number <= (1 << 63) - 1:
-        raise ValueError(f"{number} does not fit in a Spark bigint (64-bit signed)")
+        raise SegackValueError(f"{number} does not fit in a Spark bigint (64-bit signed)")
     return spark_hash_long_c(number, 42)
 
 
@@ -255,7 +257,7 @@ def spark_hash_many(values, dtype=None):
         return _arrow_many(values, _SPARK)
     if isinstance(values, np.ndarray):
         if values.ndim != 1:
-            raise ValueError(f"values must be one-dimensional, got {values.ndim} dimensions")
+            raise SegackValueError(f"values must be one-dimensional, got {values.ndim} dimensions")
         if values.dtype.kind == "U" and kind == "string":
             return _unicode_array_many(values, _SPARK)
         if (values.dtype == np.int64 and kind == "bigint") or (values.dtype == np.int32 and kind == "int"):
@@ -298,7 +300,7 @@ cdef object _dtype_of_many(object values):
     if _is_arrow(values):
         kind = _arrow_kind(values.type)
         if kind is None:
-            raise TypeError(f"spark_hash_many takes Arrow string, int32 or int64, not {values.type}")
+            raise SegackTypeError(f"spark_hash_many takes Arrow string, int32 or int64, not {values.type}")
         return kind
     if isinstance(values, np.ndarray):
         if values.dtype == np.int32:
@@ -308,7 +310,7 @@ cdef object _dtype_of_many(object values):
         if values.dtype.kind == "U":
             return "string"
         if values.dtype != object:
-            raise TypeError(f"spark_hash_many takes int32, int64 or str arrays, not {values.dtype}")
+            raise SegackTypeError(f"spark_hash_many takes int32, int64 or str arrays, not {values.dtype}")
     for item in _as_list(values):
         if item is not None:
             return _spark_dtype_of(item)
@@ -331,10 +333,10 @@ cdef list _as_list(object values):
         return list(values.to_pylist())
     if isinstance(values, np.ndarray):
         if values.ndim != 1:
-            raise ValueError(f"values must be one-dimensional, got {values.ndim} dimensions")
+            raise SegackValueError(f"values must be one-dimensional, got {values.ndim} dimensions")
         return values.tolist()
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-        raise TypeError(f"values must be a sequence or an array, not {type(values).__name__}")
+        raise SegackTypeError(f"values must be a sequence or an array, not {type(values).__name__}")
     return list(values)
 
 
@@ -451,7 +453,7 @@ cdef object _unicode_array_many(object values, _Which which):
         return result
     codes = np.ascontiguousarray(values).view(np.uint32).reshape(n, width)
     if which == _SPARK and ((codes >= 0xD800) & (codes <= 0xDFFF)).any():
-        raise ValueError("a string with a lone surrogate has no UTF-8 form to hash")
+        raise SegackValueError("a string with a lone surrogate has no UTF-8 form to hash")
     _ucs4_rows(codes, which, result)
     return result
 

@@ -3,6 +3,7 @@
 
 from libc.stdint cimport uint32_t
 
+from segack.errors import SegackTypeError, SegackValueError
 from segack.pyx.segments cimport SegmentSet
 
 from segack.pyx.hashes import java_hash, spark_hash
@@ -27,9 +28,9 @@ cdef class SegmentPartitioner:
 
     def __init__(self, segments, hash="java"):
         if not isinstance(segments, SegmentSet):
-            raise TypeError(f"segments must be a SegmentSet, not {type(segments).__name__}")
+            raise SegackTypeError(f"segments must be a SegmentSet, not {type(segments).__name__}")
         if hash not in HASHES:
-            raise ValueError(f"hash must be one of {HASHES}, not {hash!r}")
+            raise SegackValueError(f"hash must be one of {HASHES}, not {hash!r}")
         self.segments = segments
         self.hash = hash
         self._java = hash == "java"

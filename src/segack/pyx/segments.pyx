@@ -11,6 +11,8 @@ import operator
 
 import numpy as np
 
+from segack.errors import SegackTypeError, SegackValueError
+
 __all__ = ["ROOT", "Segment", "SegmentSet", "MAX_KEY_GROUP_BITS", "MAX_MASK_BITS"]
 
 MAX_MASK_BITS = 31
@@ -29,13 +31,13 @@ cdef object _as_int(object value, str what):
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(f"{what} must be an integer, not {type(value).__name__}") from None
+        raise SegackTypeError(f"{what} must be an integer, not {type(value).__name__}") from None
 
 
 cdef int _key_group_bits(object bits) except -1:
     bits = _as_int(bits, "bits")
     if bits < 0 or bits > MAX_KEY_GROUP_BITS:
-        raise ValueError(f"key-group bits must be in 0..{MAX_KEY_GROUP_BITS}, got {bits}")
+        raise SegackValueError(f"key-group bits must be in 0..{MAX_KEY_GROUP_BITS}, got {bits}")
     return bits
 
 
@@ -65,7 +67,7 @@ cdef Segment _make(uint32_t segment_id, uint32_t mask):
 
 cdef Segment _as_segment(object value, str what):
     if not isinstance(value, Segment):
-        raise TypeError(f"{what} must be a Segment, not {type(value).__name__}")
+        raise SegackTypeError(f"{what} must be a Segment, not {type(value).__name__}")
     return <Segment>value
 
 
@@ -74,9 +76,9 @@ cdef list _id_list(object segment_ids):
     cdef set seen = set()
     for segment_id in ids:
         if segment_id < 0 or segment_id >= _HASH_SPACE:
-            raise ValueError(f"segment id {segment_id} is outside 0..2**31-1")
+            raise SegackValueError(f"segment id {segment_id} is outside 0..2**31-1")
         if segment_id in seen:
-            raise ValueError(f"segment id {segment_id} is given twice")
+            raise SegackValueError(f"segment id {segment_id} is given twice")
         seen.add(segment_id)
     return ids
 
@@ -94,9 +96,9 @@ cdef class Segment:
         segment_id = _as_int(segment_id, "segment_id")
         mask = _as_int(mask, "mask")
         if mask < 0 or mask >= _HASH_SPACE or mask & (mask + 1) != 0:
-            raise ValueError(f"mask must be 2**k - 1 for k in 0..31, got {mask}")
+            raise SegackValueError(f"mask must be 2**k - 1 for k in 0..31, got {mask}")
         if segment_id < 0 or segment_id & ~mask != 0:
-            raise ValueError(
+            raise SegackValueError(
                 f"segment_id {segment_id} uses bits outside mask {mask} "
                 f"(segment_id & ~mask must be 0)"
             )
@@ -130,7 +132,7 @@ cdef class Segment:
         cdef int width = _key_group_bits(bits)
         cdef int depth = _mask_bits(self.mask)
         if depth > width:
-            raise ValueError(
+            raise SegackValueError(
                 f"{self!r} is finer than {1 << width} key groups: its mask has {depth} bits, "
                 f"more than {width}"
             )
@@ -138,7 +140,7 @@ cdef class Segment:
 
     cdef int _check_can_split(self) except -1:
         if _mask_bits(self.mask) == MAX_MASK_BITS:
-            raise ValueError(f"{self!r} has a 31-bit mask and cannot split further")
+            raise SegackValueError(f"{self!r} has a 31-bit mask and cannot split further")
         return 0
 
     def split_segment_id(self):
@@ -155,7 +157,7 @@ cdef class Segment:
     def mergeable_segment_id(self):
         """The sibling's id: ``segment_id`` with the mask's highest bit flipped. Root: ``ValueError``."""
         if self.mask == 0:
-            raise ValueError("the root segment (0, 0) has no sibling to merge with")
+            raise SegackValueError("the root segment (0, 0) has no sibling to merge with")
         return self.segment_id ^ ((self.mask + 1) >> 1)
 
     def is_mergeable_with(self, other):
@@ -169,7 +171,7 @@ cdef class Segment:
         """The parent of two siblings: ``(min(ids), mask >> 1)``; not siblings: ``ValueError``."""
         cdef Segment that = _as_segment(other, "other")
         if not self.is_mergeable_with(that):
-            raise ValueError(f"{self!r} and {that!r} are not siblings and cannot merge")
+            raise SegackValueError(f"{self!r} and {that!r} are not siblings and cannot merge")
         return _make(min(self.segment_id, that.segment_id), self.mask >> 1)
 
     @staticmethod
@@ -182,7 +184,7 @@ cdef class Segment:
         cdef list ids = _id_list(segment_ids)
         cdef set available = set(ids)
         if 0 not in available:
-            raise ValueError("segment ids must include 0 (the root's first child line)")
+            raise SegackValueError("segment ids must include 0 (the root's first child line)")
         cdef list leaves = []
         cdef list pending = [ROOT]
         cdef Segment segment
@@ -197,7 +199,7 @@ cdef class Segment:
         reached = {(<Segment>leaf).segment_id for leaf in leaves}
         for segment_id in ids:
             if segment_id not in reached:
-                raise ValueError(
+                raise SegackValueError(
                     f"segment id {segment_id} cannot arise from splits of the root "
                     f"together with the other ids"
                 )
@@ -209,7 +211,7 @@ cdef class Segment:
         segment_id = _as_int(segment_id, "segment_id")
         cdef set available = set(_id_list(available_segment_ids))
         if segment_id not in available:
-            raise ValueError(f"segment id {segment_id} is not among the available ids")
+            raise SegackValueError(f"segment id {segment_id} is not among the available ids")
         cdef uint64_t candidate = 1 if segment_id == 0 else (<uint64_t>1) << _mask_bits(segment_id)
         cdef uint32_t sid = segment_id
         while candidate < _HASH_SPACE and (sid | candidate) in available:
@@ -222,7 +224,7 @@ cdef class Segment:
         cdef Segment start = _as_segment(segment, "segment")
         times = _as_int(times, "times")
         if times < 0:
-            raise ValueError(f"times must be non-negative, got {times}")
+            raise SegackValueError(f"times must be non-negative, got {times}")
         cdef list members = [start]
         cdef Segment widest
         for _ in range(times):
@@ -348,7 +350,7 @@ cdef class SegmentSet:
         """``count`` segments made by :meth:`Segment.split_balanced` from the root."""
         count = _as_int(count, "count")
         if count < 1:
-            raise ValueError(f"count must be at least 1, got {count}")
+            raise SegackValueError(f"count must be at least 1, got {count}")
         return cls(Segment.split_balanced(ROOT, count - 1))
 
     @classmethod
@@ -377,7 +379,7 @@ cdef class SegmentSet:
         for position in range(self._count):
             if self._ids[position] == wanted.segment_id and self._masks[position] == wanted.mask:
                 return position
-        raise ValueError(f"{wanted!r} is not a member of this set")
+        raise SegackValueError(f"{wanted!r} is not a member of this set")
 
     def owner_index(self, hash_value):
         """The index of the member that owns ``hash_value`` (low 32 bits count)."""
@@ -396,11 +398,11 @@ cdef class SegmentSet:
         """
         array = np.asarray(hashes)
         if array.ndim != 1:
-            raise ValueError(f"hashes must be one-dimensional, got {array.ndim} dimensions")
+            raise SegackValueError(f"hashes must be one-dimensional, got {array.ndim} dimensions")
         if array.dtype != np.int32 and array.dtype != np.int64:
             if array.size == 0:
                 return np.empty(0, dtype=np.int32)
-            raise TypeError(f"hashes must be int32 or int64, not {array.dtype}")
+            raise SegackTypeError(f"hashes must be int32 or int64, not {array.dtype}")
         array = np.ascontiguousarray(array)
         result = np.empty(len(array), dtype=np.int32)
         if array.dtype == np.int32:
@@ -499,7 +501,7 @@ def _reversed_key(Segment member):
 
 cdef _check_complete(list members):
     if not members:
-        raise ValueError("a segment set needs at least one member (the empty set owns no hash)")
+        raise SegackValueError("a segment set needs at least one member (the empty set owns no hash)")
     cdef list ordered = sorted(members, key=_reversed_key)
     cdef uint64_t covered_up_to = 0, start
     cdef Segment member
@@ -507,12 +509,12 @@ cdef _check_complete(list members):
     for member in ordered:
         start = _reverse31(member.segment_id)
         if start > covered_up_to:
-            raise ValueError(f"hash {_reverse31(<uint32_t>covered_up_to)} has no owner")
+            raise SegackValueError(f"hash {_reverse31(<uint32_t>covered_up_to)} has no owner")
         if start < covered_up_to:
-            raise ValueError(
+            raise SegackValueError(
                 f"{previous!r} and {member!r} overlap: hash {member.segment_id} matches both"
             )
         covered_up_to = start + (<uint64_t>_HASH_SPACE >> _mask_bits(member.mask))
         previous = member
     if covered_up_to < _HASH_SPACE:
-        raise ValueError(f"hash {_reverse31(<uint32_t>covered_up_to)} has no owner")
+        raise SegackValueError(f"hash {_reverse31(<uint32_t>covered_up_to)} has no owner")

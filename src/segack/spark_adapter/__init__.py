@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from segack.spark_adapter import errors as _errors
 from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore, resolve_location
 from segack.spark_adapter.columns import hash_column, member_index_column, segment_column
-from segack.spark_adapter.errors import HandlerFailed, ReplayError
+from segack.spark_adapter.errors import HandlerFailedError, ReplayError
 from segack.spark_adapter.replay import (
     Progress,
     ReplayResult,
@@ -26,7 +27,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "CheckpointStore",
-    "HandlerFailed",
+    "HandlerFailedError",
     "KeyGroupTokens",
     "Progress",
     "ReplayError",
@@ -45,3 +46,8 @@ __all__ = [
     "spark_session",
     "worker_error",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The 0.1 names, kept working with a deprecation warning.
+    return _errors.__getattr__(name)

@@ -36,6 +36,7 @@ from typing import Any
 import pyarrow as pa
 
 from segack._version import __version__
+from segack.errors import SegackValueError
 from segack.spark_adapter.tokens import KeyGroupTokens, TokenError, decode_updates, encode_updates
 
 __all__ = ["Checkpoint", "CheckpointError", "CheckpointStore", "resolve_location"]
@@ -50,7 +51,7 @@ PROGRESS_SUFFIX = ".sgku"
 STOP_SUFFIX = ".stop"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(SegackValueError):
     """A checkpoint that cannot be trusted: damaged, foreign, from another input or another version."""
 
 
@@ -62,7 +63,7 @@ def resolve_location(location: str) -> str:
     process that calls this (the driver), before anything is sent to executors.
     """
     if not isinstance(location, str) or not location:
-        raise ValueError("a checkpoint location is required")
+        raise SegackValueError("a checkpoint location is required")
     if location.startswith("file://"):
         location = location.removeprefix("file://")
     elif "://" in location:

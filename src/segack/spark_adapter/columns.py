@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from segack.errors import SegackTypeError, SegackValueError
 from segack.kernel import SegmentSet
 
 __all__ = ["HASHES", "JAVA_HASH_METHODS", "hash_column", "member_index_column", "segment_column"]
@@ -66,11 +67,11 @@ def hash_column(key: Any, key_type: str, hash: str = "spark", method: str = "aut
     from pyspark.sql import functions as F
 
     if hash not in HASHES:
-        raise ValueError(f"hash must be one of {HASHES}, not {hash!r}")
+        raise SegackValueError(f"hash must be one of {HASHES}, not {hash!r}")
     if method not in ("auto", *JAVA_HASH_METHODS):
-        raise ValueError(f"method must be 'auto' or one of {JAVA_HASH_METHODS}, not {method!r}")
+        raise SegackValueError(f"method must be 'auto' or one of {JAVA_HASH_METHODS}, not {method!r}")
     if key_type not in ("string", "int", "bigint", "smallint", "tinyint"):
-        raise ValueError(f"key columns must be strings or integers, not {key_type}")
+        raise SegackValueError(f"key columns must be strings or integers, not {key_type}")
     column = _column(key)
     if hash == "spark":
         return F.hash(column)
@@ -95,7 +96,7 @@ def member_index_column(hashes: Any, segments: SegmentSet) -> Any:
     from pyspark.sql import functions as F
 
     if not isinstance(segments, SegmentSet):
-        raise TypeError(f"segments must be a segack.SegmentSet, not {type(segments).__name__}")
+        raise SegackTypeError(f"segments must be a segack.SegmentSet, not {type(segments).__name__}")
     if len(segments) == 1:
         return F.lit(0)
     deepest = max(member.mask for member in segments)
@@ -107,12 +108,15 @@ def member_index_column(hashes: Any, segments: SegmentSet) -> Any:
         position = hashes.bitwiseAND(F.lit(deepest)) + F.lit(1)
         return F.element_at(F.array(*[F.lit(owner) for owner in table]), position)
     widest_first = sorted(range(len(segments)), key=lambda i: segments[i].mask)
-    chain = None
-    for position in widest_first[:-1]:
+
+    def owns(position: int) -> Any:
         member = segments[position]
-        test = hashes.bitwiseAND(F.lit(member.mask)) == F.lit(member.segment_id)
-        chain = F.when(test, F.lit(position)) if chain is None else chain.when(test, F.lit(position))
-    assert chain is not None
+        return hashes.bitwiseAND(F.lit(member.mask)) == F.lit(member.segment_id)
+
+    # Two members at least: the widest starts the chain, the narrowest is what is left.
+    chain = F.when(owns(widest_first[0]), F.lit(widest_first[0]))
+    for position in widest_first[1:-1]:
+        chain = chain.when(owns(position), F.lit(position))
     return chain.otherwise(F.lit(widest_first[-1]))
 
 
@@ -125,6 +129,6 @@ def segment_column(
     ``ValueError`` naming an absent key column.
     """
     if key not in df.columns:
-        raise ValueError(f"no column {key!r}; the columns are {df.columns}")
+        raise SegackValueError(f"no column {key!r}; the columns are {df.columns}")
     key_type = df.schema[key].dataType.simpleString()
     return member_index_column(hash_column(key, key_type, hash, method), segments)

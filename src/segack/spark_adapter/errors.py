@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
-__all__ = ["HandlerFailed", "ReplayError"]
+from segack.errors import SegackError
+
+__all__ = ["HandlerFailedError", "ReplayError"]
 
 
-class HandlerFailed(RuntimeError):
+class HandlerFailedError(SegackError, RuntimeError):
     """The handler raised on an event; the progress before it was saved first.
 
     ``key`` and ``order`` are the event's values, ``position`` its place in its
@@ -27,13 +30,21 @@ class HandlerFailed(RuntimeError):
         self.traceback = traceback
 
     def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
-        return (HandlerFailed, (self.key, self.order, self.position, self.key_group, self.reason,
+        return (HandlerFailedError, (self.key, self.order, self.position, self.key_group, self.reason,
                                 self.traceback))
 
 
-class ReplayError(RuntimeError):
+class ReplayError(SegackError, RuntimeError):
     """A replay stopped for a reason other than the handler: a Spark task or the merger failed.
 
     The message names the cause as the worker reported it (for example
     ``ModuleNotFoundError: No module named 'h'``); progress up to the failure was saved.
     """
+
+
+def __getattr__(name: str) -> Any:
+    """``HandlerFailed``, the 0.1 name of :class:`HandlerFailedError`, with a deprecation warning."""
+    if name == "HandlerFailed":
+        warnings.warn("HandlerFailed is now HandlerFailedError", DeprecationWarning, stacklevel=2)
+        return HandlerFailedError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -41,10 +41,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from segack.errors import SegackTypeError, SegackValueError
 from segack.kernel import SegmentSet
 from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore
 from segack.spark_adapter.columns import hash_column, member_index_column
-from segack.spark_adapter.errors import HandlerFailed, ReplayError
+from segack.spark_adapter.errors import HandlerFailedError, ReplayError
 from segack.spark_adapter.session import default_segment_count, executors_share_local_disk, setting
 from segack.spark_adapter.task import KG, RESULT_DDL, TIE, TaskPlan, run_task
 from segack.spark_adapter.tokens import DEFAULT_KEY_GROUP_BITS, KeyGroupTokens, TokenError, decode_updates
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
 __all__ = [
-    "HandlerFailed",
+    "HandlerFailedError",
     "Progress",
     "ReplayError",
     "ReplayResult",
@@ -110,14 +111,14 @@ def load_handler(spec: str) -> Callable[[dict[str, Any]], Any]:
 
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name:
-        raise ValueError(f"handler must be MODULE:FUNCTION, not {spec!r}")
+        raise SegackValueError(f"handler must be MODULE:FUNCTION, not {spec!r}")
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ValueError(f"cannot import handler module {module_name!r}: {error}") from None
+        raise SegackValueError(f"cannot import handler module {module_name!r}: {error}") from None
     handler = getattr(module, function_name, None)
     if not callable(handler):
-        raise ValueError(f"{module_name!r} has no function {function_name!r}")
+        raise SegackValueError(f"{module_name!r} has no function {function_name!r}")
     return handler  # type: ignore[no-any-return]
 
 
@@ -142,7 +143,7 @@ def worker_error(error: BaseException) -> str:
 def check_session(spark: SparkSession) -> None:
     """Refuse a session with speculative execution on: two attempts of a segment must not overlap."""
     if setting(spark, "spark.speculation", "false").lower() == "true":
-        raise ValueError("spark.speculation is on; segack needs it off, so that two attempts "
+        raise SegackValueError("spark.speculation is on; segack needs it off, so that two attempts "
                          "of one segment never run at once")
 
 
@@ -156,7 +157,7 @@ def check_location(spark: SparkSession, store: CheckpointStore, shared_local_che
     if not store.is_local or shared_local_checkpoint or executors_share_local_disk(spark):
         return
     master = setting(spark, "spark.master", "?")
-    raise ValueError(
+    raise SegackValueError(
         f"checkpoint {store.location} is a local path, but executors of master {master} may run on other "
         f"machines and would write their progress to their own disks. Use a location every machine "
         f"reaches (hdfs://, s3://, ...), or, if {store.location} is mounted at the same path on every "
@@ -168,14 +169,14 @@ def _segment_set(segments: int | SegmentSet) -> SegmentSet:
     if isinstance(segments, SegmentSet):
         return segments
     if isinstance(segments, bool) or not isinstance(segments, int) or segments < 1:
-        raise ValueError(f"segments must be a positive int or a SegmentSet, not {segments!r}")
+        raise SegackValueError(f"segments must be a positive int or a SegmentSet, not {segments!r}")
     return SegmentSet.balanced(segments)
 
 
 def _check_positive(name: str, value: Any, kind: type) -> None:
     accepted = (int, float) if kind is float else int
     if isinstance(value, bool) or not isinstance(value, accepted) or not value > 0:
-        raise ValueError(f"{name} must be a positive {kind.__name__}, not {value!r}")
+        raise SegackValueError(f"{name} must be a positive {kind.__name__}, not {value!r}")
 
 
 def _has_floats(type_name: str) -> bool:
@@ -192,19 +193,19 @@ class EventInput:
     def __init__(self, df: DataFrame, key: str, order: str, hash: str, method: str, bits: int) -> None:
         for name in (key, order):
             if name not in df.columns:
-                raise ValueError(f"no column {name!r}; the columns are {df.columns}")
+                raise SegackValueError(f"no column {name!r}; the columns are {df.columns}")
         if key == order:
-            raise ValueError("key and order must be different columns")
+            raise SegackValueError("key and order must be different columns")
         clash = [name for name in df.columns if name in _RESERVED]
         if clash:
-            raise ValueError(f"column names {clash} are reserved by segack")
+            raise SegackValueError(f"column names {clash} are reserved by segack")
         self.df, self.key, self.order, self.bits = df, key, order, bits
         self.key_type = df.schema[key].dataType
         self.order_type = df.schema[order].dataType
         order_name = self.order_type.simpleString()
         if order_name not in _ORDER_TYPES and not order_name.startswith("decimal("):
-            raise ValueError(f"the order column must have a plain sortable type (numbers, strings, dates, "
-                             f"timestamps, binary), not {order_name}")
+            raise SegackValueError(f"the order column must have a plain sortable type (numbers, strings, "
+                                   f"dates, timestamps, binary), not {order_name}")
         from pyspark.sql import functions as F
 
         self.key_group: Column = hash_column(key, self.key_type.simpleString(), hash, method).bitwiseAND(
@@ -414,7 +415,7 @@ def _execute(
     against the input, before writing anything: another input is a
     :class:`~segack.spark_adapter.checkpoint.CheckpointError` and changes
     nothing. Returns how many events were done before the job started. Raises
-    :class:`HandlerFailed` (the first failure, with any later merge error
+    :class:`HandlerFailedError` (the first failure, with any later merge error
     attached as a note) or :class:`ReplayError`.
     """
     tokens = state.tokens
@@ -462,7 +463,7 @@ def _execute(
                 job_error = error
     finally:
         spark.removeTag(tag)
-    failures: list[HandlerFailed] = []
+    failures: list[HandlerFailedError] = []
     updates: list[pa.Table] = []
     merge_error: BaseException | None = merger.error
     if results is not None:
@@ -507,7 +508,7 @@ def _resolution(previous: dict[str, Any], key_group_bits: int | None) -> int:
         return int(recorded) if recorded is not None else DEFAULT_KEY_GROUP_BITS
     KeyGroupTokens.empty(key_group_bits, pa.null(), pa.null())  # validates
     if recorded is not None and recorded != key_group_bits:
-        raise ValueError(f"the checkpoint cuts hashes into 2**{recorded} key groups; key_group_bits="
+        raise SegackValueError(f"the checkpoint cuts hashes into 2**{recorded} key groups; key_group_bits="
                          f"{key_group_bits} cannot change that (use a new checkpoint location)")
     return key_group_bits
 
@@ -544,11 +545,11 @@ def replay(
     path that executors on other machines could not reach (unless
     ``shared_local_checkpoint``); :class:`~segack.spark_adapter.checkpoint.CheckpointError`
     for a damaged checkpoint, one of another version or one written for other
-    input. After saving progress: :class:`HandlerFailed` when the handler
+    input. After saving progress: :class:`HandlerFailedError` when the handler
     raises, :class:`ReplayError` when a Spark task or the merging fails.
     """
     if not callable(handler):
-        raise TypeError("handler must be callable")
+        raise SegackTypeError("handler must be callable")
     _check_positive("flush_every", flush_every, int)
     _check_positive("flush_interval", flush_interval, float)
     chosen = None if segments is None else _segment_set(segments)

@@ -18,6 +18,8 @@ import zipfile
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from segack.errors import SegackValueError
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -62,7 +64,7 @@ def spark_session(
     from pyspark.sql import SparkSession
 
     if remote is not None and master is not None:
-        raise ValueError("give a master or a Spark Connect remote, not both")
+        raise SegackValueError("give a master or a Spark Connect remote, not both")
     settings = dict(_DEFAULTS)
     if remote is None:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -186,6 +188,6 @@ def ship_py_files(spark: SparkSession, paths: list[str]) -> None:
     """
     for path in paths:
         if not os.path.isfile(path):
-            raise ValueError(f"--py-files: no such file {path!r}")
+            raise SegackValueError(f"--py-files: no such file {path!r}")
     for path in paths:
         spark.addArtifacts(os.path.abspath(path), pyfile=True)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from segack.errors import SegackTypeError
 from segack.kernel import SegmentSet
 from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore
 from segack.spark_adapter.replay import (
@@ -62,7 +63,7 @@ def foreach_batch(
     each batch raises as :func:`~segack.spark_adapter.replay` does.
     """
     if not callable(handler):
-        raise TypeError("handler must be callable")
+        raise SegackTypeError("handler must be callable")
     _check_positive("flush_every", flush_every, int)
     _check_positive("flush_interval", flush_interval, float)
     chosen = _segment_set(segments)

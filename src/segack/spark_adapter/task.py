@@ -13,7 +13,7 @@ also folds each newly done event's tie into its key group's prefix digest.
 
 When the handler raises, the task commits everything before the failing
 event, writes its progress, asks the run's other tasks to stop, and returns
-the failure as a :class:`~segack.spark_adapter.errors.HandlerFailed` in its
+the failure as a :class:`~segack.spark_adapter.errors.HandlerFailedError` in its
 result: a handler failure is not a task failure, so Spark does not retry it.
 A retried attempt (after a lost executor, say) starts from what earlier
 attempts of its segment in this run recorded, not from the run's start.
@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from segack.spark_adapter.checkpoint import CheckpointStore
-from segack.spark_adapter.errors import HandlerFailed
+from segack.spark_adapter.errors import HandlerFailedError
 from segack.spark_adapter.tokens import encode_updates, update_schema
 
 __all__ = ["KG", "RESULT_DDL", "RESULT_SCHEMA", "TIE", "TaskPlan", "run_task"]
@@ -175,7 +175,7 @@ class _SegmentTask:
                     done[row] = True
         return done if done.any() else None
 
-    def handle(self, batch: pa.RecordBatch) -> HandlerFailed | None:
+    def handle(self, batch: pa.RecordBatch) -> HandlerFailedError | None:
         """Handle one batch; returns the failure if the handler raised."""
         if self.schema is None:
             self.schema = update_schema(batch.schema.field(self.plan.order).type,
@@ -197,7 +197,7 @@ class _SegmentTask:
             except Exception as error:
                 self._commit(current, row)
                 self.rows_seen += row
-                return HandlerFailed(
+                return HandlerFailedError(
                     event.get(self.plan.key), event.get(self.plan.order), int(positions[row]),
                     int(groups[row]), f"{type(error).__name__}: {error}", traceback.format_exc(),
                 )
@@ -261,7 +261,7 @@ class _SegmentTask:
         if self.plan.store.stop_requested(self.plan.run_id):
             self.stopped = True
 
-    def result(self, failure: HandlerFailed | None) -> pa.RecordBatch:
+    def result(self, failure: HandlerFailedError | None) -> pa.RecordBatch:
         """The task's one result row, in :data:`RESULT_SCHEMA`."""
         updates = self._updates()
         return pa.RecordBatch.from_pydict({

@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from segack.errors import SegackValueError
 from segack.kernel import MAX_KEY_GROUP_BITS
 
 __all__ = [
@@ -77,7 +78,7 @@ _TOKENS_MAGIC = b"SGKT\x02"
 _UPDATES_MAGIC = b"SGKU\x02"
 
 
-class TokenError(ValueError):
+class TokenError(SegackValueError):
     """Tokens or updates that cannot be trusted: damaged, foreign or inconsistent."""
 
 
@@ -183,7 +184,7 @@ class KeyGroupTokens:
     def empty(cls, bits: int, order_type: pa.DataType, key_type: pa.DataType) -> KeyGroupTokens:
         """Tokens with nothing done and the events not yet counted."""
         if isinstance(bits, bool) or not isinstance(bits, int) or not 0 <= bits <= MAX_KEY_GROUP_BITS:
-            raise ValueError(f"key_group_bits must be an int in 0..{MAX_KEY_GROUP_BITS}, not {bits!r}")
+            raise SegackValueError(f"key_group_bits must be an int in 0..{MAX_KEY_GROUP_BITS}, not {bits!r}")
         size = 1 << bits
 
         def zeros() -> np.ndarray:
@@ -233,10 +234,10 @@ class KeyGroupTokens:
         than are already done."""
         counts = np.asarray(counts, dtype=np.int64)
         if counts.shape != (self.size,) or (counts < 0).any():
-            raise ValueError(f"counts must be {self.size} non-negative integers")
+            raise SegackValueError(f"counts must be {self.size} non-negative integers")
         limit = self.base + counts
         if (self.committed > limit).any() or any(max(p) >= limit[g] for g, p in self.extras.items()):
-            raise ValueError("counts smaller than the events already done")
+            raise SegackValueError("counts smaller than the events already done")
         self.count = counts.copy()
         self.counted = True
 
@@ -251,7 +252,7 @@ class KeyGroupTokens:
         Refuses (``ValueError``, nothing changed) while the current input is not done.
         """
         if not self.complete:
-            raise ValueError("the current input is not complete; a new one cannot start")
+            raise SegackValueError("the current input is not complete; a new one cannot start")
         self.base = self.committed.copy()
         self.run_start = self.committed.copy()
         self.done_xor = np.zeros(self.size, dtype=np.int64)

@@ -6,7 +6,14 @@ signature and behaviour, errors included. The tests run against both.
 
 from __future__ import annotations
 
-from segack.errors import AckerFullError, DuplicateAckError
+from segack.errors import (
+    AckerFullError,
+    DuplicateAckError,
+    SegackError,
+    SegackKeyError,
+    SegackTypeError,
+    SegackValueError,
+)
 from segack.specs.acker import OffsetAcker
 from segack.specs.commits import commit_points, commit_points_async
 from segack.specs.hashes import (
@@ -29,6 +36,10 @@ from segack.specs.segments import MAX_KEY_GROUP_BITS, MAX_MASK_BITS, ROOT, Segme
 __all__ = [
     "AckerFullError",
     "DuplicateAckError",
+    "SegackError",
+    "SegackKeyError",
+    "SegackTypeError",
+    "SegackValueError",
     "OffsetAcker",
     "commit_points",
     "commit_points_async",

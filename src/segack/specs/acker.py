@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from segack.errors import AckerFullError, DuplicateAckError
+from segack.errors import AckerFullError, DuplicateAckError, SegackTypeError, SegackValueError
 from segack.specs import snapshot as snapshot_format
 
 __all__ = [
@@ -45,23 +45,23 @@ _POLICIES = ("error", "ignore")
 def _check_settings(next_index: Any, on_duplicate: Any, max_runs: Any) -> int:
     start = _as_index(next_index, "next_index")
     if start < 0 or start > INDEX_MAX:
-        raise ValueError(f"next_index must be in 0..{INDEX_MAX}, got {start}")
+        raise SegackValueError(f"next_index must be in 0..{INDEX_MAX}, got {start}")
     if on_duplicate not in _POLICIES:
-        raise ValueError(f"on_duplicate must be 'error' or 'ignore', got {on_duplicate!r}")
+        raise SegackValueError(f"on_duplicate must be 'error' or 'ignore', got {on_duplicate!r}")
     if max_runs is not None:
         bound = _as_index(max_runs, "max_runs")
         if bound < 0:
-            raise ValueError(f"max_runs must be non-negative or None, got {bound}")
+            raise SegackValueError(f"max_runs must be non-negative or None, got {bound}")
     return start
 
 
 def _as_index(value: Any, what: str) -> int:
     if isinstance(value, bool):
-        raise TypeError(f"{what} must be an integer, not bool")
+        raise SegackTypeError(f"{what} must be an integer, not bool")
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(f"{what} must be an integer, not {type(value).__name__}") from None
+        raise SegackTypeError(f"{what} must be an integer, not {type(value).__name__}") from None
 
 
 def _index_array(indexes: Any) -> np.ndarray:
@@ -69,9 +69,9 @@ def _index_array(indexes: Any) -> np.ndarray:
     if array.size == 0:
         return np.zeros(0, dtype=np.int64)
     if array.ndim != 1:
-        raise ValueError(f"indexes must be one-dimensional, got {array.ndim} dimensions")
+        raise SegackValueError(f"indexes must be one-dimensional, got {array.ndim} dimensions")
     if array.dtype.kind not in "iu" or not np.can_cast(array.dtype, np.int64):
-        raise TypeError(f"indexes must be an integer array (int64 or narrower), not {array.dtype}")
+        raise SegackTypeError(f"indexes must be an integer array (int64 or narrower), not {array.dtype}")
     return array.astype(np.int64, copy=False)
 
 
@@ -89,9 +89,10 @@ def restorable_state(data: Any) -> snapshot_format.AckerState:
     state = snapshot_format.decode(data)
     for _, last, _ in _done_intervals(state):
         if last > INDEX_MAX:
-            raise ValueError(f"damaged acker snapshot: index {last} is larger than {INDEX_MAX}")
+            raise SegackValueError(f"damaged acker snapshot: index {last} is larger than {INDEX_MAX}")
     if state.duplicates > _DUPLICATES_MAX:
-        raise ValueError(f"damaged acker snapshot: {state.duplicates} duplicates is past {_DUPLICATES_MAX}")
+        raise SegackValueError(
+            f"damaged acker snapshot: {state.duplicates} duplicates is past {_DUPLICATES_MAX}")
     return state
 
 
@@ -105,7 +106,7 @@ def merged_state(
     offsets must agree (``ValueError`` naming the index). Duplicate counts add up.
     """
     if theirs.start_index < mine.start_index:
-        raise ValueError(
+        raise SegackValueError(
             f"index {theirs.start_index} is below the start index {mine.start_index}: "
             f"the other acker covers an earlier part of the stream"
         )
@@ -113,7 +114,7 @@ def merged_state(
     known = {last: offset for _, last, offset in my_intervals}
     for _, last, offset in their_intervals:
         if last in known and known[last] != offset:
-            raise ValueError(
+            raise SegackValueError(
                 f"index {last} has offset {known[last]!r} here and {offset!r} in the other acker"
             )
     merged: list[list[Any]] = []
@@ -225,12 +226,28 @@ class OffsetAcker:
     def _check_index(self, index: Any) -> int:
         index = _as_index(index, "index")
         if index < 0:
-            raise ValueError(f"index {index} is negative")
+            raise SegackValueError(f"index {index} is negative")
         if index < self._start:
-            raise ValueError(f"index {index} is below the start index {self._start}")
+            raise SegackValueError(f"index {index} is below the start index {self._start}")
         if index > INDEX_MAX:
-            raise ValueError(f"index {index} is larger than {INDEX_MAX}")
+            raise SegackValueError(f"index {index} is larger than {INDEX_MAX}")
         return int(index)
+
+    def _check(self) -> None:
+        """Assert the invariants (a debugging aid, as ``SortedList._check``); changes nothing.
+
+        The committed point lies between the start and ``INDEX_MAX + 1``; runs are
+        ascending, each ``first <= last``, start past the committed point (the
+        first index not done), and never touch (a gap of at least one index lies
+        between two runs); the duplicate count is not negative.
+        """
+        assert self._start <= self._next <= INDEX_MAX + 1, (self._start, self._next)
+        assert self._on_duplicate in ("error", "ignore"), self._on_duplicate
+        assert self._duplicates >= 0, self._duplicates
+        after = self._next  # the first index a run may start at, plus one
+        for first, last, _ in self._runs:
+            assert after < first <= last <= INDEX_MAX, (after, first, last)
+            after = last + 1
 
     # ------------------------------------------------------------ acking
 
@@ -308,7 +325,7 @@ class OffsetAcker:
         else:
             offset_list = offsets.tolist() if isinstance(offsets, np.ndarray) else list(offsets)
             if len(offset_list) != len(array):
-                raise ValueError(f"{len(offset_list)} offsets for {len(array)} indexes")
+                raise SegackValueError(f"{len(offset_list)} offsets for {len(array)} indexes")
         trial = self.copy()
         trial._max_runs = None
         for index, offset in zip(array.tolist(), offset_list, strict=True):
@@ -330,7 +347,7 @@ class OffsetAcker:
         advanced, else ``None``; raises :class:`AckerFullError` like :meth:`ack`.
         """
         if not isinstance(other, OffsetAcker):
-            raise TypeError(f"can only merge an OffsetAcker, not {type(other).__name__}")
+            raise SegackTypeError(f"can only merge an OffsetAcker, not {type(other).__name__}")
         state = merged_state(self._state(), other._state())
         self._check_room(len(state.runs))
         advanced = state.next_index > self._next

@@ -13,6 +13,8 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from typing import Any
 
+from segack.errors import SegackValueError
+
 __all__ = ["commit_points", "commit_points_async", "CommitThrottle"]
 
 
@@ -21,9 +23,10 @@ class CommitThrottle:
 
     def __init__(self, every: int | None, interval: float | None) -> None:
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-            raise ValueError(f"every must be a positive int or None, got {every!r}")
+            raise SegackValueError(f"every must be a positive int or None, got {every!r}")
         if interval is not None and not interval >= 0:
-            raise ValueError(f"interval must be a non-negative number of seconds or None, got {interval!r}")
+            raise SegackValueError(
+                f"interval must be a non-negative number of seconds or None, got {interval!r}")
         self.every = every
         self.interval = interval
         self.advances = 0

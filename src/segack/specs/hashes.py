@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from segack.errors import SegackTypeError, SegackValueError
+
 __all__ = [
     "java_hash",
     "java_hash_many",
@@ -42,7 +44,7 @@ def _to_int32(value: int) -> int:
 def _java_long(value: Any) -> int:
     number = operator.index(value)
     if not _INT64_MIN <= number <= _INT64_MAX:
-        raise ValueError(f"{number} does not fit in a Java long (64-bit signed)")
+        raise SegackValueError(f"{number} does not fit in a Java long (64-bit signed)")
     return number
 
 
@@ -72,7 +74,7 @@ def java_hash(value: str | int | bool | None) -> int:
     if isinstance(value, (int, np.integer)):
         number = _java_long(value) & 0xFFFFFFFFFFFFFFFF
         return _to_int32(number ^ (number >> 32))
-    raise TypeError(f"java_hash takes str, int, bool or None, not {type(value).__name__}")
+    raise SegackTypeError(f"java_hash takes str, int, bool or None, not {type(value).__name__}")
 
 
 def java_hash_many(values: Any) -> np.ndarray:
@@ -135,7 +137,7 @@ def _utf8(text: str) -> bytes:
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError("a string with a lone surrogate has no UTF-8 form to hash") from None
+        raise SegackValueError("a string with a lone surrogate has no UTF-8 form to hash") from None
 
 
 def _spark_dtype_of(value: Any) -> str:
@@ -143,12 +145,12 @@ def _spark_dtype_of(value: Any) -> str:
         return "string"
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return "bigint"
-    raise TypeError(f"spark_hash takes str or int, not {type(value).__name__}")
+    raise SegackTypeError(f"spark_hash takes str or int, not {type(value).__name__}")
 
 
 def _check_dtype(dtype: str | None) -> None:
     if dtype is not None and dtype not in SPARK_DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(SPARK_DTYPES)} or None, got {dtype!r}")
+        raise SegackValueError(f"dtype must be one of {', '.join(SPARK_DTYPES)} or None, got {dtype!r}")
 
 
 def spark_hash(value: str | int | None, dtype: str | None = None) -> int:
@@ -165,18 +167,18 @@ def spark_hash(value: str | int | None, dtype: str | None = None) -> int:
     kind = dtype if dtype is not None else _spark_dtype_of(value)
     if kind == "string":
         if not isinstance(value, str):
-            raise TypeError(f"a string column holds str, not {type(value).__name__}")
+            raise SegackTypeError(f"a string column holds str, not {type(value).__name__}")
         return _murmur3_spark_bytes(_utf8(value), SPARK_HASH_SEED)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"an {kind} column holds int, not {type(value).__name__}")
+        raise SegackTypeError(f"an {kind} column holds int, not {type(value).__name__}")
     number = int(value)
     if kind == "int":
         if not _INT32_MIN <= number <= _INT32_MAX:
-            raise ValueError(f"{number} does not fit in a Spark int (32-bit signed)")
+            raise SegackValueError(f"{number} does not fit in a Spark int (32-bit signed)")
         h1 = _mix_h1(SPARK_HASH_SEED, _mix_k1(number & _MASK32))
         return _to_int32(_fmix(h1, 4))
     if not _INT64_MIN <= number <= _INT64_MAX:
-        raise ValueError(f"{number} does not fit in a Spark bigint (64-bit signed)")
+        raise SegackValueError(f"{number} does not fit in a Spark bigint (64-bit signed)")
     unsigned = number & 0xFFFFFFFFFFFFFFFF
     h1 = _mix_h1(SPARK_HASH_SEED, _mix_k1(unsigned & _MASK32))
     h1 = _mix_h1(h1, _mix_k1(unsigned >> 32))
@@ -209,7 +211,7 @@ def _dtype_of_many(values: Any) -> str | None:
             return "bigint"
         if pa.types.is_string(array_type) or pa.types.is_large_string(array_type):
             return "string"
-        raise TypeError(f"spark_hash_many takes Arrow string, int32 or int64, not {array_type}")
+        raise SegackTypeError(f"spark_hash_many takes Arrow string, int32 or int64, not {array_type}")
     if isinstance(values, np.ndarray):
         if values.dtype == np.int32:
             return "int"
@@ -218,7 +220,7 @@ def _dtype_of_many(values: Any) -> str | None:
         if values.dtype.kind == "U":
             return "string"
         if values.dtype != object:
-            raise TypeError(f"spark_hash_many takes int32, int64 or str arrays, not {values.dtype}")
+            raise SegackTypeError(f"spark_hash_many takes int32, int64 or str arrays, not {values.dtype}")
     for item in _as_list(values):
         if item is not None:
             return _spark_dtype_of(item)
@@ -231,9 +233,9 @@ def _as_list(values: Any) -> list[Any]:
         return list(values.to_pylist())
     if isinstance(values, np.ndarray):
         if values.ndim != 1:
-            raise ValueError(f"values must be one-dimensional, got {values.ndim} dimensions")
+            raise SegackValueError(f"values must be one-dimensional, got {values.ndim} dimensions")
         items: list[Any] = values.tolist()
         return items
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
-        raise TypeError(f"values must be a sequence or an array, not {type(values).__name__}")
+        raise SegackTypeError(f"values must be a sequence or an array, not {type(values).__name__}")
     return list(values)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from segack.errors import SegackTypeError, SegackValueError
 from segack.specs.hashes import java_hash, spark_hash
 from segack.specs.segments import SegmentSet
 
@@ -24,9 +25,9 @@ class SegmentPartitioner:
 
     def __init__(self, segments: SegmentSet, hash: str = "java") -> None:
         if not isinstance(segments, SegmentSet):
-            raise TypeError(f"segments must be a SegmentSet, not {type(segments).__name__}")
+            raise SegackTypeError(f"segments must be a SegmentSet, not {type(segments).__name__}")
         if hash not in HASHES:
-            raise ValueError(f"hash must be one of {HASHES}, not {hash!r}")
+            raise SegackValueError(f"hash must be one of {HASHES}, not {hash!r}")
         self.segments = segments
         self.hash = hash
 

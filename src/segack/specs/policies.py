@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from segack.errors import SegackKeyError
+
 __all__ = ["SequencingPolicy", "PerKeyPolicy", "SequentialPolicy", "ConcurrentPolicy"]
 
 
@@ -35,7 +37,7 @@ def _field(event: Mapping[str, Any], name: str) -> Any:
     try:
         return event[name]
     except KeyError:
-        raise KeyError(f"the event has no field {name!r}") from None
+        raise SegackKeyError(f"the event has no field {name!r}") from None
 
 
 class PerKeyPolicy(SequencingPolicy):

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from segack.errors import SegackTypeError, SegackValueError
+
 __all__ = ["ROOT", "Segment", "SegmentSet", "MAX_KEY_GROUP_BITS", "MAX_MASK_BITS"]
 
 #: The deepest a segment can be: a mask of 31 one-bits. Hashes are 32-bit, but
@@ -38,7 +40,7 @@ def _as_int(value: Any, what: str) -> int:
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(f"{what} must be an integer, not {type(value).__name__}") from None
+        raise SegackTypeError(f"{what} must be an integer, not {type(value).__name__}") from None
 
 
 def _mask_bits(mask: int) -> int:
@@ -50,7 +52,7 @@ def _key_group_bits(bits: Any) -> int:
     """``bits`` as an int in 0..MAX_KEY_GROUP_BITS; ``ValueError`` or ``TypeError`` otherwise."""
     width = _as_int(bits, "bits")
     if width < 0 or width > MAX_KEY_GROUP_BITS:
-        raise ValueError(f"key-group bits must be in 0..{MAX_KEY_GROUP_BITS}, got {width}")
+        raise SegackValueError(f"key-group bits must be in 0..{MAX_KEY_GROUP_BITS}, got {width}")
     return width
 
 
@@ -83,9 +85,9 @@ class Segment:
         segment_id = _as_int(segment_id, "segment_id")
         mask = _as_int(mask, "mask")
         if mask < 0 or mask >= _HASH_SPACE or mask & (mask + 1) != 0:
-            raise ValueError(f"mask must be 2**k - 1 for k in 0..31, got {mask}")
+            raise SegackValueError(f"mask must be 2**k - 1 for k in 0..31, got {mask}")
         if segment_id < 0 or segment_id & ~mask != 0:
-            raise ValueError(
+            raise SegackValueError(
                 f"segment_id {segment_id} uses bits outside mask {mask} "
                 f"(segment_id & ~mask must be 0)"
             )
@@ -145,7 +147,7 @@ class Segment:
         The root has no sibling: ``ValueError`` (Axon answers 0).
         """
         if self._mask == 0:
-            raise ValueError("the root segment (0, 0) has no sibling to merge with")
+            raise SegackValueError("the root segment (0, 0) has no sibling to merge with")
         highest_bit = (self._mask + 1) >> 1
         return self._segment_id ^ highest_bit
 
@@ -164,7 +166,7 @@ class Segment:
         """
         other = _as_segment(other, "other")
         if not self.is_mergeable_with(other):
-            raise ValueError(f"{self!r} and {other!r} are not siblings and cannot merge")
+            raise SegackValueError(f"{self!r} and {other!r} are not siblings and cannot merge")
         return Segment(min(self._segment_id, other._segment_id), self._mask >> 1)
 
     def key_groups(self, bits: int) -> range:
@@ -178,7 +180,7 @@ class Segment:
         """
         bits = _key_group_bits(bits)
         if self.depth > bits:
-            raise ValueError(
+            raise SegackValueError(
                 f"{self!r} is finer than {2**bits} key groups: its mask has {self.depth} bits, "
                 f"more than {bits}"
             )
@@ -186,7 +188,7 @@ class Segment:
 
     def _check_can_split(self) -> None:
         if _mask_bits(self._mask) == MAX_MASK_BITS:
-            raise ValueError(f"{self!r} has a 31-bit mask and cannot split further")
+            raise SegackValueError(f"{self!r} has a 31-bit mask and cannot split further")
 
     @staticmethod
     def compute_segments(segment_ids: Iterable[int]) -> list[Segment]:
@@ -200,7 +202,7 @@ class Segment:
         ids = _id_list(segment_ids)
         available = set(ids)
         if 0 not in available:
-            raise ValueError("segment ids must include 0 (the root's first child line)")
+            raise SegackValueError("segment ids must include 0 (the root's first child line)")
         leaves: list[Segment] = []
         pending = [ROOT]
         while pending:
@@ -212,7 +214,7 @@ class Segment:
         reached = {leaf._segment_id for leaf in leaves}
         for segment_id in ids:
             if segment_id not in reached:
-                raise ValueError(
+                raise SegackValueError(
                     f"segment id {segment_id} cannot arise from splits of the root "
                     f"together with the other ids"
                 )
@@ -229,7 +231,7 @@ class Segment:
         segment_id = _as_int(segment_id, "segment_id")
         available = set(_id_list(available_segment_ids))
         if segment_id not in available:
-            raise ValueError(f"segment id {segment_id} is not among the available ids")
+            raise SegackValueError(f"segment id {segment_id} is not among the available ids")
         candidate = 1 if segment_id == 0 else 1 << segment_id.bit_length()
         while candidate < _HASH_SPACE and (segment_id | candidate) in available:
             candidate <<= 1
@@ -242,7 +244,7 @@ class Segment:
         segment = _as_segment(segment, "segment")
         times = _as_int(times, "times")
         if times < 0:
-            raise ValueError(f"times must be non-negative, got {times}")
+            raise SegackValueError(f"times must be non-negative, got {times}")
         members = [segment]
         for _ in range(times):
             widest = min(members, key=lambda member: (member._mask, member._segment_id))
@@ -294,7 +296,7 @@ ROOT = Segment(0, 0)
 
 def _as_segment(value: Any, what: str) -> Segment:
     if not isinstance(value, Segment):
-        raise TypeError(f"{what} must be a Segment, not {type(value).__name__}")
+        raise SegackTypeError(f"{what} must be a Segment, not {type(value).__name__}")
     return value
 
 
@@ -304,9 +306,9 @@ def _id_list(segment_ids: Iterable[int]) -> list[int]:
     seen: set[int] = set()
     for segment_id in ids:
         if segment_id < 0 or segment_id >= _HASH_SPACE:
-            raise ValueError(f"segment id {segment_id} is outside 0..2**31-1")
+            raise SegackValueError(f"segment id {segment_id} is outside 0..2**31-1")
         if segment_id in seen:
-            raise ValueError(f"segment id {segment_id} is given twice")
+            raise SegackValueError(f"segment id {segment_id} is given twice")
         seen.add(segment_id)
     return ids
 
@@ -337,7 +339,7 @@ class SegmentSet:
         """``count`` segments made by :meth:`Segment.split_balanced` from the root."""
         count = _as_int(count, "count")
         if count < 1:
-            raise ValueError(f"count must be at least 1, got {count}")
+            raise SegackValueError(f"count must be at least 1, got {count}")
         return cls(Segment.split_balanced(ROOT, count - 1))
 
     @classmethod
@@ -365,7 +367,7 @@ class SegmentSet:
         for position, member in enumerate(self._members):
             if member == segment:
                 return position
-        raise ValueError(f"{segment!r} is not a member of this set")
+        raise SegackValueError(f"{segment!r} is not a member of this set")
 
     def owner_index(self, hash_value: int) -> int:
         """The index of the member that owns ``hash_value`` (low 32 bits count)."""
@@ -454,18 +456,18 @@ class SegmentSet:
 def _hash_array(hashes: Any) -> np.ndarray:
     array = np.asarray(hashes)
     if array.ndim != 1:
-        raise ValueError(f"hashes must be one-dimensional, got {array.ndim} dimensions")
+        raise SegackValueError(f"hashes must be one-dimensional, got {array.ndim} dimensions")
     if array.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
         if array.size == 0:
             return array.astype(np.int64)
-        raise TypeError(f"hashes must be int32 or int64, not {array.dtype}")
+        raise SegackTypeError(f"hashes must be int32 or int64, not {array.dtype}")
     return array
 
 
 def _check_complete(members: Sequence[Segment]) -> None:
     """``ValueError`` naming the first gap or overlap among ``members``."""
     if not members:
-        raise ValueError("a segment set needs at least one member (the empty set owns no hash)")
+        raise SegackValueError("a segment set needs at least one member (the empty set owns no hash)")
     by_reversed_id = sorted(
         members, key=lambda member: (_reverse_bits(member.segment_id, MAX_MASK_BITS), member.mask)
     )
@@ -474,13 +476,13 @@ def _check_complete(members: Sequence[Segment]) -> None:
     for member in by_reversed_id:
         start = _reverse_bits(member.segment_id, MAX_MASK_BITS)
         if start > covered_up_to:
-            raise ValueError(f"hash {_reverse_bits(covered_up_to, MAX_MASK_BITS)} has no owner")
+            raise SegackValueError(f"hash {_reverse_bits(covered_up_to, MAX_MASK_BITS)} has no owner")
         if start < covered_up_to:
-            raise ValueError(
+            raise SegackValueError(
                 f"{previous!r} and {member!r} overlap: "
                 f"hash {member.segment_id} matches both"
             )
         covered_up_to = start + (_HASH_SPACE >> member.depth)
         previous = member
     if covered_up_to < _HASH_SPACE:
-        raise ValueError(f"hash {_reverse_bits(covered_up_to, MAX_MASK_BITS)} has no owner")
+        raise SegackValueError(f"hash {_reverse_bits(covered_up_to, MAX_MASK_BITS)} has no owner")

@@ -30,6 +30,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from segack.errors import SegackTypeError, SegackValueError
+
 __all__ = ["AckerState", "decode", "encode", "MAGIC", "OFFSET_LIMIT", "VARINT_BYTES_MAX", "VERSION"]
 
 MAGIC = b"SGAK"
@@ -68,12 +70,13 @@ def _offset(value: Any, index: int, out: bytearray) -> None:
     if value is None:
         out.append(_TAG_NONE)
     elif isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise TypeError(f"only int and str offsets survive a snapshot, not {type(value).__name__}")
+        raise SegackTypeError(f"only int and str offsets survive a snapshot, not {type(value).__name__}")
     elif isinstance(value, int) and value == index:
         out.append(_TAG_SAME_AS_INDEX)
     elif isinstance(value, int):
         if not -OFFSET_LIMIT < value < OFFSET_LIMIT:
-            raise ValueError(f"int offset {value} is too large for a snapshot (limit: 2**128 in magnitude)")
+            raise SegackValueError(
+                f"int offset {value} is too large for a snapshot (limit: 2**128 in magnitude)")
         out.append(_TAG_INT)
         _uvarint((value << 1) if value >= 0 else ((-value) << 1) - 1, out)
     else:
@@ -121,7 +124,7 @@ class _Reader:
 
     def byte(self) -> int:
         if self.position >= self.end:
-            raise ValueError("damaged acker snapshot: it ends in the middle of a field")
+            raise SegackValueError("damaged acker snapshot: it ends in the middle of a field")
         value = self.data[self.position]
         self.position += 1
         return value
@@ -133,7 +136,7 @@ class _Reader:
             result |= (byte & 0x7F) << (7 * length)
             if byte < 0x80:
                 return result
-        raise ValueError("damaged acker snapshot: a number is too long")
+        raise SegackValueError("damaged acker snapshot: a number is too long")
 
     def offset(self, index: int) -> Any:
         tag = self.byte()
@@ -147,28 +150,28 @@ class _Reader:
         if tag == _TAG_STR:
             length = self.uvarint()
             if self.position + length > self.end:
-                raise ValueError("damaged acker snapshot: a string runs past the end")
+                raise SegackValueError("damaged acker snapshot: a string runs past the end")
             raw = self.data[self.position : self.position + length]
             self.position += length
             return raw.decode("utf-8", "surrogatepass")
-        raise ValueError(f"damaged acker snapshot: unknown offset tag {tag}")
+        raise SegackValueError(f"damaged acker snapshot: unknown offset tag {tag}")
 
 
 def decode(data: Any) -> AckerState:
     """The state a token holds. A damaged, truncated or foreign token is a ``ValueError``."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError(f"a snapshot is bytes, not {type(data).__name__}")
+        raise SegackTypeError(f"a snapshot is bytes, not {type(data).__name__}")
     data = bytes(data)
     if len(data) < _HEADER.size + _CHECKSUM.size or data[:4] != MAGIC:
-        raise ValueError("not a segack acker snapshot (wrong magic bytes)")
+        raise SegackValueError("not a segack acker snapshot (wrong magic bytes)")
     _, version, total = _HEADER.unpack_from(data)
     if version != VERSION:
-        raise ValueError(f"unsupported acker snapshot version {version} (this segack reads {VERSION})")
+        raise SegackValueError(f"unsupported acker snapshot version {version} (this segack reads {VERSION})")
     if total != len(data):
-        raise ValueError(f"damaged acker snapshot: {len(data)} bytes where the header says {total}")
+        raise SegackValueError(f"damaged acker snapshot: {len(data)} bytes where the header says {total}")
     (checksum,) = _CHECKSUM.unpack_from(data, len(data) - _CHECKSUM.size)
     if zlib.crc32(data[: -_CHECKSUM.size]) != checksum:
-        raise ValueError("damaged acker snapshot: checksum mismatch")
+        raise SegackValueError("damaged acker snapshot: checksum mismatch")
     reader = _Reader(data, _HEADER.size, len(data) - _CHECKSUM.size)
     try:
         start = reader.uvarint()
@@ -177,7 +180,7 @@ def decode(data: Any) -> AckerState:
         duplicates = reader.uvarint()
         policy = reader.byte()
         if policy >= len(_POLICIES):
-            raise ValueError(f"damaged acker snapshot: unknown duplicate policy {policy}")
+            raise SegackValueError(f"damaged acker snapshot: unknown duplicate policy {policy}")
         bound = reader.uvarint()
         runs: list[tuple[int, int, Any]] = []
         previous_end = next_index - 1
@@ -187,11 +190,11 @@ def decode(data: Any) -> AckerState:
             runs.append((first, last, reader.offset(last)))
             previous_end = last
     except UnicodeDecodeError:
-        raise ValueError("damaged acker snapshot: an offset is not valid UTF-8") from None
+        raise SegackValueError("damaged acker snapshot: an offset is not valid UTF-8") from None
     if reader.position != reader.end:
-        raise ValueError("damaged acker snapshot: bytes left over after the last run")
+        raise SegackValueError("damaged acker snapshot: bytes left over after the last run")
     if (committed is None) != (next_index == start):
-        raise ValueError("damaged acker snapshot: committed offset and next index disagree")
+        raise SegackValueError("damaged acker snapshot: committed offset and next index disagree")
     return AckerState(
         start, next_index, committed, duplicates, _POLICIES[policy],
         None if bound == 0 else bound - 1, runs,

@@ -1,0 +1,98 @@
+"""The public API's shape: one error hierarchy, and the 0.1 names that still work."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pkgutil
+import re
+from pathlib import Path
+
+import pytest
+
+import segack
+from segack.errors import SegackError
+
+INSTALLED = Path(segack.__file__).parent
+#: The checkout's sources, which the source checks read (the installed copy may lag behind).
+SOURCE = Path(__file__).resolve().parents[1] / "src" / "segack"
+
+
+def _modules():
+    for info in pkgutil.walk_packages([str(INSTALLED)], prefix="segack."):
+        if info.name.endswith("__main__"):
+            continue
+        yield importlib.import_module(info.name)
+
+
+def _error_classes():
+    found = {}
+    for module in _modules():
+        for value in vars(module).values():
+            if (inspect.isclass(value) and issubclass(value, BaseException)
+                    and value.__module__.startswith("segack")):
+                found[f"{value.__module__}.{value.__qualname__}"] = value
+    return found
+
+
+def test_every_error_class_derives_from_segack_error_and_ends_in_error():
+    classes = _error_classes()
+    assert len(classes) >= 10, sorted(classes)
+    for name, error in classes.items():
+        assert issubclass(error, SegackError), name
+        assert error.__name__.endswith("Error"), name
+
+
+@pytest.mark.parametrize("builtin", ["ValueError", "TypeError", "KeyError", "RuntimeError", "AssertionError"])
+def test_library_code_raises_no_bare_builtin_error(builtin):
+    pattern = re.compile(rf"\braise {builtin}\(")
+    offenders = [f"{path.relative_to(SOURCE)}:{number}"
+                 for path in sorted(SOURCE.rglob("*")) if path.suffix in (".py", ".pyx", ".pxi")
+                 for number, line in enumerate(path.read_text().splitlines(), 1)
+                 if pattern.search(line) and "pragma: no cover" not in line]
+    assert offenders == []
+
+
+def test_library_code_checks_input_without_assert():
+    # ``python -O`` drops asserts: outside the ``_check`` debugging aids they may only narrow
+    # internal state for the type checker (``assert x is not None``).
+    offenders = []
+    for path in sorted(SOURCE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        checks = {node for function in ast.walk(tree)
+                  if isinstance(function, ast.FunctionDef) and function.name == "_check"
+                  for node in ast.walk(function)}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Assert) or node in checks:
+                continue
+            test = node.test
+            narrowing = (isinstance(test, ast.Compare) and len(test.ops) == 1
+                         and isinstance(test.ops[0], ast.IsNot)
+                         and isinstance(test.comparators[0], ast.Constant)
+                         and test.comparators[0].value is None)
+            if not narrowing:
+                offenders.append(f"{path.relative_to(SOURCE)}:{node.lineno}")
+    assert offenders == []
+
+
+def test_errors_refine_the_builtin_they_replace():
+    assert issubclass(segack.SegackValueError, ValueError)
+    assert issubclass(segack.SegackTypeError, TypeError)
+    assert issubclass(segack.DuplicateAckError, ValueError)
+    assert issubclass(segack.AckerFullError, RuntimeError)
+    with pytest.raises(ValueError, match="must be"):
+        segack.SegmentSet.balanced(0)
+    with pytest.raises(SegackError):
+        segack.java_hash(1.5)
+
+
+def test_the_old_handler_failed_name_warns_and_is_the_new_class():
+    from segack import spark_adapter
+    from segack.spark_adapter import errors
+
+    for module in (spark_adapter, errors):
+        with pytest.warns(DeprecationWarning, match="HandlerFailedError"):
+            assert module.HandlerFailed is spark_adapter.HandlerFailedError
+    with pytest.raises(AttributeError):
+        errors.NoSuchName  # noqa: B018
