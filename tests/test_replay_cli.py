@@ -117,6 +117,26 @@ def test_handler_failure_exits_non_zero_with_one_line_naming_the_event(tmp_path)
     assert ("u1", 10) not in done and ("u1", 9) in done
 
 
+BANNER = ("Using Spark's default log4j profile", "Setting default log level", "To adjust logging level")
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
+def test_spark_banner_lines_only_with_verbose(tmp_path, verbose):
+    import pyarrow as pa
+
+    table = pa.table({"user": ["u1", "u2"], "seq": [0, 0], "ts": [1, 2]})
+    pq.write_table(table, tmp_path / "events.parquet")
+    process = _start(tmp_path, "tests.spark_handlers:record_slowly", 1, 0, ["--verbose"] if verbose else [])
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 0, err
+    banner = [line for line in err.splitlines() if line.startswith(BANNER)]
+    if verbose:
+        assert len(banner) >= 2, err
+    else:
+        assert banner == []
+        assert "segack replay: 2 events handled" in out
+
+
 def test_a_damaged_checkpoint_fails_the_command_and_is_kept(tmp_path, capsys):
     (tmp_path / "checkpoint").mkdir()
     state = tmp_path / "checkpoint" / "checkpoint.json"

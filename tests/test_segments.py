@@ -347,3 +347,25 @@ def test_kernel_and_spec_agree_on_key_groups(members, bits):
 
     assert outcome(owners(kernel)) == outcome(owners(spec))
     assert outcome(groups(kernel)) == outcome(groups(spec))
+
+
+def test_init_again_replaces_the_set_and_frees_the_old_tables(impl):
+    import tracemalloc
+
+    fine = impl.SegmentSet.balanced(4096)
+    coarse = impl.SegmentSet.balanced(2)
+    hashes = np.array([0, 1, 2, 3, 4095, -1], dtype=np.int32)
+    reused = impl.SegmentSet.balanced(4096)
+    reused.__init__(coarse.members)
+    assert reused.members == coarse.members
+    assert reused.assign(hashes).tolist() == coarse.assign(hashes).tolist()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(50):
+            reused.__init__(fine.members)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # One set's tables are about 40 KB; fifty leaked copies would be 2 MB.
+    assert grown < 400_000, grown

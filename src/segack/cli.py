@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tasks save progress after this many events (default: 10000)")
     replay.add_argument("--flush-interval", type=float, default=5.0, metavar="SECONDS",
                         help="... or after this many seconds (default: 5)")
+    replay.add_argument("--verbose", action="store_true",
+                        help="let Spark's driver log as it would by default (its banner, warnings)")
 
     status = commands.add_parser(
         "status", help="show a checkpoint",

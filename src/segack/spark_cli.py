@@ -84,7 +84,7 @@ def replay_command(args: argparse.Namespace) -> int:
     printer = ProgressPrinter()
     spark = None
     try:
-        spark = spark_session(master=master, remote=args.remote, conf=dict(args.conf))
+        spark = spark_session(master=master, remote=args.remote, conf=dict(args.conf), quiet=not args.verbose)
         ship_module(spark, args.handler.partition(":")[0])
         ship_py_files(spark, py_files)
         result = replay(

@@ -21,6 +21,7 @@ cdef class SegmentSet:
     cdef Py_ssize_t _count
 
     cdef _build_lookup(self)
+    cdef void _free_lookup(self) noexcept
     cdef int32_t owner_index_c(self, uint32_t hash_value) noexcept nogil
 
 

@@ -282,16 +282,26 @@ cdef class SegmentSet:
         self._count = 0
 
     def __dealloc__(self):
-        PyMem_Free(self._ids)
-        PyMem_Free(self._masks)
-        PyMem_Free(self._table)
-        PyMem_Free(self._deep_order)
+        self._free_lookup()
 
     def __init__(self, segments):
         cdef list members = [_as_segment(segment, "member") for segment in segments]
         _check_complete(members)
+        # A second __init__ replaces the tables: free the old ones first.
+        self._free_lookup()
         self._members = tuple(sorted(members))
         self._build_lookup()
+
+    cdef void _free_lookup(self) noexcept:
+        PyMem_Free(self._ids)
+        PyMem_Free(self._masks)
+        PyMem_Free(self._table)
+        PyMem_Free(self._deep_order)
+        self._ids = NULL
+        self._masks = NULL
+        self._table = NULL
+        self._deep_order = NULL
+        self._count = 0
 
     cdef _build_lookup(self):
         cdef Py_ssize_t count = len(self._members)

@@ -16,6 +16,7 @@ import sysconfig
 import tempfile
 import zipfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from segack.errors import SegackValueError
@@ -41,6 +42,8 @@ _DEFAULTS = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.log.level": "ERROR",
 }
+#: The driver's logging setup for ``spark_session(quiet=True)``: errors only.
+QUIET_LOGGING = Path(__file__).with_name("log4j2-quiet.properties")
 _LOCAL_DEFAULTS = {
     "spark.ui.enabled": "false",
     "spark.sql.shuffle.partitions": "4",
@@ -53,13 +56,17 @@ def spark_session(
     remote: str | None = None,
     conf: Mapping[str, str] | None = None,
     app_name: str = "segack",
+    quiet: bool = False,
 ) -> SparkSession:
     """A session on ``master`` (classic) or on a Spark Connect server at ``remote``.
 
     Speculative execution is off (two attempts of one segment must never run at
     once), Python workers use this interpreter, and on a local master the UI is
     off and shuffles are small. ``conf`` (as ``spark-submit --conf``) adds or
-    overrides settings. Giving both ``master`` and ``remote`` is a ``ValueError``.
+    overrides settings. ``quiet`` starts the driver JVM with a logging setup
+    that prints errors only, without Spark's start-up banner lines (it applies
+    only when this call starts the JVM). Giving both ``master`` and ``remote``
+    is a ``ValueError``.
     """
     from pyspark.sql import SparkSession
 
@@ -77,6 +84,12 @@ def spark_session(
         settings = {"spark.sql.execution.arrow.pyspark.enabled": "true"}
         builder = SparkSession.builder.remote(remote)
     settings.update(conf or {})
+    if quiet and remote is None:
+        if "spark.log.level" not in (conf or {}):
+            settings.pop("spark.log.level")  # the file sets it, without Spark saying so
+        options = [f"-Dlog4j2.configurationFile={QUIET_LOGGING.as_uri()}",
+                   settings.get("spark.driver.extraJavaOptions", "")]
+        settings["spark.driver.extraJavaOptions"] = " ".join(filter(None, options))
     builder = builder.appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
