@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from segack._constants import HASHES
 from segack.kernel import SegmentSet, java_hash, spark_hash
 
 
@@ -48,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a balanced set of N segments, or the live segment ids (default: 1)",
     )
     locate.add_argument(
-        "--hash", choices=["java", "spark"], default="java",
+        "--hash", choices=HASHES, default="java",
         help="java: Axon's String.hashCode; spark: Spark SQL's hash() (default: java)",
     )
     replay = commands.add_parser(
@@ -70,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--segments", type=_segment_set, default=None, metavar="N|ID,ID,...",
                         help="a balanced set of N segments, or the live segment ids (default: the last "
                         "run's, else spark.sql.shuffle.partitions)")
-    replay.add_argument("--hash", choices=["java", "spark"], default="spark",
+    replay.add_argument("--hash", choices=HASHES, default="spark",
                         help="spark: Spark's hash(), in the JVM; java: Axon's hashCode (default: spark)")
     replay.add_argument("--key-group-bits", type=int, default=None, metavar="K",
                         help="cut hashes into 2**K key groups, fixed by a checkpoint's first run; no segment "

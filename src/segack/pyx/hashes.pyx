@@ -12,6 +12,7 @@ import operator
 
 import numpy as np
 
+from segack._constants import SPARK_HASH_SEED
 from segack.errors import SegackTypeError, SegackValueError
 
 __all__ = [
@@ -23,8 +24,9 @@ __all__ = [
     "SPARK_DTYPES",
 ]
 
-SPARK_HASH_SEED = 42
 SPARK_DTYPES = ("string", "int", "bigint")
+# The seed as a C constant of this module, for the loops below.
+cdef uint32_t _SEED = SPARK_HASH_SEED
 
 cdef int64_t _INT32_MIN = -(1 << 31)
 cdef int64_t _INT32_MAX = (1 << 31) - 1
@@ -195,7 +197,7 @@ cdef int32_t _spark_hash_str(str text) except? -1:
         data = PyUnicode_AsUTF8AndSize(text, &length)
     except UnicodeEncodeError:
         raise SegackValueError("a string with a lone surrogate has no UTF-8 form to hash") from None
-    return spark_hash_bytes_c(<const uint8_t *>data, length, 42)
+    return spark_hash_bytes_c(<const uint8_t *>data, length, _SEED)
 
 
 cdef str _spark_dtype_of(object value):
@@ -213,7 +215,7 @@ cdef _check_dtype(object dtype):
 
 cdef int32_t _spark_hash_typed(object value, str kind) except? -1:
     if value is None:
-        return 42
+        return _SEED
     if kind == "string":
         if not isinstance(value, str):
             raise SegackTypeError(f"a string column holds str, not {type(value).__name__}")
@@ -224,10 +226,10 @@ cdef int32_t _spark_hash_typed(object value, str kind) except? -1:
     if kind == "int":
         if not _INT32_MIN <= number <= _INT32_MAX:
             raise SegackValueError(f"{number} does not fit in a Spark int (32-bit signed)")
-        return spark_hash_int_c(number, 42)
+        return spark_hash_int_c(number, _SEED)
     if not -(1 << 63) <= number <= (1 << 63) - 1:
         raise SegackValueError(f"{number} does not fit in a Spark bigint (64-bit signed)")
-    return spark_hash_long_c(number, 42)
+    return spark_hash_long_c(number, _SEED)
 
 
 def spark_hash(value, dtype=None):
@@ -274,14 +276,14 @@ cdef void _spark_ints(const int32_t[::1] values, int32_t[::1] out) noexcept:
     cdef Py_ssize_t i
     with nogil:
         for i in range(values.shape[0]):
-            out[i] = spark_hash_int_c(values[i], 42)
+            out[i] = spark_hash_int_c(values[i], _SEED)
 
 
 cdef void _spark_longs(const int64_t[::1] values, int32_t[::1] out) noexcept:
     cdef Py_ssize_t i
     with nogil:
         for i in range(values.shape[0]):
-            out[i] = spark_hash_long_c(values[i], 42)
+            out[i] = spark_hash_long_c(values[i], _SEED)
 
 
 cdef object _arrow_kind(object arrow_type):
@@ -375,7 +377,7 @@ cdef object _arrow_many(object values, _Which which):
     cdef const uint8_t[::1] validity = (
         np.frombuffer(buffers[0], dtype=np.uint8) if buffers[0] is not None else None
     )
-    cdef int32_t null_hash = 0 if which == _JAVA else 42
+    cdef int32_t null_hash = 0 if which == _JAVA else _SEED
     if kind == "string":
         offsets = np.frombuffer(
             buffers[1], dtype=np.int64 if pa.types.is_large_string(values.type) else np.int32
@@ -416,7 +418,7 @@ cdef void _arrow_strings(
             elif which == _JAVA:
                 out[i] = java_hash_utf8_c(&data[0] + offsets[i], offsets[i + 1] - offsets[i])
             else:
-                out[i] = spark_hash_bytes_c(&data[0] + offsets[i], offsets[i + 1] - offsets[i], 42)
+                out[i] = spark_hash_bytes_c(&data[0] + offsets[i], offsets[i + 1] - offsets[i], _SEED)
 
 
 cdef void _arrow_numbers(
@@ -438,9 +440,9 @@ cdef void _arrow_numbers(
             elif which == _JAVA:
                 out[i] = java_hash_long_c(numbers[i])
             elif is_int32:
-                out[i] = spark_hash_int_c(<int32_t>numbers[i], 42)
+                out[i] = spark_hash_int_c(<int32_t>numbers[i], _SEED)
             else:
-                out[i] = spark_hash_long_c(numbers[i], 42)
+                out[i] = spark_hash_long_c(numbers[i], _SEED)
 
 
 cdef object _unicode_array_many(object values, _Which which):
@@ -449,7 +451,7 @@ cdef object _unicode_array_many(object values, _Which which):
     cdef Py_ssize_t width = values.dtype.itemsize // 4
     result = np.empty(n, dtype=np.int32)
     if n == 0 or width == 0:
-        result[:] = 0 if which == _JAVA else spark_hash_bytes_c(NULL, 0, 42)
+        result[:] = 0 if which == _JAVA else spark_hash_bytes_c(NULL, 0, _SEED)
         return result
     codes = np.ascontiguousarray(values).view(np.uint32).reshape(n, width)
     if which == _SPARK and ((codes >= 0xD800) & (codes <= 0xDFFF)).any():
@@ -478,7 +480,7 @@ cdef void _ucs4_rows(const uint32_t[:, ::1] codes, _Which which, int32_t[::1] ou
 
 cdef int32_t _spark_ucs4(const uint32_t *code_points, Py_ssize_t length) noexcept nogil:
     """Spark's string hash of UCS4 text, encoding UTF-8 on the fly into whole words."""
-    cdef uint32_t h1 = 42, word = 0, code_point
+    cdef uint32_t h1 = _SEED, word = 0, code_point
     cdef int pending = 0, count, k
     cdef uint8_t bytes_out[4]
     cdef Py_ssize_t total = 0, i

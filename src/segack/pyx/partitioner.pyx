@@ -3,14 +3,13 @@
 
 from libc.stdint cimport uint32_t
 
+from segack._constants import HASHES
 from segack.errors import SegackTypeError, SegackValueError
 from segack.pyx.segments cimport SegmentSet
 
 from segack.pyx.hashes import java_hash, spark_hash
 
 __all__ = ["SegmentPartitioner"]
-
-HASHES = ("java", "spark")
 
 
 cdef class SegmentPartitioner:

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from segack._constants import HASHES
 from segack.errors import SegackTypeError, SegackValueError
 from segack.kernel import SegmentSet
 
 __all__ = ["HASHES", "JAVA_HASH_METHODS", "hash_column", "member_index_column", "segment_column"]
 
-HASHES = ("java", "spark")
 JAVA_HASH_METHODS = ("reflect", "arrow")
 #: The candidate ``method="auto"`` uses for string keys under ``hash="java"``.
 FASTEST_JAVA_HASH_METHOD = "reflect"

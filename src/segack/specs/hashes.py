@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from segack._constants import SPARK_HASH_SEED
 from segack.errors import SegackTypeError, SegackValueError
 
 __all__ = [
@@ -25,7 +26,6 @@ __all__ = [
 ]
 
 #: The seed Spark SQL's ``hash()`` uses.
-SPARK_HASH_SEED = 42
 
 #: The Spark column types :func:`spark_hash` hashes bit-exactly.
 SPARK_DTYPES = ("string", "int", "bigint")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from segack._constants import HASHES
 from segack.errors import SegackTypeError, SegackValueError
 from segack.specs.hashes import java_hash, spark_hash
 from segack.specs.segments import SegmentSet
 
 __all__ = ["SegmentPartitioner"]
 
-HASHES = ("java", "spark")
 
 
 class SegmentPartitioner:
