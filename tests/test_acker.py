@@ -90,11 +90,22 @@ def test_bad_indexes_are_rejected_and_change_nothing(impl, index, error, message
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"next_index": -1}, {"on_duplicate": "skip"}, {"max_runs": -1}, {"next_index": "0"}]
+    "kwargs", [{"start_index": -1}, {"on_duplicate": "skip"}, {"max_runs": -1}, {"start_index": "0"},
+               {"start_index": 3, "next_index": 4}],
 )
 def test_bad_settings(impl, kwargs):
     with pytest.raises((ValueError, TypeError)):
         impl.OffsetAcker(**kwargs)
+
+
+def test_start_index_names_the_start_and_next_index_still_works_with_a_warning(impl):
+    acker = impl.OffsetAcker(start_index=7)
+    assert acker.start_index == acker.next_index == 7
+    with pytest.warns(DeprecationWarning, match="start_index"):
+        old = impl.OffsetAcker(next_index=7)
+    assert old.start_index == 7 and old == acker
+    with pytest.raises(ValueError, match="start_index must be in"):
+        impl.OffsetAcker(start_index=-1)
 
 
 def test_max_runs_refuses_before_any_change(impl):

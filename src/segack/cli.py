@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from segack._constants import HASHES
+from segack._shared import HASHES
 from segack.kernel import SegmentSet, java_hash, spark_hash
 
 

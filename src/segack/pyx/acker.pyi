@@ -14,7 +14,8 @@ WINDOW_SIZE: int
 
 class OffsetAcker:
     def __init__(
-        self, next_index: int = 0, *, on_duplicate: str = "error", max_runs: int | None = None
+        self, start_index: int = 0, *, on_duplicate: str = "error", max_runs: int | None = None,
+        next_index: int | None = None,
     ) -> None: ...
     @property
     def start_index(self) -> int: ...

@@ -26,6 +26,7 @@ import zlib
 
 import numpy as np
 
+from segack._shared import start_index_argument
 from segack.errors import AckerFullError, DuplicateAckError, SegackTypeError, SegackValueError
 from segack.specs import snapshot as _snapshot
 from segack.specs.acker import INDEX_MAX, _check_settings, _index_array, merged_state, restorable_state
@@ -391,7 +392,7 @@ cdef bint _parse_body(bytes data, _Parsed *parsed) except -1:
 cdef class OffsetAcker:
     """Tracks out-of-order completions and answers the safe commit point.
 
-    ``OffsetAcker(next_index=0, *, on_duplicate="error", max_runs=None)``; see
+    ``OffsetAcker(start_index=0, *, on_duplicate="error", max_runs=None)``; see
     :class:`segack.specs.OffsetAcker` for the rules. Every failing call changes
     nothing.
     """
@@ -411,8 +412,8 @@ cdef class OffsetAcker:
     def __dealloc__(self):
         self._clear()
 
-    def __init__(self, next_index=0, *, on_duplicate="error", max_runs=None):
-        start = _check_settings(next_index, on_duplicate, max_runs)
+    def __init__(self, start_index=0, *, on_duplicate="error", max_runs=None, next_index=None):
+        start = _check_settings(start_index_argument(start_index, next_index), on_duplicate, max_runs)
         self._clear()
         self._start = start
         self._next = start

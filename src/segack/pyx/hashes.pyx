@@ -12,7 +12,7 @@ import operator
 
 import numpy as np
 
-from segack._constants import SPARK_HASH_SEED
+from segack._shared import SPARK_HASH_SEED
 from segack.errors import SegackTypeError, SegackValueError
 
 __all__ = [

@@ -3,7 +3,7 @@
 
 from libc.stdint cimport uint32_t
 
-from segack._constants import HASHES
+from segack._shared import HASHES
 from segack.errors import SegackTypeError, SegackValueError
 from segack.pyx.segments cimport SegmentSet
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from segack._constants import HASHES
+from segack._shared import HASHES
 from segack.errors import SegackTypeError, SegackValueError
 from segack.kernel import SegmentSet
 

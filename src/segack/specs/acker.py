@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from segack._shared import start_index_argument
 from segack.errors import AckerFullError, DuplicateAckError, SegackTypeError, SegackValueError
 from segack.specs import snapshot as snapshot_format
 
@@ -42,10 +43,10 @@ _DUPLICATES_MAX = 2**63 - 1
 _POLICIES = ("error", "ignore")
 
 
-def _check_settings(next_index: Any, on_duplicate: Any, max_runs: Any) -> int:
-    start = _as_index(next_index, "next_index")
+def _check_settings(start_index: Any, on_duplicate: Any, max_runs: Any) -> int:
+    start = _as_index(start_index, "start_index")
     if start < 0 or start > INDEX_MAX:
-        raise SegackValueError(f"next_index must be in 0..{INDEX_MAX}, got {start}")
+        raise SegackValueError(f"start_index must be in 0..{INDEX_MAX}, got {start}")
     if on_duplicate not in _POLICIES:
         raise SegackValueError(f"on_duplicate must be 'error' or 'ignore', got {on_duplicate!r}")
     if max_runs is not None:
@@ -137,8 +138,9 @@ def merged_state(
 class OffsetAcker:
     """Tracks out-of-order completions and answers the safe commit point.
 
-    ``OffsetAcker(next_index=0, *, on_duplicate="error", max_runs=None)``:
-    ``next_index`` is the start, the first index of the stream. With
+    ``OffsetAcker(start_index=0, *, on_duplicate="error", max_runs=None)``:
+    ``start_index`` is the first index of the stream (``next_index=``, its
+    0.1 name, still works with a ``DeprecationWarning``). With
     ``on_duplicate="ignore"`` a repeated ack is counted in :attr:`duplicates`
     and skipped instead of raising :class:`DuplicateAckError`. ``max_runs``
     bounds memory: an ack that would make more pending runs than that raises
@@ -148,9 +150,10 @@ class OffsetAcker:
     """
 
     def __init__(
-        self, next_index: int = 0, *, on_duplicate: str = "error", max_runs: int | None = None
+        self, start_index: int = 0, *, on_duplicate: str = "error", max_runs: int | None = None,
+        next_index: int | None = None,
     ) -> None:
-        start = _check_settings(next_index, on_duplicate, max_runs)
+        start = _check_settings(start_index_argument(start_index, next_index), on_duplicate, max_runs)
         self._start = start
         self._next = start
         self._committed: Any = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from segack._constants import HASHES
+from segack._shared import HASHES
 from segack.errors import SegackTypeError, SegackValueError
 from segack.specs.hashes import java_hash, spark_hash
 from segack.specs.segments import SegmentSet
