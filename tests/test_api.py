@@ -7,6 +7,7 @@ import importlib
 import inspect
 import pkgutil
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,70 @@ def test_the_old_handler_failed_name_warns_and_is_the_new_class():
             assert module.HandlerFailed is spark_adapter.HandlerFailedError
     with pytest.raises(AttributeError):
         errors.NoSuchName  # noqa: B018
+
+
+def _public(module):
+    return {name: getattr(module, name) for name in module.__all__}
+
+
+def test_the_kernel_has_every_public_name_of_the_spec():
+    import segack.kernel
+    import segack.specs
+
+    assert set(segack.specs.__all__) <= set(segack.kernel.__all__)
+    assert set(segack.specs.__all__) <= set(segack.__all__)
+
+
+def _signature_pairs():
+    import segack.kernel
+    import segack.specs
+
+    kernel = _public(segack.kernel)
+    for name, twin in _public(segack.specs).items():
+        if inspect.isclass(twin) and not issubclass(twin, BaseException):
+            for member, value in vars(twin).items():
+                if callable(value) and not member.startswith("_"):
+                    yield f"{name}.{member}", getattr(twin, member), getattr(kernel[name], member, None)
+        elif callable(twin) and not inspect.isclass(twin):
+            yield name, twin, kernel[name]
+
+
+def _shape(parameters):
+    """Parameter names, kinds and defaults, without ``self``; annotations are the spec's alone."""
+    return [(p.name, p.kind, p.default) for p in parameters if p.name != "self"]
+
+
+@pytest.mark.parametrize(("name", "spec", "kernel"), list(_signature_pairs()),
+                         ids=[name for name, _, _ in _signature_pairs()])
+def test_kernel_signatures_are_the_specs(name, spec, kernel):
+    assert kernel is not None, f"the kernel lacks {name}"
+    assert _shape(inspect.signature(kernel).parameters.values()) == _shape(
+        inspect.signature(spec).parameters.values())
+
+
+def _stub_init(cls):
+    """The ``__init__`` parameters of a compiled class, as its ``.pyi`` stub declares them
+    (a cdef class's own ``__init__`` cannot be introspected)."""
+    module = sys.modules[cls.__module__]
+    stub = Path(inspect.getfile(module)).parent / (cls.__module__.rsplit(".", 1)[1] + ".pyi")
+    tree = ast.parse(stub.read_text())
+    [node] = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == cls.__name__]
+    [init] = [item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"]
+    arguments = init.args
+    defaults = [None] * (len(arguments.args) - len(arguments.defaults)) + list(arguments.defaults)
+    shape = [(a.arg, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+              inspect.Parameter.empty if d is None else ast.literal_eval(d))
+             for a, d in zip(arguments.args, defaults, strict=True)]
+    shape += [(a.arg, inspect.Parameter.KEYWORD_ONLY,
+               inspect.Parameter.empty if d is None else ast.literal_eval(d))
+              for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True)]
+    return [item for item in shape if item[0] != "self"]
+
+
+@pytest.mark.parametrize("name", ["OffsetAcker", "Segment", "SegmentSet", "SegmentPartitioner"])
+def test_compiled_constructors_are_the_specs_as_stubbed(name):
+    import segack.kernel
+    import segack.specs
+
+    spec = inspect.signature(getattr(segack.specs, name).__init__).parameters.values()
+    assert _stub_init(getattr(segack.kernel, name)) == _shape(spec)
