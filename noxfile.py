@@ -54,7 +54,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def docs(session: nox.Session) -> None:
     """Build the Sphinx site with warnings as errors (nitpicky), then run its examples as doctests."""
-    session.install(".", "sphinx>=8,<9", "matplotlib>=3.8")
+    session.install(".", "sphinx>=8,<9", "furo>=2024.8", "matplotlib>=3.8")
     session.run("sphinx-build", "-W", "-n", "--keep-going", "-b", "html", "docs", "docs/_build/html")
     session.run("sphinx-build", "-W", "-n", "--keep-going", "-b", "doctest", "docs", "docs/_build/doctest")
 

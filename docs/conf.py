@@ -20,7 +20,8 @@ extensions = ["sphinx.ext.autodoc", "sphinx.ext.doctest"]
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 exclude_patterns = ["_build"]
-html_theme = "alabaster"
+html_theme = "furo"
+html_title = f"segack {release}"
 html_static_path: list[str] = []
 # Nitpicky checking is on; the names below are third-party types the docs mention but cannot link
 # offline (Spark's and NumPy's), listed so every other reference must resolve.

@@ -37,6 +37,8 @@ def segment_tree(out: Path) -> None:
                 draw(child, a, b, depth + 1)
 
     draw(segack.ROOT, 0.0, 1.0, 0)
+    depth = max(-y for _, y in positions.values())
+    axis.set_ylim(-depth - 0.6, 0.6)  # room above the root's box for the title
     axis.set_axis_off()
     axis.set_title("SegmentSet.balanced(6): the splits from ROOT; live segments in blue")
     figure.tight_layout()
@@ -105,12 +107,14 @@ def performance(out: Path) -> None:
     plt.close(figure)
     hashes = json.loads((HERE / "perf" / "hashes.json").read_text())
     figure, axis = plt.subplots(figsize=(8, 3.2))
-    axis.barh([row["what"] + " vs " + row["competitor"] for row in hashes["rows"]],
+    figure.set_size_inches(8, 4.2)
+    axis.barh([f"{row['what']}\nvs {row['competitor']}" for row in hashes["rows"]],
               [float(row["ratio"].rstrip("x")) for row in hashes["rows"]], color="#a85")
     axis.set_xlabel("speed-up over the competitor (same run)")
     axis.tick_params(axis="y", labelsize=7)
     figure.tight_layout()
-    figure.savefig(out / "perf-hashes.png", dpi=110)
+    # The labels are long: let the saved image grow to hold them rather than cut them.
+    figure.savefig(out / "perf-hashes.png", dpi=110, bbox_inches="tight")
     plt.close(figure)
     tables = []
     for name in ("hashes", "acker", "acker-state", "spark-columns", "spark-replay", "spark-checkpoint",
@@ -119,7 +123,8 @@ def performance(out: Path) -> None:
         columns = list(dict.fromkeys(key for row in data["rows"] for key in row))
         tables.append(f".. list-table:: {name}\n   :header-rows: 1\n")
         for row in [dict(zip(columns, columns, strict=True)), *data["rows"]]:
-            cells = [str(row.get(column, "")) or "-" for column in columns]
+            # An en dash: a lone "-" would start a bullet list inside the cell.
+            cells = [str(row.get(column, "")) or "\u2013" for column in columns]
             tables.append("   * - " + "\n     - ".join(cells))
         tables.append("")
     (out / "perf-tables.rst").write_text("\n".join(tables) + "\n")

@@ -83,5 +83,4 @@ cdef class OffsetAcker:
     cdef _apply_native(self, const int64_t[::1] indexes, const int64_t[::1] offsets)
     cdef _apply_objects(self, const int64_t[::1] indexes, list offsets)
     cdef _load(self, state)
-    cdef int add_native_c(self, int64_t index, int64_t offset) except -1 nogil
     cdef int add_object_c(self, int64_t index, object offset) except -1

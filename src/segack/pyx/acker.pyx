@@ -778,10 +778,6 @@ cdef class OffsetAcker:
                 self._insert_run(0, 0, fresh)
         return 0
 
-    cdef int add_native_c(self, int64_t index, int64_t offset) except -1 nogil:
-        self._flush_window()
-        return self._add(index, offset, NULL)
-
     cdef int add_object_c(self, int64_t index, object offset) except -1:
         cdef int64_t native = 0
         self._flush_window()
