@@ -3,6 +3,8 @@
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
+# The one definition of the kernel's compiler directives; a .pyx header only adds what is
+# particular to its module.
 COMPILER_DIRECTIVES = {
     "language_level": 3,
     "embedsignature": True,

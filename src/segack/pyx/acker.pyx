@@ -1,6 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-# cython: embedsignature=True, embedsignature.format=clinic
-# cython: binding=False
+# cython: embedsignature.format=clinic, binding=False
 # (plain builtin methods: one call layer less on the per-call ack path; the clinic-format
 # signatures keep inspect.signature working)
 """The offset acker, compiled. Mirrors :mod:`segack.specs.acker`, errors included.

@@ -1,4 +1,3 @@
-# cython: language_level=3, embedsignature=True, boundscheck=False, wraparound=False, cdivision=True
 """Sequencing hashes, compiled: Java's ``Objects.hashCode`` and Spark SQL's ``hash()``.
 
 Mirrors :mod:`segack.specs.hashes` name for name, errors included. The ``_many``

@@ -1,4 +1,3 @@
-# cython: language_level=3, embedsignature=True
 """A compiled partition function for ``RDD.partitionBy``. Mirrors :mod:`segack.specs.partitioner`."""
 
 from libc.stdint cimport uint32_t

@@ -1,4 +1,3 @@
-# cython: language_level=3, embedsignature=True, boundscheck=False, wraparound=False, cdivision=True
 """Segments of the 32-bit hash space: the compiled kernel.
 
 Mirrors :mod:`segack.specs.segments` name for name, errors included.
