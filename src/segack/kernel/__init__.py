@@ -9,14 +9,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from typing import Any
 
-from segack.errors import (
-    AckerFullError,
-    DuplicateAckError,
-    SegackError,
-    SegackKeyError,
-    SegackTypeError,
-    SegackValueError,
-)
+from segack import errors as _errors
+from segack.errors import *  # noqa: F403  (the errors are the same objects in both twins)
 from segack.specs import commits as _commits
 
 try:
@@ -77,12 +71,7 @@ def commit_points_async(
 
 
 __all__ = [
-    "AckerFullError",
-    "DuplicateAckError",
-    "SegackError",
-    "SegackKeyError",
-    "SegackTypeError",
-    "SegackValueError",
+    *_errors.__all__,
     "OffsetAcker",
     "commit_points",
     "commit_points_async",

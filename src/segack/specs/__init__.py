@@ -6,14 +6,8 @@ signature and behaviour, errors included. The tests run against both.
 
 from __future__ import annotations
 
-from segack.errors import (
-    AckerFullError,
-    DuplicateAckError,
-    SegackError,
-    SegackKeyError,
-    SegackTypeError,
-    SegackValueError,
-)
+from segack import errors as _errors
+from segack.errors import *  # noqa: F403  (the errors are the same objects in both twins)
 from segack.specs.acker import OffsetAcker
 from segack.specs.commits import commit_points, commit_points_async
 from segack.specs.hashes import (
@@ -34,12 +28,7 @@ from segack.specs.policies import (
 from segack.specs.segments import MAX_KEY_GROUP_BITS, MAX_MASK_BITS, ROOT, Segment, SegmentSet
 
 __all__ = [
-    "AckerFullError",
-    "DuplicateAckError",
-    "SegackError",
-    "SegackKeyError",
-    "SegackTypeError",
-    "SegackValueError",
+    *_errors.__all__,
     "OffsetAcker",
     "commit_points",
     "commit_points_async",
