@@ -9,12 +9,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from segack.errors import SegackValueError
 from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore, resolve_location
 from segack.spark_adapter.errors import HandlerFailedError, ReplayError
 from segack.spark_adapter.replay import Progress, load_handler, replay, worker_error
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["ProgressPrinter", "demo_command", "replay_command"]
 
@@ -56,7 +59,7 @@ def _importable_from_here() -> None:
         sys.path.insert(0, here)
 
 
-def _read(spark: Any, path: str, fmt: str) -> Any:
+def _read(spark: SparkSession, path: str, fmt: str) -> DataFrame:
     reader = spark.read.format(fmt)
     if fmt == "csv":
         reader = reader.option("header", "true").option("inferSchema", "true")
@@ -66,7 +69,7 @@ def _read(spark: Any, path: str, fmt: str) -> Any:
 
 def replay_command(args: argparse.Namespace) -> int:
     """``segack replay``: exit 0 once every event is done, else 1 with a one-line reason."""
-    from segack.spark_adapter.session import ship_module, ship_py_files, spark_session
+    from segack.spark_adapter.session import is_connect, ship_module, ship_py_files, spark_session
 
     _importable_from_here()
     py_files = [path for path in args.py_files.split(",") if path]
@@ -102,7 +105,9 @@ def replay_command(args: argparse.Namespace) -> int:
         print(f"segack replay: {worker_error(error)}", file=sys.stderr)
         return 1
     finally:
-        if spark is not None:
+        # A classic session's JVM stops itself (shutdown hooks included) when this process exits,
+        # so the command does not wait for that; a Connect session is released on the server.
+        if spark is not None and is_connect(spark):
             spark.stop()
     printer.close()
     print(f"segack replay: {result.handled:,} events handled, {result.already_done:,} already done, "

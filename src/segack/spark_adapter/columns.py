@@ -15,11 +15,15 @@ Spark has no native ``String.hashCode``, so two candidates exist and
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from segack._shared import HASHES
 from segack.errors import SegackTypeError, SegackValueError
 from segack.kernel import SegmentSet
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+    from pyspark.sql._typing import UserDefinedFunctionLike
 
 __all__ = ["HASHES", "JAVA_HASH_METHODS", "hash_column", "member_index_column", "segment_column"]
 
@@ -30,13 +34,13 @@ FASTEST_JAVA_HASH_METHOD = "reflect"
 _TABLE_LIMIT = 4096
 
 
-def _column(key: Any) -> Any:
+def _column(key: Column | str) -> Column:
     from pyspark.sql import functions as F
 
     return F.col(key) if isinstance(key, str) else key
 
 
-def _low_int(value: Any) -> Any:
+def _low_int(value: Column) -> Column:
     """The low 32 bits of a bigint column as a signed int, without ANSI overflow errors."""
     from pyspark.sql import functions as F
 
@@ -44,7 +48,7 @@ def _low_int(value: Any) -> Any:
     return (low.bitwiseXOR(F.lit(0x80000000)) - F.lit(0x80000000)).cast("int")
 
 
-def _java_hash_arrow() -> Any:
+def _java_hash_arrow() -> UserDefinedFunctionLike:
     import pyarrow as pa
     from pyspark.sql import functions as F
 
@@ -54,10 +58,10 @@ def _java_hash_arrow() -> Any:
         return pa.array(java_hash_many(keys), type=pa.int32())
 
     # Spark reads the UDF's kind from type hints it evaluates itself; say it outright instead.
-    return F.arrow_udf(java_hash_batch, "int", F.ArrowUDFType.SCALAR)  # type: ignore[attr-defined]
+    return F.arrow_udf(java_hash_batch, "int", F.ArrowUDFType.SCALAR)  # type: ignore[attr-defined,no-any-return]
 
 
-def hash_column(key: Any, key_type: str, hash: str = "spark", method: str = "auto") -> Any:
+def hash_column(key: Column | str, key_type: str, hash: str = "spark", method: str = "auto") -> Column:
     """The 32-bit hash of ``key`` (a column or column name) whose Spark type is ``key_type``.
 
     ``key_type`` is a simple type string (``"string"``, ``"int"``, ``"bigint"``).
@@ -87,7 +91,7 @@ def hash_column(key: Any, key_type: str, hash: str = "spark", method: str = "aut
     return _java_hash_arrow()(column)
 
 
-def member_index_column(hashes: Any, segments: SegmentSet) -> Any:
+def member_index_column(hashes: Column, segments: SegmentSet) -> Column:
     """The index in ``segments`` of the member owning each hash, as a JVM expression.
 
     A lookup array over the deepest mask when it is small, else a CASE chain that
@@ -105,11 +109,11 @@ def member_index_column(hashes: Any, segments: SegmentSet) -> Any:
         return hashes.bitwiseAND(F.lit(deepest))
     if deepest < _TABLE_LIMIT:
         table = [segments.owner_index(value) for value in range(deepest + 1)]
-        position = hashes.bitwiseAND(F.lit(deepest)) + F.lit(1)
-        return F.element_at(F.array(*[F.lit(owner) for owner in table]), position)
+        slot = hashes.bitwiseAND(F.lit(deepest)) + F.lit(1)
+        return F.element_at(F.array(*[F.lit(owner) for owner in table]), slot)
     widest_first = sorted(range(len(segments)), key=lambda i: segments[i].mask)
 
-    def owns(position: int) -> Any:
+    def owns(position: int) -> Column:
         member = segments[position]
         return hashes.bitwiseAND(F.lit(member.mask)) == F.lit(member.segment_id)
 
@@ -121,8 +125,8 @@ def member_index_column(hashes: Any, segments: SegmentSet) -> Any:
 
 
 def segment_column(
-    df: Any, key: str, segments: SegmentSet, hash: str = "spark", method: str = "auto"
-) -> Any:
+    df: DataFrame, key: str, segments: SegmentSet, hash: str = "spark", method: str = "auto"
+) -> Column:
     """The index in ``segments`` of the segment that owns each row's ``key``.
 
     ``df`` supplies the key's type. Errors as for :func:`hash_column`, plus a

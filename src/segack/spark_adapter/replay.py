@@ -47,7 +47,7 @@ from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, Checkpo
 from segack.spark_adapter.columns import hash_column, member_index_column
 from segack.spark_adapter.errors import HandlerFailedError, ReplayError
 from segack.spark_adapter.session import default_segment_count, executors_share_local_disk, setting
-from segack.spark_adapter.task import KG, RESULT_DDL, TIE, TaskPlan, run_task
+from segack.spark_adapter.task import KG, RESULT_SCHEMA, TIE, TaskPlan, run_task
 from segack.spark_adapter.tokens import DEFAULT_KEY_GROUP_BITS, KeyGroupTokens, TokenError, decode_updates
 
 if TYPE_CHECKING:
@@ -311,6 +311,7 @@ class EventInput:
     def job(self, tokens: KeyGroupTokens, segments: SegmentSet, plan: TaskPlan) -> DataFrame:
         """The replay's one Spark job: remaining events, one segment per partition, sorted, handled."""
         from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_schema
 
         ordered = (
             self.remaining(tokens)
@@ -320,7 +321,8 @@ class EventInput:
                                   F.col(TIE).asc())
             .drop(SEGMENT)
         )
-        return ordered.mapInArrow(functools.partial(run_task, plan), RESULT_DDL)
+        # A StructType, not DDL text: the driver need not ask the JVM to parse it.
+        return ordered.mapInArrow(functools.partial(run_task, plan), from_arrow_schema(RESULT_SCHEMA))
 
 
 def check_same_setup(previous: dict[str, Any], events: EventInput, hash: str, where: str) -> None:

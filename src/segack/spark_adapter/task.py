@@ -39,7 +39,7 @@ from segack.spark_adapter.checkpoint import CheckpointStore
 from segack.spark_adapter.errors import HandlerFailedError
 from segack.spark_adapter.tokens import encode_updates, update_schema
 
-__all__ = ["KG", "RESULT_DDL", "RESULT_SCHEMA", "TIE", "TaskPlan", "run_task"]
+__all__ = ["KG", "RESULT_SCHEMA", "TIE", "TaskPlan", "run_task"]
 
 #: The key group column the JVM adds.
 KG = "__segack_kg"
@@ -71,8 +71,6 @@ class TaskPlan:
 #: What each task returns: one row, its updates sealed as bytes (their types are the data's).
 RESULT_SCHEMA = pa.schema([("segment", pa.int32()), ("updates", pa.binary()), ("handled", pa.int64()),
                            ("failure", pa.binary())])
-#: :data:`RESULT_SCHEMA` as Spark DDL, for ``mapInArrow``.
-RESULT_DDL = "segment int, updates binary, handled long, failure binary"
 
 
 def _same(first: Any, second: Any) -> bool:
