@@ -18,6 +18,8 @@ version = release
 
 extensions = ["sphinx.ext.autodoc", "sphinx.ext.doctest"]
 autodoc_member_order = "bysource"
+# The docstrings' examples use the package's names unqualified, as in the module they are written in.
+doctest_global_setup = "from segack import *"
 autodoc_typehints = "signature"
 exclude_patterns = ["_build"]
 html_theme = "furo"

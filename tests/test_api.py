@@ -125,6 +125,61 @@ def _signature_pairs():
             yield name, twin, kernel[name]
 
 
+def _documented_pairs():
+    """Every public function, method and property of the spec beside its kernel twin."""
+    import segack.kernel
+    import segack.specs
+
+    kernel = _public(segack.kernel)
+    for name, twin in _public(segack.specs).items():
+        if inspect.isclass(twin) and twin is not kernel[name]:
+            yield name, twin, kernel[name]
+            for member, value in vars(twin).items():
+                if (callable(value) or isinstance(value, (property, classmethod, staticmethod))) and (
+                        not member.startswith("_")):
+                    yield f"{name}.{member}", getattr(twin, member), getattr(kernel[name], member, None)
+        elif callable(twin) and twin is not kernel[name]:
+            yield name, twin, kernel[name]
+
+
+def _docstring(value):
+    """``value``'s docstring without the signature line Cython's ``embedsignature`` puts first."""
+    text = inspect.cleandoc(value.__doc__ or "")
+    first, _, rest = text.partition("\n")
+    if re.fullmatch(r"[\w.]+\(.*\)( -> .*)?", first):
+        text = inspect.cleandoc(rest)
+    return text
+
+
+@pytest.mark.parametrize(("name", "spec", "kernel"), list(_documented_pairs()),
+                         ids=[name for name, _, _ in _documented_pairs()])
+def test_kernel_docstrings_are_the_specs(name, spec, kernel):
+    """As cytoolz does for toolz: one text for both twins, so neither drifts into "see the spec"."""
+    assert kernel is not None, f"the kernel lacks {name}"
+    assert _docstring(spec), f"the spec's {name} has no docstring"
+    assert _docstring(kernel) == _docstring(spec)
+
+
+_EXAMPLE_MODULES = [f"segack.{twin}.{name}" for twin in ("specs", "pyx")
+                    for name in ("hashes", "segments", "partitioner", "acker")]
+
+
+@pytest.mark.parametrize("name", _EXAMPLE_MODULES)
+def test_docstring_examples_run_on_both_twins(name):
+    """The docstrings are one text for both twins (above); their examples must hold for each."""
+    import doctest
+
+    module = importlib.import_module(name)
+    # Names a compiled module only cimports come from its twin's package, as users see them.
+    package = importlib.import_module("segack.specs" if ".specs." in name else "segack.kernel")
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    tests = doctest.DocTestFinder().find(module, globs={**vars(package), **vars(module)})
+    assert sum(len(test.examples) for test in tests) > 0, f"{name} has no examples"
+    for test in tests:
+        runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0
+
+
 def _shape(parameters):
     """Parameter names, kinds and defaults, without ``self``; annotations are the spec's alone."""
     return [(p.name, p.kind, p.default) for p in parameters if p.name != "self"]

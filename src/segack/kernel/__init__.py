@@ -46,9 +46,13 @@ def commit_points(
     interval: float | None = None,
     acker: OffsetAcker | None = None,
 ) -> Iterator[Any]:
-    """Committable offsets as completions arrive; see :func:`segack.specs.commit_points`.
+    """Yield committable offsets as ``(index, offset)`` completions arrive.
 
-    Feeds the compiled :class:`OffsetAcker` (a new one at index 0 unless given).
+    ``every``: yield only every N-th advance; ``interval``: at most once per that
+    many seconds (both: both must hold). Whatever is throttled is still yielded
+    when the input ends or raises. ``acker``: the acker to feed (default: a new
+    one starting at index 0); the acker's errors (duplicates, bad indexes) stop
+    the stream after the pending point is yielded, like an input error.
     """
     return _commits.commit_points(
         completions, every=every, interval=interval,

@@ -390,9 +390,19 @@ cdef bint _parse_body(bytes data, _Parsed *parsed) except -1:
 cdef class OffsetAcker:
     """Tracks out-of-order completions and answers the safe commit point.
 
-    ``OffsetAcker(start_index=0, *, on_duplicate="error", max_runs=None)``; see
-    :class:`segack.specs.OffsetAcker` for the rules. Every failing call changes
-    nothing.
+    ``OffsetAcker(start_index=0, *, on_duplicate="error", max_runs=None)``:
+    ``start_index`` is the first index of the stream (``next_index=``, its
+    0.1 name, still works with a ``DeprecationWarning``). With
+    ``on_duplicate="ignore"`` a repeated ack is counted in :attr:`duplicates`
+    and skipped instead of raising :class:`DuplicateAckError`. ``max_runs``
+    bounds memory: an ack that would make more pending runs than that raises
+    :class:`AckerFullError` and changes nothing.
+
+    Every method that fails changes nothing.
+
+    >>> acker = OffsetAcker()
+    >>> acker.ack(1) is None, acker.ack(0)
+    (True, 1)
     """
 
     def __cinit__(self, *args, **kwargs):
@@ -830,7 +840,13 @@ cdef class OffsetAcker:
         return self._max_runs
 
     def runs(self):
-        """The done runs beyond the committed point as ``(first, last)``, ascending."""
+        """The done runs beyond the committed point as ``(first, last)``, ascending.
+
+        >>> acker = OffsetAcker()
+        >>> acker.ack_many([2, 3, 5])
+        >>> acker.runs()
+        [(2, 3), (5, 5)]
+        """
         cdef Py_ssize_t b, r
         self._flush_window()
         return [
@@ -839,7 +855,13 @@ cdef class OffsetAcker:
         ]
 
     def runs_with_offsets(self):
-        """The done runs as ``(first, last, offset of last)``, ascending."""
+        """The done runs as ``(first, last, offset of last)``, ascending.
+
+        >>> acker = OffsetAcker()
+        >>> acker.ack(2, "c")
+        >>> acker.runs_with_offsets()
+        [(2, 2, 'c')]
+        """
         cdef Py_ssize_t b, r
         cdef Run *run
         result = []
@@ -883,7 +905,13 @@ cdef class OffsetAcker:
         )
 
     def is_done(self, index):
-        """Whether ``index`` is done. Errors as for :meth:`ack`."""
+        """Whether ``index`` is done. Errors as for :meth:`ack`.
+
+        >>> acker = OffsetAcker()
+        >>> acker.ack(2)
+        >>> acker.is_done(2), acker.is_done(0)
+        (True, False)
+        """
         return self.is_done_c(self._check_index(index))
 
     def _check(self):
@@ -957,10 +985,18 @@ cdef class OffsetAcker:
     def ack(self, index, offset=None):
         """Mark ``index`` done with ``offset`` (default: the index itself).
 
-        Returns the new committed offset when the committed point advanced, else
-        ``None``. Errors (nothing changes): ``TypeError`` for a non-integer index,
-        ``ValueError`` for a negative one or one below the start,
-        :class:`DuplicateAckError`, :class:`AckerFullError`.
+        Returns the new committed offset when the committed point advanced,
+        else ``None``. Raises ``TypeError`` for a non-integer index,
+        ``ValueError`` for a negative index or one below the start,
+        :class:`DuplicateAckError` for an index already done (unless
+        ``on_duplicate="ignore"``), and :class:`AckerFullError` when the ack
+        would make more than ``max_runs`` pending runs.
+
+        >>> acker = OffsetAcker()
+        >>> acker.ack(1, "b") is None
+        True
+        >>> acker.ack(0, "a")
+        'b'
         """
         # One search answers both whether the index is done and where it goes: on the
         # per-call path every check the batch path amortizes is paid in full.
@@ -1014,10 +1050,15 @@ cdef class OffsetAcker:
     def ack_many(self, indexes, offsets=None):
         """Ack every index of an integer array, with the matching offsets (default: the indexes).
 
-        Same result and errors as the equivalent :meth:`ack` calls in order,
-        except that ``max_runs`` is checked once against the runs after the
-        batch; all or nothing. With an int64 offsets array (or none) the loop
-        runs in C without the GIL.
+        The result, and every error, is that of the equivalent :meth:`ack` calls
+        in order, except that ``max_runs`` is checked once, against the runs
+        after the whole batch. All or nothing: on any error nothing changes.
+        A non-integer array is a ``TypeError``; offsets of another length a
+        ``ValueError``.
+
+        >>> acker = OffsetAcker()
+        >>> acker.ack_many([3, 1, 0]), acker.runs()
+        (1, [(3, 3)])
         """
         array = _index_array(indexes)
         cdef Py_ssize_t n = len(array)
@@ -1364,7 +1405,20 @@ cdef class OffsetAcker:
         return runs
 
     def merge(self, other):
-        """Add every index ``other`` has done (the union); see the spec for the rules."""
+        """Add every index ``other`` has done (the union), as acks from many tasks combine.
+
+        ``other``'s start may be later than this acker's, never earlier (a
+        ``ValueError``). Where both know the offset of one index (a run's last
+        index or the committed point), the offsets must agree, else ``ValueError``.
+        Duplicate counts add up. Returns the new committed offset if the point
+        advanced, else ``None``; raises :class:`AckerFullError` like :meth:`ack`.
+
+        >>> mine, theirs = OffsetAcker(), OffsetAcker()
+        >>> mine.ack_many([0, 2]), theirs.ack(1)
+        (0, None)
+        >>> mine.merge(theirs)
+        2
+        """
         if not isinstance(other, OffsetAcker):
             raise SegackTypeError(f"can only merge an OffsetAcker, not {type(other).__name__}")
         cdef OffsetAcker theirs = <OffsetAcker>other
@@ -1426,10 +1480,17 @@ cdef class OffsetAcker:
     # ------------------------------------------------------------ snapshots
 
     def snapshot(self):
-        """The acker as bytes (see :mod:`segack.specs.snapshot`). An offset that is neither int
-        nor str is a ``TypeError``; an int offset of 2**128 or more in magnitude, a ``ValueError``.
+        """The acker as bytes (see :mod:`segack.specs.snapshot`).
 
-        The runs, the bulk of a token, are written here; the rest by the spec's encoder."""
+        An offset that is neither int nor str is a ``TypeError``; an int offset of
+        2**128 or more in magnitude is a ``ValueError``. Nothing changes either way.
+
+        >>> acker = OffsetAcker()
+        >>> acker.ack_many([0, 1, 5])
+        1
+        >>> OffsetAcker.restore(acker.snapshot()).runs()
+        [(5, 5)]
+        """
         cdef _Buffer out
         cdef Py_ssize_t b, r
         cdef const Run *run
@@ -1466,8 +1527,13 @@ cdef class OffsetAcker:
 
     @classmethod
     def restore(cls, data):
-        """The acker a snapshot holds; a damaged, truncated or foreign token, or one holding an
-        index past ``INDEX_MAX``, is a ``ValueError``. Anything but bytes is a ``TypeError``."""
+        """The acker a snapshot holds; a damaged, truncated or foreign token is a ``ValueError``,
+        and so is one holding an index past ``INDEX_MAX``. Anything but bytes is a ``TypeError``.
+
+        >>> token = OffsetAcker(start_index=10).snapshot()
+        >>> OffsetAcker.restore(token).next_index
+        10
+        """
         cdef _Parsed parsed
         cdef OffsetAcker acker
         if isinstance(data, (bytearray, memoryview)):
@@ -1537,7 +1603,14 @@ cdef class OffsetAcker:
             free(runs)
 
     def copy(self):
-        """An independent acker with the same state."""
+        """An independent acker with the same state.
+
+        >>> acker = OffsetAcker()
+        >>> acker.ack(2)
+        >>> twin = acker.copy()
+        >>> twin.ack(0), acker.committed_offset
+        (0, None)
+        """
         cdef OffsetAcker acker = type(self)(
             self._start, on_duplicate=self.on_duplicate, max_runs=self._max_runs
         )

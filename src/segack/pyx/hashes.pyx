@@ -93,9 +93,21 @@ cdef int64_t _java_long(object value) except? -1:
 def java_hash(value):
     """Java's ``Objects.hashCode(value)`` as a signed 32-bit int.
 
-    ``str``: ``String.hashCode`` over UTF-16 code units; ``int``:
-    ``Long.hashCode`` (outside the 64-bit range: ``ValueError``); ``bool``:
-    ``Boolean.hashCode``; ``None``: 0. Any other type is a ``TypeError``.
+    - ``str``: ``String.hashCode``, ``h = 31 * h + unit`` over the UTF-16 code
+      units (a character beyond the BMP counts as its two surrogates);
+    - ``int``: ``Long.hashCode``, ``(int) (v ^ (v >>> 32))``; an int outside the
+      64-bit signed range is a ``ValueError``;
+    - ``bool``: ``Boolean.hashCode``, 1231 for true and 1237 for false;
+    - ``None``: 0.
+
+    Any other type is a ``TypeError``.
+
+    >>> java_hash("hello")
+    99162322
+    >>> java_hash(2**40 + 5)
+    261
+    >>> java_hash(True), java_hash(None)
+    (1231, 0)
     """
     if value is None:
         return 0
@@ -109,10 +121,14 @@ def java_hash(value):
 
 
 def java_hash_many(values):
-    """:func:`java_hash` of each value as a NumPy int32 array.
+    """:func:`java_hash` of each value, as a NumPy int32 array.
 
-    Takes a list or tuple, a NumPy array (str, integer or object) or a PyArrow
-    array (string, large string, int32, int64; nulls hash to 0).
+    ``values`` is a sequence (list, tuple, NumPy array of str or integers) or a
+    PyArrow string or integer array (nulls hash to 0). The errors are those of
+    :func:`java_hash`, raised before anything is returned.
+
+    >>> java_hash_many(["hello", "world"])
+    array([ 99162322, 113318802], dtype=int32)
     """
     if _is_arrow(values):
         return _arrow_many(values, _JAVA)
@@ -234,9 +250,15 @@ cdef int32_t _spark_hash_typed(object value, str kind) except? -1:
 def spark_hash(value, dtype=None):
     """Spark SQL's ``hash(col)`` (Murmur3 x86_32, seed 42) of one value.
 
-    ``dtype``: ``"string"``, ``"int"`` or ``"bigint"``; by default ``str`` is a
-    string and ``int`` a bigint. ``None`` hashes to 42. A value that does not
+    ``dtype`` is the Spark column type: ``"string"`` (UTF-8 bytes), ``"int"``
+    (32-bit) or ``"bigint"`` (64-bit); by default ``str`` is a string and ``int``
+    a bigint. ``None`` (SQL null) hashes to the seed, 42. A value that does not
     fit its dtype is a ``ValueError``; a value of the wrong type a ``TypeError``.
+
+    >>> spark_hash("hello")
+    -1008564952
+    >>> spark_hash(42), spark_hash(42, "int")
+    (1316951768, 29417773)
     """
     _check_dtype(dtype)
     if value is None:
@@ -246,11 +268,15 @@ def spark_hash(value, dtype=None):
 
 
 def spark_hash_many(values, dtype=None):
-    """:func:`spark_hash` of each value as a NumPy int32 array.
+    """:func:`spark_hash` of each value, as a NumPy int32 array.
 
-    Takes a list or tuple, a NumPy array or a PyArrow array. Without ``dtype``
-    it comes from the array type (int32: ``"int"``, int64: ``"bigint"``, text:
-    ``"string"``) or from a plain sequence's first non-null item.
+    ``values`` is a sequence or a PyArrow array. Without ``dtype``, it is taken
+    from the array's type (NumPy or Arrow: int32 is ``"int"``, int64
+    ``"bigint"``, text ``"string"``) or, for a plain sequence, from its first
+    non-null item; every item must then be of that type.
+
+    >>> spark_hash_many(["hello", "world"])
+    array([-1008564952,  -623458850], dtype=int32)
     """
     _check_dtype(dtype)
     kind = dtype if dtype is not None else _dtype_of_many(values)

@@ -15,9 +15,14 @@ cdef class SegmentPartitioner:
     """``partitioner(key)`` is the index of the member of ``segments`` that owns ``key``'s hash.
 
     Use it as ``rdd.partitionBy(len(segments), SegmentPartitioner(segments))``: each
-    segment becomes one partition. ``hash`` is ``"java"`` or ``"spark"``. Errors as
-    in the spec: ``TypeError`` for a non-``SegmentSet``, ``ValueError`` for an
-    unknown hash; a key the hash cannot take raises as that hash function does.
+    segment becomes one partition. ``hash`` is ``"java"`` (Axon's ``Objects.hashCode``)
+    or ``"spark"`` (Spark SQL's ``hash()``). Rejects a ``segments`` that is not a
+    ``SegmentSet`` (``TypeError``) and an unknown ``hash`` (``ValueError``); a key
+    the hash cannot take raises as that hash function does.
+
+    >>> partitioner = SegmentPartitioner(SegmentSet.balanced(4))
+    >>> partitioner("order-1"), partitioner.num_partitions
+    (2, 4)
     """
 
     cdef readonly SegmentSet segments
@@ -35,7 +40,11 @@ cdef class SegmentPartitioner:
 
     @property
     def num_partitions(self):
-        """How many partitions the segments make: one per member."""
+        """How many partitions the segments make: one per member.
+
+        >>> SegmentPartitioner(SegmentSet.balanced(4), hash="spark").num_partitions
+        4
+        """
         return len(self.segments)
 
     def __call__(self, key):

@@ -5,8 +5,8 @@ from libc.stdint cimport int32_t, uint32_t
 
 
 cdef class Segment:
-    cdef readonly uint32_t segment_id
-    cdef readonly uint32_t mask
+    cdef uint32_t _segment_id
+    cdef uint32_t _mask
 
     cdef int _check_can_split(self) except -1
 

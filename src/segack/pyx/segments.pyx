@@ -59,8 +59,8 @@ cdef inline uint32_t _reverse31(uint32_t value) noexcept nogil:
 
 cdef Segment _make(uint32_t segment_id, uint32_t mask):
     cdef Segment segment = Segment.__new__(Segment)
-    segment.segment_id = segment_id
-    segment.mask = mask
+    segment._segment_id = segment_id
+    segment._mask = mask
     return segment
 
 
@@ -86,9 +86,17 @@ cdef class Segment:
     """One segment: the hashes ``h`` with ``h & mask == segment_id``.
 
     Rules (each broken rule is a ``ValueError`` that names it; a non-integer is
-    a ``TypeError``): ``mask`` is ``2**k - 1`` for ``k`` in 0..31, and
-    ``segment_id`` is non-negative and uses only the mask's bits.
-    Immutable and hashable; equality by ``(segment_id, mask)``, ordering by id.
+    a ``TypeError``):
+
+    - ``mask`` is ``2**k - 1`` for ``k`` in 0..31;
+    - ``segment_id`` is non-negative and uses only the mask's bits
+      (``segment_id & ~mask == 0``). Axon checks only the mask.
+
+    Segments are immutable and hashable; equality is by ``(segment_id, mask)``
+    and ordering by id (then mask).
+
+    >>> Segment(1, 1).matches(7)
+    True
     """
 
     def __init__(self, segment_id, mask):
@@ -101,23 +109,56 @@ cdef class Segment:
                 f"segment_id {segment_id} uses bits outside mask {mask} "
                 f"(segment_id & ~mask must be 0)"
             )
-        self.segment_id = segment_id
-        self.mask = mask
+        self._segment_id = segment_id
+        self._mask = mask
+
+    @property
+    def segment_id(self):
+        """The id: the value that a hash, masked, must equal.
+
+        >>> Segment(1, 3).segment_id
+        1
+        """
+        return self._segment_id
+
+    @property
+    def mask(self):
+        """The mask ``2**k - 1``.
+
+        >>> Segment(1, 3).mask
+        3
+        """
+        return self._mask
 
     @property
     def depth(self):
-        """How many splits of the root this segment is away from it (the ``k``)."""
-        return _mask_bits(self.mask)
+        """How many splits of the root this segment is away from it (the ``k``).
+
+        >>> Segment(1, 3).depth
+        2
+        """
+        return _mask_bits(self._mask)
 
     @property
     def share(self):
-        """The fraction of all hashes this segment owns: ``1 / (mask + 1)``."""
-        return 1.0 / (<double>self.mask + 1.0)
+        """The fraction of all hashes this segment owns: ``1 / (mask + 1)``.
+
+        >>> Segment(1, 3).share
+        0.25
+        """
+        return 1.0 / (<double>self._mask + 1.0)
 
     def matches(self, hash_value):
-        """Whether the segment owns ``hash_value`` (any int; its low 32 bits count)."""
+        """Whether the segment owns ``hash_value``.
+
+        Any Python int is accepted as a 32-bit hash in two's complement: only its
+        low 32 bits count. True when the mask is 0 or ``hash_value & mask == segment_id``.
+
+        >>> Segment(1, 1).matches(7), Segment(1, 1).matches(6)
+        (True, False)
+        """
         hash_value = _as_int(hash_value, "hash_value")
-        return segment_matches(self.segment_id, self.mask, <uint32_t>(hash_value & 0xFFFFFFFF))
+        return segment_matches(self._segment_id, self._mask, <uint32_t>(hash_value & 0xFFFFFFFF))
 
     def key_groups(self, bits):
         """The key groups this segment owns when hashes are cut into ``2**bits`` of them.
@@ -127,58 +168,94 @@ cdef class Segment:
         ``g & mask == segment_id``, which is ``range(segment_id, 2**bits, mask + 1)``.
         A deeper segment would cut a key group in two: ``ValueError``, as is
         ``bits`` outside 0..16.
+
+        >>> Segment(1, 1).key_groups(3)
+        range(1, 8, 2)
         """
         cdef int width = _key_group_bits(bits)
-        cdef int depth = _mask_bits(self.mask)
+        cdef int depth = _mask_bits(self._mask)
         if depth > width:
             raise SegackValueError(
                 f"{self!r} is finer than {1 << width} key groups: its mask has {depth} bits, "
                 f"more than {width}"
             )
-        return range(self.segment_id, 1 << width, self.mask + 1)
+        return range(self._segment_id, 1 << width, self._mask + 1)
 
     cdef int _check_can_split(self) except -1:
-        if _mask_bits(self.mask) == MAX_MASK_BITS:
+        if _mask_bits(self._mask) == MAX_MASK_BITS:
             raise SegackValueError(f"{self!r} has a 31-bit mask and cannot split further")
         return 0
 
     def split_segment_id(self):
-        """The id of the second child of a split: ``segment_id + mask + 1``."""
+        """The id of the second child of a split: ``segment_id + mask + 1``.
+
+        A segment with a 31-bit mask cannot split: ``ValueError``.
+
+        >>> Segment(1, 1).split_segment_id()
+        3
+        """
         self._check_can_split()
-        return self.segment_id + self.mask + 1
+        return self._segment_id + self._mask + 1
 
     def split(self):
-        """The two children ``(id, mask')`` and ``(id + mask + 1, mask')``, ``mask' = (mask << 1) | 1``."""
+        """The two children: ``(segment_id, mask')`` and ``(segment_id + mask + 1, mask')``
+        with ``mask' = (mask << 1) | 1``. A segment with a 31-bit mask cannot split.
+
+        >>> Segment(1, 1).split()
+        (Segment(1, 3), Segment(3, 3))
+        """
         self._check_can_split()
-        cdef uint32_t new_mask = (self.mask << 1) | 1
-        return (_make(self.segment_id, new_mask), _make(self.segment_id + self.mask + 1, new_mask))
+        cdef uint32_t new_mask = (self._mask << 1) | 1
+        return (_make(self._segment_id, new_mask), _make(self._segment_id + self._mask + 1, new_mask))
 
     def mergeable_segment_id(self):
-        """The sibling's id: ``segment_id`` with the mask's highest bit flipped. Root: ``ValueError``."""
-        if self.mask == 0:
+        """The sibling's id: ``segment_id`` with the mask's highest bit flipped.
+
+        The root has no sibling: ``ValueError`` (Axon answers 0).
+
+        >>> Segment(3, 3).mergeable_segment_id()
+        1
+        """
+        if self._mask == 0:
             raise SegackValueError("the root segment (0, 0) has no sibling to merge with")
-        return self.segment_id ^ ((self.mask + 1) >> 1)
+        return self._segment_id ^ ((self._mask + 1) >> 1)
 
     def is_mergeable_with(self, other):
-        """Whether ``other`` is this segment's sibling (False for the root)."""
+        """Whether ``other`` is this segment's sibling: same mask, and its id is
+        :meth:`mergeable_segment_id`. False for the root (Axon answers True).
+
+        >>> Segment(1, 3).is_mergeable_with(Segment(3, 3))
+        True
+        """
         cdef Segment that = _as_segment(other, "other")
-        if self.mask == 0 or that.mask != self.mask:
+        if self._mask == 0 or that._mask != self._mask:
             return False
-        return that.segment_id == (self.segment_id ^ ((self.mask + 1) >> 1))
+        return that._segment_id == (self._segment_id ^ ((self._mask + 1) >> 1))
 
     def merged_with(self, other):
-        """The parent of two siblings: ``(min(ids), mask >> 1)``; not siblings: ``ValueError``."""
+        """The parent of two siblings: ``(min(ids), mask >> 1)``.
+
+        Segments that are not siblings: ``ValueError``.
+
+        >>> Segment(1, 3).merged_with(Segment(3, 3))
+        Segment(1, 1)
+        """
         cdef Segment that = _as_segment(other, "other")
         if not self.is_mergeable_with(that):
             raise SegackValueError(f"{self!r} and {that!r} are not siblings and cannot merge")
-        return _make(min(self.segment_id, that.segment_id), self.mask >> 1)
+        return _make(min(self._segment_id, that._segment_id), self._mask >> 1)
 
     @staticmethod
     def compute_segments(segment_ids):
-        """The segments for ids that arose from splits of the root, sorted by id.
+        """The segments, with their masks, for ids that arose from splits of the root.
 
-        A duplicate, negative or missing-0 id, or one that cannot arise by
-        splitting, is a ``ValueError`` naming it.
+        Starting from the root, a segment is split while its split id is among the
+        given ids; the leaves are the answer, sorted by id. Every given id must be
+        a leaf: a duplicate, a negative id, a missing 0, or an id that cannot
+        arise this way is a ``ValueError`` naming it (Axon drops such ids).
+
+        >>> Segment.compute_segments([0, 1, 2])
+        [Segment(0, 3), Segment(1, 1), Segment(2, 3)]
         """
         cdef list ids = _id_list(segment_ids)
         cdef set available = set(ids)
@@ -189,13 +266,13 @@ cdef class Segment:
         cdef Segment segment
         while pending:
             segment = pending.pop()
-            if _mask_bits(segment.mask) < MAX_MASK_BITS and (
-                segment.segment_id + segment.mask + 1
+            if _mask_bits(segment._mask) < MAX_MASK_BITS and (
+                segment._segment_id + segment._mask + 1
             ) in available:
                 pending.extend(segment.split())
             else:
                 leaves.append(segment)
-        reached = {(<Segment>leaf).segment_id for leaf in leaves}
+        reached = {(<Segment>leaf)._segment_id for leaf in leaves}
         for segment_id in ids:
             if segment_id not in reached:
                 raise SegackValueError(
@@ -206,7 +283,15 @@ cdef class Segment:
 
     @staticmethod
     def compute_segment(segment_id, available_segment_ids):
-        """The segment of ``segment_id`` among the live ids (which must include it)."""
+        """The segment (with its mask) of ``segment_id`` among the live ids.
+
+        Start with ``candidate = 1`` for id 0, else twice the highest set bit of
+        the id; while ``segment_id | candidate`` is live, double ``candidate``; the
+        mask is ``candidate - 1``. ``segment_id`` must be among the live ids.
+
+        >>> Segment.compute_segment(2, [0, 1, 2])
+        Segment(2, 3)
+        """
         segment_id = _as_int(segment_id, "segment_id")
         cdef set available = set(_id_list(available_segment_ids))
         if segment_id not in available:
@@ -219,7 +304,12 @@ cdef class Segment:
 
     @staticmethod
     def split_balanced(segment, times):
-        """Split ``segment`` ``times`` times, each time the widest member (ties: lowest id)."""
+        """Split ``segment`` ``times`` times, each time the widest member (smallest
+        mask; ties: lowest id), and return the members sorted by id.
+
+        >>> Segment.split_balanced(ROOT, 3)
+        [Segment(0, 3), Segment(1, 3), Segment(2, 3), Segment(3, 3)]
+        """
         cdef Segment start = _as_segment(segment, "segment")
         times = _as_int(times, "times")
         if times < 0:
@@ -236,8 +326,8 @@ cdef class Segment:
         if not isinstance(other, Segment):
             return NotImplemented
         cdef Segment that = <Segment>other
-        left = (self.segment_id, self.mask)
-        right = (that.segment_id, that.mask)
+        left = (self._segment_id, self._mask)
+        right = (that._segment_id, that._mask)
         if op == 0:
             return left < right
         if op == 1:
@@ -251,17 +341,17 @@ cdef class Segment:
         return left >= right
 
     def __hash__(self):
-        return hash((self.segment_id, self.mask))
+        return hash((self._segment_id, self._mask))
 
     def __repr__(self):
-        return f"Segment({self.segment_id}, {self.mask})"
+        return f"Segment({self._segment_id}, {self._mask})"
 
     def __reduce__(self):
-        return (Segment, (self.segment_id, self.mask))
+        return (Segment, (self._segment_id, self._mask))
 
 
 def _width_key(Segment member):
-    return (member.mask, member.segment_id)
+    return (member._mask, member._segment_id)
 
 
 ROOT = _make(0, 0)
@@ -270,7 +360,18 @@ ROOT = _make(0, 0)
 cdef class SegmentSet:
     """A complete set of segments: every 32-bit hash is owned by exactly one member.
 
-    Members are sorted by id; a gap or an overlap is a ``ValueError`` naming it.
+    Members are kept sorted by id; a member's *index* is its position in that
+    order. A gap (a hash no member owns) or an overlap (a hash two members own)
+    is a ``ValueError`` naming it. Sets are immutable: :meth:`split` and
+    :meth:`merge` return new sets.
+
+    Why the check works: reversing the low 31 bits of a hash turns the hashes of
+    a segment with a ``k``-bit mask into one interval of length ``2**(31-k)``
+    starting at the reversed id. The set is complete when those intervals,
+    sorted, tile ``0..2**31-1`` with no hole and no overlap.
+
+    >>> SegmentSet([Segment(0, 1), Segment(1, 1)])
+    SegmentSet([(0, 1), (1, 1)])
     """
 
     def __cinit__(self, *args, **kwargs):
@@ -315,9 +416,9 @@ cdef class SegmentSet:
         self._count = count
         for position in range(count):
             member = self._members[position]
-            self._ids[position] = member.segment_id
-            self._masks[position] = member.mask
-            max_depth = max(max_depth, _mask_bits(member.mask))
+            self._ids[position] = member._segment_id
+            self._masks[position] = member._mask
+            max_depth = max(max_depth, _mask_bits(member._mask))
         table_bits = min(max_depth, _TABLE_BITS_MAX)
         self._table_mask = ((<uint32_t>1) << table_bits) - 1
         self._table = <int32_t *>PyMem_Malloc((self._table_mask + 1) * sizeof(int32_t))
@@ -356,7 +457,11 @@ cdef class SegmentSet:
 
     @classmethod
     def balanced(cls, count):
-        """``count`` segments made by :meth:`Segment.split_balanced` from the root."""
+        """``count`` segments made by :meth:`Segment.split_balanced` from the root.
+
+        >>> SegmentSet.balanced(3)
+        SegmentSet([(0, 3), (1, 1), (2, 3)])
+        """
         count = _as_int(count, "count")
         if count < 1:
             raise SegackValueError(f"count must be at least 1, got {count}")
@@ -364,46 +469,77 @@ cdef class SegmentSet:
 
     @classmethod
     def from_ids(cls, segment_ids):
-        """The set whose members have these ids (see :meth:`Segment.compute_segments`)."""
+        """The set whose members have these ids (see :meth:`Segment.compute_segments`).
+
+        >>> SegmentSet.from_ids([0, 1, 2])
+        SegmentSet([(0, 3), (1, 1), (2, 3)])
+        """
         return cls(Segment.compute_segments(segment_ids))
 
     @property
     def members(self):
-        """The members, sorted by id."""
+        """The members, sorted by id.
+
+        >>> SegmentSet.balanced(3).members
+        (Segment(0, 3), Segment(1, 1), Segment(2, 3))
+        """
         return self._members
 
     @property
     def ids(self):
-        """The members' ids, sorted."""
-        return tuple((<Segment>member).segment_id for member in self._members)
+        """The members' ids, sorted.
+
+        >>> SegmentSet.balanced(3).ids
+        (0, 1, 2)
+        """
+        return tuple((<Segment>member)._segment_id for member in self._members)
 
     def shares(self):
-        """Each member's fraction of the hash space, in member order."""
+        """Each member's fraction of the hash space, in member order.
+
+        >>> SegmentSet.balanced(3).shares()
+        (0.25, 0.5, 0.25)
+        """
         return tuple(member.share for member in self._members)
 
     def index(self, segment):
-        """The member index of ``segment``; ``ValueError`` if it is not a member."""
+        """The member index of ``segment``; ``ValueError`` if it is not a member.
+
+        >>> SegmentSet.balanced(3).index(Segment(1, 1))
+        1
+        """
         cdef Segment wanted = _as_segment(segment, "segment")
         cdef Py_ssize_t position
         for position in range(self._count):
-            if self._ids[position] == wanted.segment_id and self._masks[position] == wanted.mask:
+            if self._ids[position] == wanted._segment_id and self._masks[position] == wanted._mask:
                 return position
         raise SegackValueError(f"{wanted!r} is not a member of this set")
 
     def owner_index(self, hash_value):
-        """The index of the member that owns ``hash_value`` (low 32 bits count)."""
+        """The index of the member that owns ``hash_value`` (low 32 bits count).
+
+        >>> SegmentSet.balanced(3).owner_index(6)
+        2
+        """
         hash_value = _as_int(hash_value, "hash_value")
         return self.owner_index_c(<uint32_t>(hash_value & 0xFFFFFFFF))
 
     def owner(self, hash_value):
-        """The member that owns ``hash_value``."""
+        """The member that owns ``hash_value``.
+
+        >>> SegmentSet.balanced(3).owner(6)
+        Segment(2, 3)
+        """
         return self._members[self.owner_index(hash_value)]
 
     def assign(self, hashes):
-        """Each hash's member index as a NumPy int32 array, in one C pass without the GIL.
+        """Each hash's member index, as a NumPy int32 array of the same length.
 
-        ``hashes``: a one-dimensional int32 or int64 array (or what ``numpy.asarray``
-        makes one of); other dtypes are a ``TypeError``.
+        ``hashes`` is a one-dimensional NumPy array of int32 or int64 (or anything
+        ``numpy.asarray`` turns into one); other dtypes are a ``TypeError``.
+
+        >>> SegmentSet.balanced(3).assign([0, 1, 2, 3, 6])
+        array([0, 1, 2, 1, 2], dtype=int32)
         """
         array = np.asarray(hashes)
         if array.ndim != 1:
@@ -426,6 +562,9 @@ cdef class SegmentSet:
         Entry ``g`` is the index of the member whose :meth:`Segment.key_groups`
         holds ``g``. A member deeper than ``bits`` is a ``ValueError`` naming it
         (the set is finer than the key groups), as is ``bits`` outside 0..16.
+
+        >>> SegmentSet.balanced(3).key_group_owners(2)
+        array([0, 1, 2, 1], dtype=int32)
         """
         cdef int width = _key_group_bits(bits)
         cdef Py_ssize_t position
@@ -444,7 +583,11 @@ cdef class SegmentSet:
         return owners
 
     def split(self, member):
-        """A new set with ``member`` replaced by its two children."""
+        """A new set with ``member`` replaced by its two children.
+
+        >>> SegmentSet.balanced(3).split(Segment(1, 1))
+        SegmentSet([(0, 3), (1, 3), (2, 3), (3, 3)])
+        """
         position = self.index(member)
         members = list(self._members)
         del members[position]
@@ -452,7 +595,11 @@ cdef class SegmentSet:
         return SegmentSet(members)
 
     def merge(self, first, second):
-        """A new set with two sibling members replaced by their parent."""
+        """A new set with two sibling members replaced by their parent.
+
+        >>> SegmentSet.balanced(3).merge(Segment(0, 3), Segment(2, 3))
+        SegmentSet([(0, 1), (1, 1)])
+        """
         first_position = self.index(first)
         second_position = self.index(second)
         parent = first.merged_with(second)
@@ -505,7 +652,7 @@ cdef void _assign_into(SegmentSet self, const hash_t[::1] hashes, int32_t[::1] o
 
 
 def _reversed_key(Segment member):
-    return (_reverse31(member.segment_id), member.mask)
+    return (_reverse31(member._segment_id), member._mask)
 
 
 cdef _check_complete(list members):
@@ -516,14 +663,14 @@ cdef _check_complete(list members):
     cdef Segment member
     cdef object previous = None
     for member in ordered:
-        start = _reverse31(member.segment_id)
+        start = _reverse31(member._segment_id)
         if start > covered_up_to:
             raise SegackValueError(f"hash {_reverse31(<uint32_t>covered_up_to)} has no owner")
         if start < covered_up_to:
             raise SegackValueError(
-                f"{previous!r} and {member!r} overlap: hash {member.segment_id} matches both"
+                f"{previous!r} and {member!r} overlap: hash {member._segment_id} matches both"
             )
-        covered_up_to = start + (<uint64_t>_HASH_SPACE >> _mask_bits(member.mask))
+        covered_up_to = start + (<uint64_t>_HASH_SPACE >> _mask_bits(member._mask))
         previous = member
     if covered_up_to < _HASH_SPACE:
         raise SegackValueError(f"hash {_reverse31(<uint32_t>covered_up_to)} has no owner")

@@ -147,6 +147,10 @@ class OffsetAcker:
     :class:`AckerFullError` and changes nothing.
 
     Every method that fails changes nothing.
+
+    >>> acker = OffsetAcker()
+    >>> acker.ack(1) is None, acker.ack(0)
+    (True, 1)
     """
 
     def __init__(
@@ -205,15 +209,33 @@ class OffsetAcker:
         return self._max_runs
 
     def runs(self) -> list[tuple[int, int]]:
-        """The done runs beyond the committed point as ``(first, last)``, ascending."""
+        """The done runs beyond the committed point as ``(first, last)``, ascending.
+
+        >>> acker = OffsetAcker()
+        >>> acker.ack_many([2, 3, 5])
+        >>> acker.runs()
+        [(2, 3), (5, 5)]
+        """
         return [(first, last) for first, last, _ in self._runs]
 
     def runs_with_offsets(self) -> list[tuple[int, int, Any]]:
-        """The done runs as ``(first, last, offset of last)``, ascending."""
+        """The done runs as ``(first, last, offset of last)``, ascending.
+
+        >>> acker = OffsetAcker()
+        >>> acker.ack(2, "c")
+        >>> acker.runs_with_offsets()
+        [(2, 2, 'c')]
+        """
         return [(first, last, offset) for first, last, offset in self._runs]
 
     def is_done(self, index: int) -> bool:
-        """Whether ``index`` is done. Errors as for :meth:`ack`."""
+        """Whether ``index`` is done. Errors as for :meth:`ack`.
+
+        >>> acker = OffsetAcker()
+        >>> acker.ack(2)
+        >>> acker.is_done(2), acker.is_done(0)
+        (True, False)
+        """
         return self._is_done(self._check_index(index))
 
     def _is_done(self, index: int) -> bool:
@@ -263,6 +285,12 @@ class OffsetAcker:
         :class:`DuplicateAckError` for an index already done (unless
         ``on_duplicate="ignore"``), and :class:`AckerFullError` when the ack
         would make more than ``max_runs`` pending runs.
+
+        >>> acker = OffsetAcker()
+        >>> acker.ack(1, "b") is None
+        True
+        >>> acker.ack(0, "a")
+        'b'
         """
         index = self._check_index(index)
         if self._is_done(index):
@@ -321,6 +349,10 @@ class OffsetAcker:
         after the whole batch. All or nothing: on any error nothing changes.
         A non-integer array is a ``TypeError``; offsets of another length a
         ``ValueError``.
+
+        >>> acker = OffsetAcker()
+        >>> acker.ack_many([3, 1, 0]), acker.runs()
+        (1, [(3, 3)])
         """
         array = _index_array(indexes)
         if offsets is None:
@@ -348,6 +380,12 @@ class OffsetAcker:
         index or the committed point), the offsets must agree, else ``ValueError``.
         Duplicate counts add up. Returns the new committed offset if the point
         advanced, else ``None``; raises :class:`AckerFullError` like :meth:`ack`.
+
+        >>> mine, theirs = OffsetAcker(), OffsetAcker()
+        >>> mine.ack_many([0, 2]), theirs.ack(1)
+        (0, None)
+        >>> mine.merge(theirs)
+        2
         """
         if not isinstance(other, OffsetAcker):
             raise SegackTypeError(f"can only merge an OffsetAcker, not {type(other).__name__}")
@@ -364,13 +402,24 @@ class OffsetAcker:
 
         An offset that is neither int nor str is a ``TypeError``; an int offset of
         2**128 or more in magnitude is a ``ValueError``. Nothing changes either way.
+
+        >>> acker = OffsetAcker()
+        >>> acker.ack_many([0, 1, 5])
+        1
+        >>> OffsetAcker.restore(acker.snapshot()).runs()
+        [(5, 5)]
         """
         return snapshot_format.encode(self._state())
 
     @classmethod
     def restore(cls, data: bytes) -> OffsetAcker:
         """The acker a snapshot holds; a damaged, truncated or foreign token is a ``ValueError``,
-        and so is one holding an index past ``INDEX_MAX``. Anything but bytes is a ``TypeError``."""
+        and so is one holding an index past ``INDEX_MAX``. Anything but bytes is a ``TypeError``.
+
+        >>> token = OffsetAcker(start_index=10).snapshot()
+        >>> OffsetAcker.restore(token).next_index
+        10
+        """
         return cls._from_state(restorable_state(data))
 
     def _state(self) -> snapshot_format.AckerState:
@@ -391,7 +440,14 @@ class OffsetAcker:
     # ------------------------------------------------------------ plumbing
 
     def copy(self) -> OffsetAcker:
-        """An independent acker with the same state."""
+        """An independent acker with the same state.
+
+        >>> acker = OffsetAcker()
+        >>> acker.ack(2)
+        >>> twin = acker.copy()
+        >>> twin.ack(0), acker.committed_offset
+        (0, None)
+        """
         return self._from_state(self._state())
 
     def _adopt(self, other: OffsetAcker) -> None:

@@ -59,6 +59,13 @@ def java_hash(value: str | int | bool | None) -> int:
     - ``None``: 0.
 
     Any other type is a ``TypeError``.
+
+    >>> java_hash("hello")
+    99162322
+    >>> java_hash(2**40 + 5)
+    261
+    >>> java_hash(True), java_hash(None)
+    (1231, 0)
     """
     if value is None:
         return 0
@@ -83,6 +90,9 @@ def java_hash_many(values: Any) -> np.ndarray:
     ``values`` is a sequence (list, tuple, NumPy array of str or integers) or a
     PyArrow string or integer array (nulls hash to 0). The errors are those of
     :func:`java_hash`, raised before anything is returned.
+
+    >>> java_hash_many(["hello", "world"])
+    array([ 99162322, 113318802], dtype=int32)
     """
     items = _as_list(values)
     return np.array([java_hash(item) for item in items], dtype=np.int32)
@@ -160,6 +170,11 @@ def spark_hash(value: str | int | None, dtype: str | None = None) -> int:
     (32-bit) or ``"bigint"`` (64-bit); by default ``str`` is a string and ``int``
     a bigint. ``None`` (SQL null) hashes to the seed, 42. A value that does not
     fit its dtype is a ``ValueError``; a value of the wrong type a ``TypeError``.
+
+    >>> spark_hash("hello")
+    -1008564952
+    >>> spark_hash(42), spark_hash(42, "int")
+    (1316951768, 29417773)
     """
     _check_dtype(dtype)
     if value is None:
@@ -192,6 +207,9 @@ def spark_hash_many(values: Any, dtype: str | None = None) -> np.ndarray:
     from the array's type (NumPy or Arrow: int32 is ``"int"``, int64
     ``"bigint"``, text ``"string"``) or, for a plain sequence, from its first
     non-null item; every item must then be of that type.
+
+    >>> spark_hash_many(["hello", "world"])
+    array([-1008564952,  -623458850], dtype=int32)
     """
     _check_dtype(dtype)
     kind = dtype if dtype is not None else _dtype_of_many(values)

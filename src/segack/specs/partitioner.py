@@ -21,6 +21,10 @@ class SegmentPartitioner:
     or ``"spark"`` (Spark SQL's ``hash()``). Rejects a ``segments`` that is not a
     ``SegmentSet`` (``TypeError``) and an unknown ``hash`` (``ValueError``); a key
     the hash cannot take raises as that hash function does.
+
+    >>> partitioner = SegmentPartitioner(SegmentSet.balanced(4))
+    >>> partitioner("order-1"), partitioner.num_partitions
+    (2, 4)
     """
 
     def __init__(self, segments: SegmentSet, hash: str = "java") -> None:
@@ -33,7 +37,11 @@ class SegmentPartitioner:
 
     @property
     def num_partitions(self) -> int:
-        """How many partitions the segments make: one per member."""
+        """How many partitions the segments make: one per member.
+
+        >>> SegmentPartitioner(SegmentSet.balanced(4), hash="spark").num_partitions
+        4
+        """
         return len(self.segments)
 
     def __call__(self, key: Any) -> int:

@@ -77,6 +77,9 @@ class Segment:
 
     Segments are immutable and hashable; equality is by ``(segment_id, mask)``
     and ordering by id (then mask).
+
+    >>> Segment(1, 1).matches(7)
+    True
     """
 
     __slots__ = ("_mask", "_segment_id")
@@ -96,22 +99,38 @@ class Segment:
 
     @property
     def segment_id(self) -> int:
-        """The id: the value that a hash, masked, must equal."""
+        """The id: the value that a hash, masked, must equal.
+
+        >>> Segment(1, 3).segment_id
+        1
+        """
         return self._segment_id
 
     @property
     def mask(self) -> int:
-        """The mask ``2**k - 1``."""
+        """The mask ``2**k - 1``.
+
+        >>> Segment(1, 3).mask
+        3
+        """
         return self._mask
 
     @property
     def depth(self) -> int:
-        """How many splits of the root this segment is away from it (the ``k``)."""
+        """How many splits of the root this segment is away from it (the ``k``).
+
+        >>> Segment(1, 3).depth
+        2
+        """
         return _mask_bits(self._mask)
 
     @property
     def share(self) -> float:
-        """The fraction of all hashes this segment owns: ``1 / (mask + 1)``."""
+        """The fraction of all hashes this segment owns: ``1 / (mask + 1)``.
+
+        >>> Segment(1, 3).share
+        0.25
+        """
         return 1.0 / (self._mask + 1)
 
     def matches(self, hash_value: int) -> bool:
@@ -119,6 +138,9 @@ class Segment:
 
         Any Python int is accepted as a 32-bit hash in two's complement: only its
         low 32 bits count. True when the mask is 0 or ``hash_value & mask == segment_id``.
+
+        >>> Segment(1, 1).matches(7), Segment(1, 1).matches(6)
+        (True, False)
         """
         hash_value = _as_int(hash_value, "hash_value")
         return self._mask == 0 or (hash_value & self._mask) == self._segment_id
@@ -127,13 +149,20 @@ class Segment:
         """The id of the second child of a split: ``segment_id + mask + 1``.
 
         A segment with a 31-bit mask cannot split: ``ValueError``.
+
+        >>> Segment(1, 1).split_segment_id()
+        3
         """
         self._check_can_split()
         return self._segment_id + self._mask + 1
 
     def split(self) -> tuple[Segment, Segment]:
         """The two children: ``(segment_id, mask')`` and ``(segment_id + mask + 1, mask')``
-        with ``mask' = (mask << 1) | 1``. A segment with a 31-bit mask cannot split."""
+        with ``mask' = (mask << 1) | 1``. A segment with a 31-bit mask cannot split.
+
+        >>> Segment(1, 1).split()
+        (Segment(1, 3), Segment(3, 3))
+        """
         self._check_can_split()
         new_mask = (self._mask << 1) | 1
         return (
@@ -145,6 +174,9 @@ class Segment:
         """The sibling's id: ``segment_id`` with the mask's highest bit flipped.
 
         The root has no sibling: ``ValueError`` (Axon answers 0).
+
+        >>> Segment(3, 3).mergeable_segment_id()
+        1
         """
         if self._mask == 0:
             raise SegackValueError("the root segment (0, 0) has no sibling to merge with")
@@ -153,7 +185,11 @@ class Segment:
 
     def is_mergeable_with(self, other: Segment) -> bool:
         """Whether ``other`` is this segment's sibling: same mask, and its id is
-        :meth:`mergeable_segment_id`. False for the root (Axon answers True)."""
+        :meth:`mergeable_segment_id`. False for the root (Axon answers True).
+
+        >>> Segment(1, 3).is_mergeable_with(Segment(3, 3))
+        True
+        """
         other = _as_segment(other, "other")
         if self._mask == 0 or other._mask != self._mask:
             return False
@@ -163,6 +199,9 @@ class Segment:
         """The parent of two siblings: ``(min(ids), mask >> 1)``.
 
         Segments that are not siblings: ``ValueError``.
+
+        >>> Segment(1, 3).merged_with(Segment(3, 3))
+        Segment(1, 1)
         """
         other = _as_segment(other, "other")
         if not self.is_mergeable_with(other):
@@ -177,6 +216,9 @@ class Segment:
         ``g & mask == segment_id``, which is ``range(segment_id, 2**bits, mask + 1)``.
         A deeper segment would cut a key group in two: ``ValueError``, as is
         ``bits`` outside 0..16.
+
+        >>> Segment(1, 1).key_groups(3)
+        range(1, 8, 2)
         """
         bits = _key_group_bits(bits)
         if self.depth > bits:
@@ -198,6 +240,9 @@ class Segment:
         given ids; the leaves are the answer, sorted by id. Every given id must be
         a leaf: a duplicate, a negative id, a missing 0, or an id that cannot
         arise this way is a ``ValueError`` naming it (Axon drops such ids).
+
+        >>> Segment.compute_segments([0, 1, 2])
+        [Segment(0, 3), Segment(1, 1), Segment(2, 3)]
         """
         ids = _id_list(segment_ids)
         available = set(ids)
@@ -227,6 +272,9 @@ class Segment:
         Start with ``candidate = 1`` for id 0, else twice the highest set bit of
         the id; while ``segment_id | candidate`` is live, double ``candidate``; the
         mask is ``candidate - 1``. ``segment_id`` must be among the live ids.
+
+        >>> Segment.compute_segment(2, [0, 1, 2])
+        Segment(2, 3)
         """
         segment_id = _as_int(segment_id, "segment_id")
         available = set(_id_list(available_segment_ids))
@@ -240,7 +288,11 @@ class Segment:
     @staticmethod
     def split_balanced(segment: Segment, times: int) -> list[Segment]:
         """Split ``segment`` ``times`` times, each time the widest member (smallest
-        mask; ties: lowest id), and return the members sorted by id."""
+        mask; ties: lowest id), and return the members sorted by id.
+
+        >>> Segment.split_balanced(ROOT, 3)
+        [Segment(0, 3), Segment(1, 3), Segment(2, 3), Segment(3, 3)]
+        """
         segment = _as_segment(segment, "segment")
         times = _as_int(times, "times")
         if times < 0:
@@ -325,6 +377,9 @@ class SegmentSet:
     a segment with a ``k``-bit mask into one interval of length ``2**(31-k)``
     starting at the reversed id. The set is complete when those intervals,
     sorted, tile ``0..2**31-1`` with no hole and no overlap.
+
+    >>> SegmentSet([Segment(0, 1), Segment(1, 1)])
+    SegmentSet([(0, 1), (1, 1)])
     """
 
     __slots__ = ("_members",)
@@ -336,7 +391,11 @@ class SegmentSet:
 
     @classmethod
     def balanced(cls, count: int) -> SegmentSet:
-        """``count`` segments made by :meth:`Segment.split_balanced` from the root."""
+        """``count`` segments made by :meth:`Segment.split_balanced` from the root.
+
+        >>> SegmentSet.balanced(3)
+        SegmentSet([(0, 3), (1, 1), (2, 3)])
+        """
         count = _as_int(count, "count")
         if count < 1:
             raise SegackValueError(f"count must be at least 1, got {count}")
@@ -344,25 +403,45 @@ class SegmentSet:
 
     @classmethod
     def from_ids(cls, segment_ids: Iterable[int]) -> SegmentSet:
-        """The set whose members have these ids (see :meth:`Segment.compute_segments`)."""
+        """The set whose members have these ids (see :meth:`Segment.compute_segments`).
+
+        >>> SegmentSet.from_ids([0, 1, 2])
+        SegmentSet([(0, 3), (1, 1), (2, 3)])
+        """
         return cls(Segment.compute_segments(segment_ids))
 
     @property
     def members(self) -> tuple[Segment, ...]:
-        """The members, sorted by id."""
+        """The members, sorted by id.
+
+        >>> SegmentSet.balanced(3).members
+        (Segment(0, 3), Segment(1, 1), Segment(2, 3))
+        """
         return self._members
 
     @property
     def ids(self) -> tuple[int, ...]:
-        """The members' ids, sorted."""
+        """The members' ids, sorted.
+
+        >>> SegmentSet.balanced(3).ids
+        (0, 1, 2)
+        """
         return tuple(member.segment_id for member in self._members)
 
     def shares(self) -> tuple[float, ...]:
-        """Each member's fraction of the hash space, in member order."""
+        """Each member's fraction of the hash space, in member order.
+
+        >>> SegmentSet.balanced(3).shares()
+        (0.25, 0.5, 0.25)
+        """
         return tuple(member.share for member in self._members)
 
     def index(self, segment: Segment) -> int:
-        """The member index of ``segment``; ``ValueError`` if it is not a member."""
+        """The member index of ``segment``; ``ValueError`` if it is not a member.
+
+        >>> SegmentSet.balanced(3).index(Segment(1, 1))
+        1
+        """
         segment = _as_segment(segment, "segment")
         for position, member in enumerate(self._members):
             if member == segment:
@@ -370,7 +449,11 @@ class SegmentSet:
         raise SegackValueError(f"{segment!r} is not a member of this set")
 
     def owner_index(self, hash_value: int) -> int:
-        """The index of the member that owns ``hash_value`` (low 32 bits count)."""
+        """The index of the member that owns ``hash_value`` (low 32 bits count).
+
+        >>> SegmentSet.balanced(3).owner_index(6)
+        2
+        """
         hash_value = _as_int(hash_value, "hash_value")
         for position, member in enumerate(self._members):
             if member.matches(hash_value):
@@ -378,7 +461,11 @@ class SegmentSet:
         raise AssertionError("a complete set owns every hash")  # pragma: no cover
 
     def owner(self, hash_value: int) -> Segment:
-        """The member that owns ``hash_value``."""
+        """The member that owns ``hash_value``.
+
+        >>> SegmentSet.balanced(3).owner(6)
+        Segment(2, 3)
+        """
         return self._members[self.owner_index(hash_value)]
 
     def assign(self, hashes: Any) -> np.ndarray:
@@ -386,6 +473,9 @@ class SegmentSet:
 
         ``hashes`` is a one-dimensional NumPy array of int32 or int64 (or anything
         ``numpy.asarray`` turns into one); other dtypes are a ``TypeError``.
+
+        >>> SegmentSet.balanced(3).assign([0, 1, 2, 3, 6])
+        array([0, 1, 2, 1, 2], dtype=int32)
         """
         array = _hash_array(hashes)
         result = np.empty(len(array), dtype=np.int32)
@@ -399,6 +489,9 @@ class SegmentSet:
         Entry ``g`` is the index of the member whose :meth:`Segment.key_groups`
         holds ``g``. A member deeper than ``bits`` is a ``ValueError`` naming it
         (the set is finer than the key groups), as is ``bits`` outside 0..16.
+
+        >>> SegmentSet.balanced(3).key_group_owners(2)
+        array([0, 1, 2, 1], dtype=int32)
         """
         bits = _key_group_bits(bits)
         owners = np.empty(1 << bits, dtype=np.int32)
@@ -408,7 +501,11 @@ class SegmentSet:
         return owners
 
     def split(self, member: Segment) -> SegmentSet:
-        """A new set with ``member`` replaced by its two children."""
+        """A new set with ``member`` replaced by its two children.
+
+        >>> SegmentSet.balanced(3).split(Segment(1, 1))
+        SegmentSet([(0, 3), (1, 3), (2, 3), (3, 3)])
+        """
         position = self.index(member)
         members = list(self._members)
         del members[position]
@@ -416,7 +513,11 @@ class SegmentSet:
         return SegmentSet(members)
 
     def merge(self, first: Segment, second: Segment) -> SegmentSet:
-        """A new set with two sibling members replaced by their parent."""
+        """A new set with two sibling members replaced by their parent.
+
+        >>> SegmentSet.balanced(3).merge(Segment(0, 3), Segment(2, 3))
+        SegmentSet([(0, 1), (1, 1)])
+        """
         first_position = self.index(first)
         second_position = self.index(second)
         parent = first.merged_with(second)
