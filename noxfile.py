@@ -11,6 +11,7 @@ nox.options.default_venv_backend = "venv"
 
 HERE = Path(__file__).parent
 VECTORS = ("segack-spec.jsonl", "axon-sample.jsonl")
+COMPILED = ("acker", "hashes", "partitioner", "segments")
 
 
 @nox.session
@@ -43,10 +44,13 @@ def conformance(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff on Python, mypy on the pure-Python parts, cython-lint on the .pyx sources."""
+    """ruff on Python, mypy on the pure-Python parts, stubtest on the compiled modules' stubs,
+    cython-lint on the .pyx sources."""
     session.install(".[test]", "ruff", "mypy", "cython-lint")
     session.run("ruff", "check", "src", "tests", "noxfile.py", "setup.py", "bench", "docs")
     session.run("mypy")
+    # The compiled modules' stubs against what the build exports (names, signatures, kinds).
+    session.run("python", "-m", "mypy.stubtest", *(f"segack.pyx.{name}" for name in COMPILED))
     pyx_dir = HERE / "src" / "segack" / "pyx"
     session.run("cython-lint", *[str(p) for p in sorted([*pyx_dir.glob("*.pyx"), *pyx_dir.glob("*.pxd")])])
 

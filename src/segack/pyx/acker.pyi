@@ -4,14 +4,18 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from typing_extensions import disjoint_base
 
 from segack.errors import AckerFullError as AckerFullError
 from segack.errors import DuplicateAckError as DuplicateAckError
+
+__all__ = ["OffsetAcker", "AckerFullError", "DuplicateAckError", "INDEX_MAX", "BLOCK_SIZE", "WINDOW_SIZE"]
 
 INDEX_MAX: int
 BLOCK_SIZE: int
 WINDOW_SIZE: int
 
+@disjoint_base
 class OffsetAcker:
     def __init__(
         self, start_index: int = 0, *, on_duplicate: str = "error", max_runs: int | None = None,

@@ -5,6 +5,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+__all__ = ["java_hash", "java_hash_many", "spark_hash", "spark_hash_many", "SPARK_HASH_SEED", "SPARK_DTYPES"]
+
 SPARK_HASH_SEED: int
 SPARK_DTYPES: tuple[str, ...]
 

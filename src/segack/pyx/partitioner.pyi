@@ -1,9 +1,14 @@
 from typing import Any
 
+from typing_extensions import disjoint_base
+
 from segack.pyx.segments import SegmentSet
+
+__all__ = ["SegmentPartitioner"]
 
 HASHES: tuple[str, ...]
 
+@disjoint_base
 class SegmentPartitioner:
     segments: SegmentSet
     hash: str
