@@ -1,5 +1,7 @@
 """Build the Cython kernel: the .pyx sources are cythonized at build time."""
 
+import glob
+
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
@@ -14,7 +16,9 @@ COMPILER_DIRECTIVES = {
 }
 
 extensions = [
-    Extension(f"segack.pyx.{name}", [f"src/segack/pyx/{name}.pyx"], extra_compile_args=["-O3"])
+    Extension(f"segack.pyx.{name}", [f"src/segack/pyx/{name}.pyx"], extra_compile_args=["-O3"],
+              # The .pxi parts a module includes: a change to one rebuilds it.
+              depends=sorted(glob.glob(f"src/segack/pyx/{name}_*.pxi")))
     for name in ("segments", "hashes", "acker", "partitioner")
 ]
 

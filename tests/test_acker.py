@@ -420,9 +420,10 @@ def test_every_resealed_change_of_a_body_is_read_as_the_spec_reads_it():
     decoder take and refuse the same tokens, with the same words."""
     import segack.kernel as kernel
     import segack.specs as spec
+    from segack import _shared
     from segack.specs import snapshot
 
-    header, checksum = snapshot._HEADER.size, snapshot._CHECKSUM.size
+    header, checksum = _shared.SNAPSHOT_HEADER.size, _shared.SNAPSHOT_CHECKSUM.size
     for token in _tokens(spec):
         body = token[header:-checksum]
         places, values = range(len(body) + 1), range(256)

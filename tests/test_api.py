@@ -99,6 +99,15 @@ def test_the_old_handler_failed_name_warns_and_is_the_new_class():
         errors.NoSuchName  # noqa: B018
 
 
+def test_the_compiled_modules_import_nothing_from_the_spec():
+    """The twins share only segack._shared (formats, rules, wording): a bug in either shows up
+    when they are compared, instead of hiding in code both run."""
+    for source in sorted((SOURCE / "pyx").glob("*.pyx")):
+        imports = [line for line in source.read_text().splitlines()
+                   if re.match(r"\s*(from|import|cimport)\s+segack\.specs\b", line)]
+        assert imports == [], f"{source.name}: {imports}"
+
+
 def _public(module):
     return {name: getattr(module, name) for name in module.__all__}
 

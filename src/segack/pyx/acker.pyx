@@ -24,10 +24,23 @@ import zlib
 
 import numpy as np
 
-from segack._shared import start_index_argument
+from segack import _shared
+from segack._shared import (
+    DUPLICATE_POLICIES,
+    DUPLICATES_MAX,
+    INDEX_MAX,
+    OFFSET_LIMIT,
+    SNAPSHOT_CHECKSUM,
+    SNAPSHOT_HEADER,
+    SNAPSHOT_MAGIC,
+    SNAPSHOT_VERSION,
+    VARINT_BYTES_MAX,
+    AckerState,
+    check_settings,
+    index_array,
+    start_index_argument,
+)
 from segack.errors import AckerFullError, DuplicateAckError, SegackTypeError, SegackValueError
-from segack.specs import snapshot as _snapshot
-from segack.specs.acker import INDEX_MAX, _check_settings, _index_array, merged_state, restorable_state
 
 __all__ = ["OffsetAcker", "AckerFullError", "DuplicateAckError", "INDEX_MAX", "BLOCK_SIZE", "WINDOW_SIZE"]
 
@@ -50,341 +63,22 @@ cdef uint64_t _ALL_MARKED = 0x0101010101010101ULL
 cdef Py_ssize_t _WINDOW_BYTES = _WINDOW // 8 + _WINDOW * (sizeof(int64_t) + sizeof(PyObject *))
 
 
-cdef inline Py_ssize_t _last_at_or_below(
-    const int64_t *values, Py_ssize_t stride, Py_ssize_t slots, int64_t index
-) noexcept nogil:
-    """The position of the last of ``slots`` ascending values, ``stride`` int64s apart, that
-    is <= ``index``, or -1. ``slots`` is a power of two, padded with ``_EMPTY``.
-
-    Branch-free halving: the comparison feeds a conditional move, so an unpredictable
-    order of acks costs no mispredicted branches, and a constant ``slots`` unrolls."""
-    cdef Py_ssize_t base = 0, step = slots >> 1, i, found
-    if values[0] > index:
-        return -1
-    while step >= 8:
-        base = base + step if values[(base + step) * stride] <= index else base
-        step >>= 1
-    found = base
-    for i in range(1, min(slots, 8)):
-        found += values[(base + i) * stride] <= index
-    return found
+cdef struct Run:
+    int64_t first
+    int64_t last
+    int64_t offset      # the offset of ``last`` when ``obj`` is NULL
+    PyObject *obj       # an owned reference to a non-native offset, or NULL
 
 
-cdef inline void _release(PyObject *obj) noexcept nogil:
-    if obj != NULL:
-        with gil:
-            Py_XDECREF(obj)
-
-
-cdef inline uint64_t _word(const uint8_t *bytes) noexcept nogil:
-    """Eight bytes of the batch's byte map as one word (an unaligned load)."""
-    cdef uint64_t word
-    memcpy(&word, bytes, 8)
-    return word
-
-
-cdef inline void _min_max(const int64_t *values, Py_ssize_t n, int64_t *low, int64_t *high) noexcept nogil:
-    """The least and greatest of ``n`` > 0 values. Four independent lanes, so each comparison
-    does not wait for the one before."""
-    cdef int64_t low0 = values[0], low1 = values[0], low2 = values[0], low3 = values[0]
-    cdef int64_t high0 = values[0], high1 = values[0], high2 = values[0], high3 = values[0]
-    cdef Py_ssize_t i = 0
-    while i + 4 <= n:
-        low0 = min(low0, values[i])
-        high0 = max(high0, values[i])
-        low1 = min(low1, values[i + 1])
-        high1 = max(high1, values[i + 1])
-        low2 = min(low2, values[i + 2])
-        high2 = max(high2, values[i + 2])
-        low3 = min(low3, values[i + 3])
-        high3 = max(high3, values[i + 3])
-        i += 4
-    while i < n:
-        low0 = min(low0, values[i])
-        high0 = max(high0, values[i])
-        i += 1
-    low[0] = min(min(low0, low1), min(low2, low3))
-    high[0] = max(max(high0, high1), max(high2, high3))
-
-
-cdef inline bint _native_offset(object offset, int64_t *native) noexcept:
-    """Whether ``offset`` is an exact int that fits 64 bits; if so it is stored in ``native``."""
-    cdef int overflow = 0
-    cdef long long value
-    if not PyLong_CheckExact(offset):
-        return False
-    value = PyLong_AsLongLongAndOverflow(offset, &overflow)
-    if overflow:
-        return False
-    native[0] = value
-    return True
-
-
-cdef inline object _offset_object(const Run *run):
-    """The offset of a run's last index, as a Python object."""
-    return run.offset if run.obj == NULL else <object>run.obj
-
-
-cdef int _offsets_disagree(
-    const Run *mine, Py_ssize_t mine_count, const Run *theirs, Py_ssize_t their_count
-) except -1:
-    """Whether two ascending run lists end a run at one index with offsets that differ (the
-    only indexes whose offsets both know)."""
-    cdef Py_ssize_t i = 0, j = 0
-    while i < mine_count and j < their_count:
-        if mine[i].last < theirs[j].last:
-            i += 1
-        elif mine[i].last > theirs[j].last:
-            j += 1
-        else:
-            if mine[i].obj == NULL and theirs[j].obj == NULL:
-                if mine[i].offset != theirs[j].offset:
-                    return 1
-            elif PyObject_RichCompareBool(_offset_object(&mine[i]), _offset_object(&theirs[j]), Py_NE):
-                return 1
-            i += 1
-            j += 1
-    return 0
-
-
-# ------------------------------------------------------------ the snapshot codec, runs part
-#
-# The layout is the spec's (segack.specs.snapshot); these write and read the runs, the bulk of a
-# token, without a Python object per run. The tags and header come from the spec module.
-
-cdef uint8_t _TAG_NONE = _snapshot._TAG_NONE
-cdef uint8_t _TAG_SAME_AS_INDEX = _snapshot._TAG_SAME_AS_INDEX
-cdef uint8_t _TAG_INT = _snapshot._TAG_INT
-cdef uint8_t _TAG_STR = _snapshot._TAG_STR
-cdef bytes _MAGIC = _snapshot.MAGIC
-cdef uint8_t _VERSION = _snapshot.VERSION
-cdef Py_ssize_t _HEADER_SIZE = _snapshot._HEADER.size
-cdef Py_ssize_t _CHECKSUM_SIZE = _snapshot._CHECKSUM.size
-cdef Py_ssize_t _POLICY_COUNT = len(_snapshot._POLICIES)
-# The longest LEB128 varint of a 64-bit number.
-cdef enum:
-    _VARINT_MAX = 10
-
-
-cdef struct _Buffer:
-    char *data
-    Py_ssize_t size
-    Py_ssize_t capacity
-
-
-cdef int _reserve(_Buffer *out, Py_ssize_t extra) except -1:
-    cdef Py_ssize_t capacity
-    cdef char *grown
-    if out.size + extra <= out.capacity:
-        return 0
-    capacity = max(2 * out.capacity, out.size + extra)
-    grown = <char *>realloc(out.data, capacity)
-    if grown == NULL:
-        raise MemoryError()
-    out.data = grown
-    out.capacity = capacity
-    return 0
-
-
-cdef inline void _put_byte(_Buffer *out, uint8_t value) noexcept nogil:
-    out.data[out.size] = <char>value
-    out.size += 1
-
-
-cdef inline void _put_uvarint(_Buffer *out, uint64_t value) noexcept nogil:
-    while value >= 0x80:
-        out.data[out.size] = <char>((value & 0x7F) | 0x80)
-        out.size += 1
-        value >>= 7
-    out.data[out.size] = <char>value
-    out.size += 1
-
-
-cdef int _put_object_offset(_Buffer *out, object offset, int64_t index) except -1:
-    """An offset that is not a native int, written by the spec's encoder (which rejects the
-    types a snapshot cannot keep)."""
-    scratch = bytearray()
-    _snapshot._offset(offset, index, scratch)
-    cdef bytes written = bytes(scratch)
-    _reserve(out, len(written))
-    memcpy(out.data + out.size, <const char *>written, len(written))
-    out.size += len(written)
-    return 0
-
-
-cdef inline uint64_t _zigzag(int64_t value) noexcept nogil:
-    return (<uint64_t>value << 1) ^ (0 - <uint64_t>(value < 0))
-
-
-cdef inline int64_t _unzigzag(uint64_t value) noexcept nogil:
-    return <int64_t>(value >> 1) ^ -<int64_t>(value & 1)
-
-
-cdef inline uint64_t _le32(const unsigned char *p) noexcept nogil:
-    return p[0] | (<uint64_t>p[1] << 8) | (<uint64_t>p[2] << 16) | (<uint64_t>p[3] << 24)
-
-
-cdef bint _read_uvarint(
-    const unsigned char *p, Py_ssize_t *position, Py_ssize_t end, uint64_t *value
-) noexcept nogil:
-    """A varint that fits 64 bits, else False (the spec reads longer ones too)."""
-    cdef uint64_t result = 0
-    cdef int shift = 0
-    cdef unsigned char byte
-    while position[0] < end:
-        byte = p[position[0]]
-        position[0] += 1
-        if shift == 63 and byte > 1:
-            return False
-        result |= (<uint64_t>(byte & 0x7F)) << shift
-        if byte < 0x80:
-            value[0] = result
-            return True
-        shift += 7
-    return False
-
-
-cdef struct _Parsed:
-    int64_t start
-    int64_t next_index
-    int64_t duplicates
-    int64_t bound
-    int policy
-    Run committed       # offset/obj only; obj is Py_None for "no committed offset"
-    Run *runs           # owned, with owned objects for the first ``count``
+cdef struct Block:
+    Run *runs
     Py_ssize_t count
-    int64_t pending_count
 
 
-cdef int _read_offset(
-    const unsigned char *p, Py_ssize_t *position, Py_ssize_t end, int64_t index, Run *into
-) except -1:
-    """An offset as the spec reads it, into ``into`` (a new reference for objects); 0 when the
-    bytes are not one the kernel holds natively or not valid."""
-    cdef uint64_t value
-    cdef uint8_t tag
-    if position[0] >= end:
-        return 0
-    tag = p[position[0]]
-    position[0] += 1
-    into.offset = 0
-    into.obj = NULL
-    if tag == _TAG_SAME_AS_INDEX:
-        into.offset = index
-    elif tag == _TAG_INT:
-        if not _read_uvarint(p, position, end, &value):
-            return 0
-        into.offset = _unzigzag(value)
-    elif tag == _TAG_NONE:
-        Py_INCREF(None)
-        into.obj = <PyObject *>None
-    elif tag == _TAG_STR:
-        if not _read_uvarint(p, position, end, &value) or value > <uint64_t>(end - position[0]):
-            return 0
-        try:
-            text = (<const char *>p)[position[0]:position[0] + <Py_ssize_t>value].decode(
-                "utf-8", "surrogatepass"
-            )
-        except UnicodeDecodeError:
-            return 0
-        position[0] += <Py_ssize_t>value
-        Py_INCREF(text)
-        into.obj = <PyObject *>text
-    else:
-        return 0
-    return 1
+include "acker_runs.pxi"
 
 
-cdef void _release_parsed(_Parsed *parsed) noexcept:
-    cdef Py_ssize_t k
-    for k in range(parsed.count):
-        Py_XDECREF(parsed.runs[k].obj)
-    Py_XDECREF(parsed.committed.obj)
-    free(parsed.runs)
-    parsed.runs = NULL
-    parsed.count = 0
-    parsed.committed.obj = NULL
-
-
-cdef bint _parse_token(bytes data, _Parsed *parsed) except -1:
-    """Read a token as the spec's decoder would, into ``parsed``. False, holding nothing, for
-    whatever the spec would reject or the kernel cannot hold natively: the caller then asks
-    the spec, so errors are worded in one place."""
-    parsed.runs = NULL
-    parsed.count = 0
-    parsed.committed.obj = NULL
-    try:
-        if _parse_body(data, parsed):
-            return True
-    except BaseException:
-        _release_parsed(parsed)
-        raise
-    _release_parsed(parsed)
-    return False
-
-
-cdef bint _parse_body(bytes data, _Parsed *parsed) except -1:
-    cdef const unsigned char *p = <const unsigned char *><const char *>data
-    cdef Py_ssize_t n = len(data), position = _HEADER_SIZE, end = n - _CHECKSUM_SIZE, k
-    cdef uint64_t value, count, gap, length
-    cdef int64_t previous_end, first
-    if n < _HEADER_SIZE + _CHECKSUM_SIZE or data[:4] != _MAGIC or p[4] != _VERSION:
-        return False
-    if _le32(p + 5) != <uint64_t>n:
-        return False
-    if zlib.crc32(memoryview(data)[:end]) != _le32(p + end):
-        return False
-    if not _read_uvarint(p, &position, end, &value) or value > <uint64_t>_INDEX_MAX:
-        return False
-    parsed.start = value
-    if not _read_uvarint(p, &position, end, &value) or value > <uint64_t>(_INDEX_MAX + 1 - parsed.start):
-        return False
-    parsed.next_index = parsed.start + <int64_t>value
-    if not _read_offset(p, &position, end, parsed.next_index - 1, &parsed.committed):
-        return False
-    if not _read_uvarint(p, &position, end, &value) or value > <uint64_t>INT64_MAX:
-        return False
-    parsed.duplicates = value
-    if position >= end or p[position] >= _POLICY_COUNT:
-        return False
-    parsed.policy = p[position]
-    position += 1
-    if not _read_uvarint(p, &position, end, &value) or value > <uint64_t>INT64_MAX:
-        return False
-    parsed.bound = value
-    # Every run takes at least three bytes, so a larger count is damage, not a size to allocate.
-    if not _read_uvarint(p, &position, end, &count) or count > <uint64_t>((end - position) // 3):
-        return False
-    parsed.runs = <Run *>malloc((count + 1) * sizeof(Run))
-    if parsed.runs == NULL:
-        raise MemoryError()
-    parsed.pending_count = 0
-    previous_end = parsed.next_index - 1
-    for k in range(<Py_ssize_t>count):
-        if not _read_uvarint(p, &position, end, &gap) or gap > <uint64_t>_INDEX_MAX:
-            return False
-        # In 64 unsigned bits: previous_end + 2 may pass INT64_MAX by one.
-        value = <uint64_t>(previous_end + 1) + 1 + gap
-        if value > <uint64_t>_INDEX_MAX:
-            return False
-        first = <int64_t>value
-        if not _read_uvarint(p, &position, end, &length) or length > <uint64_t>(_INDEX_MAX - first):
-            return False
-        parsed.runs[k].first = first
-        parsed.runs[k].last = first + <int64_t>length
-        if not _read_offset(p, &position, end, parsed.runs[k].last, &parsed.runs[k]):
-            return False
-        parsed.count = k + 1
-        parsed.pending_count += <int64_t>length + 1
-        previous_end = parsed.runs[k].last
-    if position != end:
-        return False
-    if (parsed.committed.obj == <PyObject *>None) != (parsed.next_index == parsed.start):
-        return False
-    if parsed.committed.obj == <PyObject *>None:
-        Py_XDECREF(parsed.committed.obj)
-        parsed.committed.obj = NULL
-    return True
+include "acker_codec.pxi"
 
 
 cdef class OffsetAcker:
@@ -405,6 +99,29 @@ cdef class OffsetAcker:
     (True, 1)
     """
 
+    cdef int64_t _start
+    cdef int64_t _next
+    cdef int64_t _committed_native
+    cdef object _committed_object
+    cdef bint _committed_is_native
+    cdef Block *_blocks
+    cdef int64_t *_block_firsts
+    cdef Py_ssize_t _block_count
+    cdef Py_ssize_t _block_capacity
+    cdef Py_ssize_t _run_count
+    cdef int64_t _pending_count
+    cdef int64_t _duplicates
+    cdef bint _ignore_duplicates
+    cdef object _max_runs
+    # The per-call window: a ring of _WINDOW bits, the offset of each index and, for the last
+    # index of each group of set bits, an owned offset object (see "the per-call window" below).
+    cdef uint64_t *_window_bits
+    cdef int64_t *_window_offsets
+    cdef PyObject **_window_objs
+    cdef bint _window_active
+    cdef int64_t _window_limit
+    cdef Py_ssize_t _window_runs
+
     def __cinit__(self, *args, **kwargs):
         self._blocks = NULL
         self._block_firsts = NULL
@@ -421,7 +138,7 @@ cdef class OffsetAcker:
         self._clear()
 
     def __init__(self, start_index=0, *, on_duplicate="error", max_runs=None, next_index=None):
-        start = _check_settings(start_index_argument(start_index, next_index), on_duplicate, max_runs)
+        start = check_settings(start_index_argument(start_index, next_index), on_duplicate, max_runs)
         self._clear()
         self._start = start
         self._next = start
@@ -786,7 +503,7 @@ cdef class OffsetAcker:
                 self._insert_run(0, 0, fresh)
         return 0
 
-    cdef int add_object_c(self, int64_t index, object offset) except -1:
+    cdef int _add_object(self, int64_t index, object offset) except -1:
         cdef int64_t native = 0
         self._flush_window()
         if _native_offset(offset, &native):
@@ -1060,7 +777,7 @@ cdef class OffsetAcker:
         >>> acker.ack_many([3, 1, 0]), acker.runs()
         (1, [(3, 3)])
         """
-        array = _index_array(indexes)
+        array = index_array(indexes)
         cdef Py_ssize_t n = len(array)
         native_offsets = None
         offset_list = None
@@ -1381,7 +1098,7 @@ cdef class OffsetAcker:
             elif offsets[i] is None:
                 self._add(indexes[i], indexes[i], NULL)
             else:
-                self.add_object_c(indexes[i], offsets[i])
+                self._add_object(indexes[i], offsets[i])
 
     # ------------------------------------------------------------ merging
 
@@ -1426,6 +1143,7 @@ cdef class OffsetAcker:
         cdef Run *their_runs = NULL
         cdef Run *merged = NULL
         cdef Py_ssize_t mine_count = 0, their_count = 0, produced = 0, i = 0, j = 0, at = 0, k
+        cdef Py_ssize_t conflict, mine_conflict = 0
         cdef int64_t before = self._next
         cdef Run current
         self._flush_window()
@@ -1433,11 +1151,13 @@ cdef class OffsetAcker:
         try:
             mine_runs = self._done_runs(&mine_count)
             their_runs = theirs._done_runs(&their_count)
-            if theirs._start < self._start or _offsets_disagree(
-                mine_runs, mine_count, their_runs, their_count
-            ):
-                # The spec words the error.
-                merged_state(self._state(), theirs._state())
+            if theirs._start < self._start:
+                raise SegackValueError(_shared.MERGE_EARLIER.format(theirs=theirs._start, mine=self._start))
+            conflict = _first_disagreement(mine_runs, mine_count, their_runs, their_count, &mine_conflict)
+            if conflict >= 0:
+                raise SegackValueError(_shared.MERGE_CONFLICT.format(
+                    index=their_runs[conflict].last, mine=_offset_object(&mine_runs[mine_conflict]),
+                    theirs=_offset_object(&their_runs[conflict])))
             merged = <Run *>malloc((mine_count + their_count + 1) * sizeof(Run))
             if merged == NULL:
                 raise MemoryError()
@@ -1496,15 +1216,20 @@ cdef class OffsetAcker:
         cdef const Run *run
         cdef int64_t previous_end = self._next - 1
         self._flush_window()
-        head = _snapshot.AckerState(
-            self._start, self._next, self._committed(), self._duplicates, self.on_duplicate, self._max_runs
+        # Offsets are checked before anything is written: a failing snapshot changes nothing.
+        head = (
+            _uvarint_bytes(self._start) + _uvarint_bytes(self._next - self._start)
+            + _offset_bytes(self._committed(), self._next - 1) + _uvarint_bytes(self._duplicates)
+            + bytes((1 if self._ignore_duplicates else 0,))
+            + _uvarint_bytes(0 if self._max_runs is None else self._max_runs + 1)
+            + _uvarint_bytes(self._run_count)
         )
-        body = _snapshot._head(head, self._run_count)
         out.data = NULL
         out.size = 0
         out.capacity = 0
         try:
-            _reserve(&out, 4 * self._run_count + 3 * _VARINT_MAX + 1)
+            _reserve(&out, len(head) + 4 * self._run_count + 3 * _VARINT_MAX + 1)
+            _put_bytes(&out, head)
             for b in range(self._block_count):
                 for r in range(self._blocks[b].count):
                     run = &self._blocks[b].runs[r]
@@ -1512,18 +1237,18 @@ cdef class OffsetAcker:
                     _put_uvarint(&out, <uint64_t>(run.first - previous_end - 2))
                     _put_uvarint(&out, <uint64_t>(run.last - run.first))
                     if run.obj != NULL:
-                        _put_object_offset(&out, <object>run.obj, run.last)
+                        _put_bytes(&out, _offset_bytes(<object>run.obj, run.last))
                     elif run.offset == run.last:
                         _put_byte(&out, _TAG_SAME_AS_INDEX)
                     else:
                         _put_byte(&out, _TAG_INT)
                         _put_uvarint(&out, _zigzag(run.offset))
                     previous_end = run.last
-            if out.size > 0:
-                body += out.data[:out.size]
+            body = out.data[:out.size]
         finally:
             free(out.data)
-        return _snapshot._seal(body)
+        token = SNAPSHOT_HEADER.pack(_MAGIC, _VERSION, _HEADER_SIZE + len(body) + _CHECKSUM_SIZE) + body
+        return token + SNAPSHOT_CHECKSUM.pack(zlib.crc32(token))
 
     @classmethod
     def restore(cls, data):
@@ -1539,15 +1264,15 @@ cdef class OffsetAcker:
         if isinstance(data, (bytearray, memoryview)):
             data = bytes(data)
         if not isinstance(data, bytes) or not _parse_token(data, &parsed):
-            # Anything the fast reader cannot vouch for (every damaged token, numbers past
-            # 64 bits) goes through the spec's decoder, which words the error.
-            state = restorable_state(data)
+            # What the fast reader declines (every damaged token, numbers past 64 bits) is read
+            # again with Python ints, which finds the exact error or the big offsets.
+            state = _careful_state(data)
             acker = cls(state.start_index, on_duplicate=state.on_duplicate, max_runs=state.max_runs)
             acker._load(state)
             return acker
         try:
             acker = cls(
-                parsed.start, on_duplicate=_snapshot._POLICIES[parsed.policy],
+                parsed.start, on_duplicate=DUPLICATE_POLICIES[parsed.policy],
                 max_runs=None if parsed.bound == 0 else parsed.bound - 1,
             )
             acker._next = parsed.next_index
@@ -1563,7 +1288,7 @@ cdef class OffsetAcker:
         return acker
 
     def _state(self):
-        return _snapshot.AckerState(
+        return AckerState(
             self._start, self._next, self.committed_offset, self._duplicates,
             self.on_duplicate, self._max_runs, self.runs_with_offsets(),
         )

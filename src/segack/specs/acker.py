@@ -21,59 +21,26 @@ errors included.
 from __future__ import annotations
 
 import bisect
-import operator
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from segack._shared import start_index_argument
+from segack import _shared
+from segack._shared import (
+    DUPLICATES_MAX,
+    INDEX_MAX,
+    as_index,
+    check_settings,
+    index_array,
+    start_index_argument,
+)
 from segack.errors import AckerFullError, DuplicateAckError, SegackTypeError, SegackValueError
 from segack.specs import snapshot as snapshot_format
 
 __all__ = [
     "OffsetAcker", "AckerFullError", "DuplicateAckError", "INDEX_MAX", "merged_state", "restorable_state",
 ]
-
-#: The largest index an acker takes (the kernel keeps indexes as signed 64-bit ints).
-INDEX_MAX = 2**63 - 2
-# The largest duplicate count (the kernel counts in a signed 64-bit int).
-_DUPLICATES_MAX = 2**63 - 1
-
-_POLICIES = ("error", "ignore")
-
-
-def _check_settings(start_index: Any, on_duplicate: Any, max_runs: Any) -> int:
-    start = _as_index(start_index, "start_index")
-    if start < 0 or start > INDEX_MAX:
-        raise SegackValueError(f"start_index must be in 0..{INDEX_MAX}, got {start}")
-    if on_duplicate not in _POLICIES:
-        raise SegackValueError(f"on_duplicate must be 'error' or 'ignore', got {on_duplicate!r}")
-    if max_runs is not None:
-        bound = _as_index(max_runs, "max_runs")
-        if bound < 0:
-            raise SegackValueError(f"max_runs must be non-negative or None, got {bound}")
-    return start
-
-
-def _as_index(value: Any, what: str) -> int:
-    if isinstance(value, bool):
-        raise SegackTypeError(f"{what} must be an integer, not bool")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise SegackTypeError(f"{what} must be an integer, not {type(value).__name__}") from None
-
-
-def _index_array(indexes: Any) -> np.ndarray:
-    array = np.asarray(indexes)
-    if array.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    if array.ndim != 1:
-        raise SegackValueError(f"indexes must be one-dimensional, got {array.ndim} dimensions")
-    if array.dtype.kind not in "iu" or not np.can_cast(array.dtype, np.int64):
-        raise SegackTypeError(f"indexes must be an integer array (int64 or narrower), not {array.dtype}")
-    return array.astype(np.int64, copy=False)
 
 
 def _done_intervals(state: snapshot_format.AckerState) -> list[tuple[int, int, Any]]:
@@ -90,10 +57,10 @@ def restorable_state(data: Any) -> snapshot_format.AckerState:
     state = snapshot_format.decode(data)
     for _, last, _ in _done_intervals(state):
         if last > INDEX_MAX:
-            raise SegackValueError(f"damaged acker snapshot: index {last} is larger than {INDEX_MAX}")
-    if state.duplicates > _DUPLICATES_MAX:
-        raise SegackValueError(
-            f"damaged acker snapshot: {state.duplicates} duplicates is past {_DUPLICATES_MAX}")
+            raise SegackValueError(_shared.INDEX_PAST_MAX.format(index=last, limit=INDEX_MAX))
+    if state.duplicates > DUPLICATES_MAX:
+        raise SegackValueError(_shared.DUPLICATES_PAST_MAX.format(duplicates=state.duplicates,
+                                                                  limit=DUPLICATES_MAX))
     return state
 
 
@@ -107,17 +74,12 @@ def merged_state(
     offsets must agree (``ValueError`` naming the index). Duplicate counts add up.
     """
     if theirs.start_index < mine.start_index:
-        raise SegackValueError(
-            f"index {theirs.start_index} is below the start index {mine.start_index}: "
-            f"the other acker covers an earlier part of the stream"
-        )
+        raise SegackValueError(_shared.MERGE_EARLIER.format(theirs=theirs.start_index, mine=mine.start_index))
     my_intervals, their_intervals = _done_intervals(mine), _done_intervals(theirs)
     known = {last: offset for _, last, offset in my_intervals}
     for _, last, offset in their_intervals:
         if last in known and known[last] != offset:
-            raise SegackValueError(
-                f"index {last} has offset {known[last]!r} here and {offset!r} in the other acker"
-            )
+            raise SegackValueError(_shared.MERGE_CONFLICT.format(index=last, mine=known[last], theirs=offset))
     merged: list[list[Any]] = []
     for first, last, offset in sorted(my_intervals + their_intervals, key=lambda run: run[0]):
         if merged and first <= merged[-1][1] + 1:
@@ -157,7 +119,7 @@ class OffsetAcker:
         self, start_index: int = 0, *, on_duplicate: str = "error", max_runs: int | None = None,
         next_index: int | None = None,
     ) -> None:
-        start = _check_settings(start_index_argument(start_index, next_index), on_duplicate, max_runs)
+        start = check_settings(start_index_argument(start_index, next_index), on_duplicate, max_runs)
         self._start = start
         self._next = start
         self._committed: Any = None
@@ -249,7 +211,7 @@ class OffsetAcker:
         return bisect.bisect_right(self._runs, index, key=lambda run: run[0]) - 1
 
     def _check_index(self, index: Any) -> int:
-        index = _as_index(index, "index")
+        index = as_index(index, "index")
         if index < 0:
             raise SegackValueError(f"index {index} is negative")
         if index < self._start:
@@ -354,7 +316,7 @@ class OffsetAcker:
         >>> acker.ack_many([3, 1, 0]), acker.runs()
         (1, [(3, 3)])
         """
-        array = _index_array(indexes)
+        array = index_array(indexes)
         if offsets is None:
             offset_list: list[Any] = array.tolist()
         else:

@@ -25,38 +25,28 @@ damaged byte is caught; the length field catches every truncation.
 
 from __future__ import annotations
 
-import struct
 import zlib
-from dataclasses import dataclass, field
 from typing import Any
 
+from segack import _shared
+from segack._shared import (
+    OFFSET_LIMIT,
+    SNAPSHOT_CHECKSUM,
+    SNAPSHOT_HEADER,
+    TAG_INT,
+    TAG_NONE,
+    TAG_SAME_AS_INDEX,
+    TAG_STR,
+    VARINT_BYTES_MAX,
+    AckerState,
+)
 from segack.errors import SegackTypeError, SegackValueError
 
 __all__ = ["AckerState", "decode", "encode", "MAGIC", "OFFSET_LIMIT", "VARINT_BYTES_MAX", "VERSION"]
 
-MAGIC = b"SGAK"
-VERSION = 1
-_HEADER = struct.Struct("<4sBI")
-_CHECKSUM = struct.Struct("<I")
-_TAG_NONE, _TAG_SAME_AS_INDEX, _TAG_INT, _TAG_STR = 0, 1, 2, 3
-_POLICIES = ("error", "ignore")
-#: The magnitude an int offset must stay below.
-OFFSET_LIMIT = 2**128
-#: The longest varint a token holds: the zig-zag form of an offset below ``OFFSET_LIMIT``.
-VARINT_BYTES_MAX = 19
-
-
-@dataclass
-class AckerState:
-    """Everything an acker is: what a snapshot holds."""
-
-    start_index: int
-    next_index: int
-    committed_offset: Any
-    duplicates: int
-    on_duplicate: str
-    max_runs: int | None
-    runs: list[tuple[int, int, Any]] = field(default_factory=list)
+MAGIC = _shared.SNAPSHOT_MAGIC
+VERSION = _shared.SNAPSHOT_VERSION
+_POLICIES = _shared.DUPLICATE_POLICIES
 
 
 def _uvarint(value: int, out: bytearray) -> None:
@@ -68,20 +58,19 @@ def _uvarint(value: int, out: bytearray) -> None:
 
 def _offset(value: Any, index: int, out: bytearray) -> None:
     if value is None:
-        out.append(_TAG_NONE)
+        out.append(TAG_NONE)
     elif isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise SegackTypeError(f"only int and str offsets survive a snapshot, not {type(value).__name__}")
+        raise SegackTypeError(_shared.OFFSET_NOT_KEPT.format(type=type(value).__name__))
     elif isinstance(value, int) and value == index:
-        out.append(_TAG_SAME_AS_INDEX)
+        out.append(TAG_SAME_AS_INDEX)
     elif isinstance(value, int):
         if not -OFFSET_LIMIT < value < OFFSET_LIMIT:
-            raise SegackValueError(
-                f"int offset {value} is too large for a snapshot (limit: 2**128 in magnitude)")
-        out.append(_TAG_INT)
+            raise SegackValueError(_shared.OFFSET_TOO_LARGE.format(offset=value))
+        out.append(TAG_INT)
         _uvarint((value << 1) if value >= 0 else ((-value) << 1) - 1, out)
     else:
         data = value.encode("utf-8", "surrogatepass")
-        out.append(_TAG_STR)
+        out.append(TAG_STR)
         _uvarint(len(data), out)
         out += data
 
@@ -113,9 +102,9 @@ def _head(state: AckerState, run_count: int) -> bytearray:
 
 def _seal(body: bytearray) -> bytes:
     """The token: header, ``body`` and checksum."""
-    total = _HEADER.size + len(body) + _CHECKSUM.size
-    token = _HEADER.pack(MAGIC, VERSION, total) + bytes(body)
-    return token + _CHECKSUM.pack(zlib.crc32(token))
+    total = SNAPSHOT_HEADER.size + len(body) + SNAPSHOT_CHECKSUM.size
+    token = SNAPSHOT_HEADER.pack(MAGIC, VERSION, total) + bytes(body)
+    return token + SNAPSHOT_CHECKSUM.pack(zlib.crc32(token))
 
 
 class _Reader:
@@ -124,7 +113,7 @@ class _Reader:
 
     def byte(self) -> int:
         if self.position >= self.end:
-            raise SegackValueError("damaged acker snapshot: it ends in the middle of a field")
+            raise SegackValueError(_shared.ENDS_IN_A_FIELD)
         value = self.data[self.position]
         self.position += 1
         return value
@@ -136,43 +125,43 @@ class _Reader:
             result |= (byte & 0x7F) << (7 * length)
             if byte < 0x80:
                 return result
-        raise SegackValueError("damaged acker snapshot: a number is too long")
+        raise SegackValueError(_shared.NUMBER_TOO_LONG)
 
     def offset(self, index: int) -> Any:
         tag = self.byte()
-        if tag == _TAG_NONE:
+        if tag == TAG_NONE:
             return None
-        if tag == _TAG_SAME_AS_INDEX:
+        if tag == TAG_SAME_AS_INDEX:
             return index
-        if tag == _TAG_INT:
+        if tag == TAG_INT:
             zigzag = self.uvarint()
             return zigzag >> 1 if zigzag & 1 == 0 else -((zigzag + 1) >> 1)
-        if tag == _TAG_STR:
+        if tag == TAG_STR:
             length = self.uvarint()
             if self.position + length > self.end:
-                raise SegackValueError("damaged acker snapshot: a string runs past the end")
+                raise SegackValueError(_shared.STRING_PAST_END)
             raw = self.data[self.position : self.position + length]
             self.position += length
             return raw.decode("utf-8", "surrogatepass")
-        raise SegackValueError(f"damaged acker snapshot: unknown offset tag {tag}")
+        raise SegackValueError(_shared.UNKNOWN_TAG.format(tag=tag))
 
 
 def decode(data: Any) -> AckerState:
     """The state a token holds. A damaged, truncated or foreign token is a ``ValueError``."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise SegackTypeError(f"a snapshot is bytes, not {type(data).__name__}")
+        raise SegackTypeError(_shared.NOT_BYTES.format(type=type(data).__name__))
     data = bytes(data)
-    if len(data) < _HEADER.size + _CHECKSUM.size or data[:4] != MAGIC:
-        raise SegackValueError("not a segack acker snapshot (wrong magic bytes)")
-    _, version, total = _HEADER.unpack_from(data)
+    if len(data) < SNAPSHOT_HEADER.size + SNAPSHOT_CHECKSUM.size or data[:4] != MAGIC:
+        raise SegackValueError(_shared.NOT_A_SNAPSHOT)
+    _, version, total = SNAPSHOT_HEADER.unpack_from(data)
     if version != VERSION:
-        raise SegackValueError(f"unsupported acker snapshot version {version} (this segack reads {VERSION})")
+        raise SegackValueError(_shared.UNSUPPORTED_VERSION.format(version=version, supported=VERSION))
     if total != len(data):
-        raise SegackValueError(f"damaged acker snapshot: {len(data)} bytes where the header says {total}")
-    (checksum,) = _CHECKSUM.unpack_from(data, len(data) - _CHECKSUM.size)
-    if zlib.crc32(data[: -_CHECKSUM.size]) != checksum:
-        raise SegackValueError("damaged acker snapshot: checksum mismatch")
-    reader = _Reader(data, _HEADER.size, len(data) - _CHECKSUM.size)
+        raise SegackValueError(_shared.WRONG_LENGTH.format(size=len(data), total=total))
+    (checksum,) = SNAPSHOT_CHECKSUM.unpack_from(data, len(data) - SNAPSHOT_CHECKSUM.size)
+    if zlib.crc32(data[: -SNAPSHOT_CHECKSUM.size]) != checksum:
+        raise SegackValueError(_shared.CHECKSUM_MISMATCH)
+    reader = _Reader(data, SNAPSHOT_HEADER.size, len(data) - SNAPSHOT_CHECKSUM.size)
     try:
         start = reader.uvarint()
         next_index = start + reader.uvarint()
@@ -180,7 +169,7 @@ def decode(data: Any) -> AckerState:
         duplicates = reader.uvarint()
         policy = reader.byte()
         if policy >= len(_POLICIES):
-            raise SegackValueError(f"damaged acker snapshot: unknown duplicate policy {policy}")
+            raise SegackValueError(_shared.UNKNOWN_POLICY.format(policy=policy))
         bound = reader.uvarint()
         runs: list[tuple[int, int, Any]] = []
         previous_end = next_index - 1
@@ -190,11 +179,11 @@ def decode(data: Any) -> AckerState:
             runs.append((first, last, reader.offset(last)))
             previous_end = last
     except UnicodeDecodeError:
-        raise SegackValueError("damaged acker snapshot: an offset is not valid UTF-8") from None
+        raise SegackValueError(_shared.NOT_UTF8) from None
     if reader.position != reader.end:
-        raise SegackValueError("damaged acker snapshot: bytes left over after the last run")
+        raise SegackValueError(_shared.BYTES_LEFT_OVER)
     if (committed is None) != (next_index == start):
-        raise SegackValueError("damaged acker snapshot: committed offset and next index disagree")
+        raise SegackValueError(_shared.COMMITTED_DISAGREES)
     return AckerState(
         start, next_index, committed, duplicates, _POLICIES[policy],
         None if bound == 0 else bound - 1, runs,
