@@ -1,12 +1,14 @@
-"""Sessions: tests, quick, conformance, lint, docs, bench. ``nox -l`` lists them."""
+"""Sessions: tests, quick, sdist, conformance, lint, docs, bench. ``nox -l`` lists them."""
 
 from __future__ import annotations
 
+import shutil
+import tarfile
 from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["tests", "conformance", "lint", "docs"]
+nox.options.sessions = ["tests", "sdist", "conformance", "lint", "docs"]
 nox.options.default_venv_backend = "venv"
 
 HERE = Path(__file__).parent
@@ -29,6 +31,25 @@ def quick(session: nox.Session) -> None:
 
 
 @nox.session
+def sdist(session: nox.Session) -> None:
+    """Build the sdist with ``python -m build``, unpack it elsewhere, and run ``nox -s quick`` from it
+    alone: the .pyx, .pxd and .pyi sources, the tests and their vectors must all be in it."""
+    session.install("build", "nox")
+    out = Path(session.create_tmp()) / "sdist"
+    shutil.rmtree(out, ignore_errors=True)
+    session.run("python", "-m", "build", "--sdist", "--outdir", str(out))
+    [archive] = out.glob("segack-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+        tar.extractall(out, filter="data")
+    generated = [name for name in names if name.endswith((".c", ".so"))]
+    if generated:
+        session.error(f"the sdist holds build outputs: {generated}")
+    session.chdir(out / archive.name.removesuffix(".tar.gz"))
+    session.run("nox", "-s", "quick")
+
+
+@nox.session
 def conformance(session: nox.Session) -> None:
     """Check kernel and spec against the vector files: ours, Axon's sample, and any after ``--``.
 
@@ -45,14 +66,15 @@ def conformance(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff on Python, mypy on the pure-Python parts, stubtest on the compiled modules' stubs,
-    cython-lint on the .pyx sources."""
+    cython-lint on the Cython sources."""
     session.install(".[test]", "ruff", "mypy", "cython-lint")
     session.run("ruff", "check", "src", "tests", "noxfile.py", "setup.py", "bench", "docs")
     session.run("mypy")
     # The compiled modules' stubs against what the build exports (names, signatures, kinds).
     session.run("python", "-m", "mypy.stubtest", *(f"segack.pyx.{name}" for name in COMPILED))
     pyx_dir = HERE / "src" / "segack" / "pyx"
-    session.run("cython-lint", *[str(p) for p in sorted([*pyx_dir.glob("*.pyx"), *pyx_dir.glob("*.pxd")])])
+    session.run("cython-lint", *[str(p) for p in sorted(
+        [*pyx_dir.glob("*.pyx"), *pyx_dir.glob("*.pxd"), *pyx_dir.glob("*.pxi")])])
 
 
 @nox.session
