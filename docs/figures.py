@@ -91,6 +91,80 @@ def policies(out: Path) -> None:
     plt.close(figure)
 
 
+def replay_pipeline(out: Path) -> None:
+    """One replay, stage by stage: key groups, segments, tasks, progress files, checkpoint.
+
+    The key groups each segment owns come from ``SegmentSet.key_group_owners``, so the
+    picture follows the package."""
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    bits = 3
+    segments = segack.SegmentSet.balanced(3)
+    owners = segments.key_group_owners(bits)
+    colors = ["#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5"]
+    figure, axis = plt.subplots(figsize=(11, 5.6))
+    axis.set_xlim(0, 11)
+    axis.set_ylim(0, 5.6)
+    axis.set_axis_off()
+
+    def box(x: float, y: float, w: float, h: float, text: str, color: str = "#eef", size: int = 8) -> None:
+        axis.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.04", fc=color, ec="#667"))
+        axis.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size)
+
+    def arrow(start: tuple[float, float], end: tuple[float, float], text: str = "") -> None:
+        axis.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12, color="#556"))
+        if text:
+            axis.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.12, text, ha="center",
+                      fontsize=7, color="#334")
+
+    # 1. Events, each tagged with its key group (a JVM expression over the key's hash).
+    axis.text(0.9, 5.35, "1. events, in any layout", ha="center", fontsize=9, weight="bold")
+    rng = np.random.default_rng(3)
+    for row, group in enumerate(rng.integers(0, 1 << bits, 12)):
+        box(0.2, 4.85 - row * 0.38, 1.4, 0.3, f"key group {group}", colors[group], 7)
+    axis.text(0.9, 0.05, "kg = hash(key) & (2**K - 1)\ntie = xxhash64(row)", ha="center", fontsize=7)
+
+    # 2. One shuffle: each key group to the partition of the segment that owns it, sorted there.
+    axis.text(3.6, 5.35, "2. one shuffle, sorted", ha="center", fontsize=9, weight="bold")
+    lanes = []
+    for index, member in enumerate(segments):
+        y = 3.9 - index * 1.6
+        groups = [g for g in range(1 << bits) if owners[g] == index]
+        box(2.5, y, 2.2, 1.1, "", "#f6f6fb")
+        axis.text(3.6, y + 0.88, f"segment {member.segment_id}, mask {member.mask:#b}", ha="center",
+                  fontsize=7.5)
+        width = 1.96 / len(groups)
+        for slot, group in enumerate(groups):
+            box(2.62 + slot * width, y + 0.12, width - 0.1, 0.5, f"kg {group}", colors[group], 7)
+        lanes.append(y + 0.55)
+        arrow((1.65, 2.6), (2.45, y + 0.55))
+    axis.text(3.6, 0.05, "repartitionById(segment)\nsort by (order, key, tie)", ha="center", fontsize=7)
+
+    # 3. A task per segment: positions per key group, the handler in order, commits.
+    axis.text(6.0, 5.35, "3. a task per segment", ha="center", fontsize=9, weight="bold")
+    for y in lanes:
+        box(5.2, y - 0.4, 1.6, 0.8, "position += 1 per kg\nhandler(event)\ncommit per kg", "#e7f1e7", 7)
+        arrow((4.75, y), (5.15, y))
+    axis.text(6.0, 0.05, "skips what the tokens\ncall done", ha="center", fontsize=7)
+
+    # 4. Progress files, flushed by count and time, and the tasks' results.
+    axis.text(8.0, 5.35, "4. progress/", ha="center", fontsize=9, weight="bold")
+    for index, y in enumerate(lanes):
+        box(7.35, y - 0.3, 1.3, 0.6, f"task {index}: one row\nper key group moved", "#fff4dd", 7)
+        arrow((6.85, y), (7.3, y), "flush")
+
+    # 5. The driver folds them into the checkpoint's tokens: one entry per key group.
+    axis.text(10.0, 5.35, "5. checkpoint.json", ha="center", fontsize=9, weight="bold")
+    rows = "\n".join(f"kg {group}: committed point, boundary" for group in range(1 << bits))
+    box(9.05, 1.6, 1.9, 2.8, rows, "#fde", 7)
+    for y in lanes:
+        arrow((8.7, y), (9.0, 3.0))
+    axis.text(10.0, 0.05, "merged by the driver on a timer,\nsaved atomically", ha="center", fontsize=7)
+    figure.tight_layout()
+    figure.savefig(out / "replay-pipeline.png", dpi=110)
+    plt.close(figure)
+
+
 def performance(out: Path) -> None:
     """Bar charts of the ratios ``nox -s bench`` saved (copied into docs/perf)."""
     acker = json.loads((HERE / "perf" / "acker.json").read_text())
@@ -149,5 +223,6 @@ def build_all(out: Path) -> None:
     segment_tree(out)
     acker_timeline(out)
     policies(out)
+    replay_pipeline(out)
     performance(out)
     cli_page(out)
