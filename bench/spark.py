@@ -121,6 +121,56 @@ def _resume_vs_fresh_remainder(rows: list[dict[str, Any]], events: int, data: st
                  "resume / fresh": f"{best_resume / best_fresh:.2f}x"})
 
 
+def _concurrency(rows: list[dict[str, Any]]) -> None:
+    """Events/s of a 2 ms handler over 8 segments, one session, at concurrency 1 and 64, and the
+    unordered ``foreachPartition`` + 64-thread pool a user would write by hand."""
+    import numpy as np
+    import pyarrow as pa
+
+    from bench.sleepy import unordered_pool, wait
+    from segack.spark_adapter import local_session, replay
+
+    spark = local_session("segack-bench-concurrency")
+
+    def frame(events: int, partitions: int) -> Any:
+        keys = np.random.default_rng(1).integers(0, 5000, events)
+        table = pa.table({"user": [f"user-{key}" for key in keys.tolist()], "ts": np.arange(events)})
+        frame = spark.createDataFrame(table).repartition(partitions).cache()
+        frame.count()
+        return frame
+
+    def segack_rate(events: int, concurrency: int) -> tuple[float, int]:
+        data = frame(events, 2)
+        with tempfile.TemporaryDirectory() as checkpoint:
+            began = time.perf_counter()
+            result = replay(data, key="user", order="ts", handler=wait, checkpoint=checkpoint, segments=8,
+                            concurrency=concurrency)
+            seconds = time.perf_counter() - began
+        data.unpersist()
+        return events / seconds, result.peak_pending
+
+    segack_rate(2000, 8)  # warms the session up
+    # Fewer events at concurrency 1, which handles them ~500 per second per task.
+    one, _ = segack_rate(4000, 1)
+    many = max(segack_rate(100_000, 64) for _ in range(2))
+    data = frame(100_000, 8)
+    by_hand = 0.0
+    for _ in range(2):
+        began = time.perf_counter()
+        data.foreachPartition(unordered_pool)
+        by_hand = max(by_hand, 100_000 / (time.perf_counter() - began))
+    spark.stop()
+    rows.append({"workload": "2 ms handler, 8 segments, 5,000 keys", "pipeline": "segack, concurrency 1",
+                 "events/s": f"{one:,.0f}", "vs concurrency 1": "1.0x", "peak pending": "0"})
+    rows.append({"workload": "2 ms handler, 8 segments, 5,000 keys", "pipeline": "segack, concurrency 64",
+                 "events/s": f"{many[0]:,.0f}", "vs concurrency 1": f"{many[0] / one:.1f}x",
+                 "peak pending": f"{many[1]:,}"})
+    rows.append({"workload": "2 ms handler, 8 partitions, 5,000 keys",
+                 "pipeline": "by hand: foreachPartition + 64 threads, no order, no checkpoint",
+                 "events/s": f"{by_hand:,.0f}", "vs concurrency 1": f"{by_hand / one:.1f}x",
+                 "peak pending": ""})
+
+
 def _columns(rows: list[dict[str, Any]]) -> None:
     from pyspark.sql import functions as F
 
@@ -166,6 +216,11 @@ def run() -> None:
     print_table("Spark columns (floor: segment column <= 1.1x Spark's own hash() & mask)", column_rows,
                 ["workload", "column", "seconds", "vs Spark alone"])
     save("spark-columns", column_rows)
+    concurrency_rows: list[dict[str, Any]] = []
+    _concurrency(concurrency_rows)
+    print_table("Concurrent handler calls (floor: concurrency 64 >= 20x concurrency 1)", concurrency_rows,
+                list(concurrency_rows[0]))
+    save("spark-concurrency", concurrency_rows)
     replay_rows: list[dict[str, Any]] = []
     size_rows: list[dict[str, Any]] = []
     resume_rows: list[dict[str, Any]] = []

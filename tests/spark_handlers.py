@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import threading
 import time
 from typing import Any
 
@@ -63,6 +64,26 @@ class SlowOn:
     def __call__(self, event: dict[str, Any]) -> None:
         if event["user"] == self.key:
             time.sleep(self.seconds)
+
+
+class TimedRecorder:
+    """Sleeps ``seconds`` per event, then logs it with when it started and ended, its process and
+    thread; raises on ``fail_on`` (a key, seq pair) instead."""
+
+    def __init__(self, path: str, seconds: float, fail_on: tuple[Any, Any] | None = None) -> None:
+        self.path = path
+        self.seconds = seconds
+        self.fail_on = fail_on
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        started = time.monotonic()
+        time.sleep(self.seconds)
+        if self.fail_on is not None and (event["user"], event["seq"]) == self.fail_on:
+            raise ValueError("the handler refuses this event")
+        line = json.dumps({"user": event["user"], "seq": event["seq"], "pid": os.getpid(),
+                           "thread": threading.get_ident(), "start": started, "end": time.monotonic()})
+        with open(self.path, "a") as log:
+            log.write(line + "\n")
 
 
 def read_lines(path: str) -> list[str]:

@@ -69,8 +69,10 @@ def test_sigkilled_replays_resume_rescale_and_finish(tmp_path):
     handled_per_run = []
     for run, segments in enumerate([2, 5, 3]):
         done_before.append(_done_events(tmp_path, table))
+        # The second run keeps several calls in flight when it is killed.
+        concurrent = ["--concurrency", "4"] if run == 1 else []
         process = _start(tmp_path, "tests.spark_handlers:record_slowly", segments, run,
-                         ["--flush-every", "300", "--flush-interval", "0.3"])
+                         ["--flush-every", "300", "--flush-interval", "0.3", *concurrent])
         # Kill at a random moment once this run has started handling events.
         handled_so_far = len(read_log(str(tmp_path / "log.jsonl")))
         deadline = time.monotonic() + 180
@@ -81,7 +83,7 @@ def test_sigkilled_replays_resume_rescale_and_finish(tmp_path):
         if process.poll() is None:
             _kill_group(process)
     done_before.append(_done_events(tmp_path, table))
-    final = _start(tmp_path, "tests.spark_handlers:record_slowly", 4, 3)
+    final = _start(tmp_path, "tests.spark_handlers:record_slowly", 4, 3, ["--concurrency", "8"])
     out, err = final.communicate(timeout=600)
     assert final.returncode == 0, err
 

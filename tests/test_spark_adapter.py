@@ -6,6 +6,7 @@ import collections
 import contextlib
 import datetime
 import io
+import itertools
 import json
 import math
 import os
@@ -27,7 +28,15 @@ from segack.spark_adapter import HandlerFailedError, KeyGroupTokens, replay
 from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore, resolve_location
 from segack.spark_adapter.columns import hash_column, member_index_column, segment_column
 from tests import expected
-from tests.spark_handlers import LineRecorder, Recorder, SlowOn, event_line, read_lines, read_log
+from tests.spark_handlers import (
+    LineRecorder,
+    Recorder,
+    SlowOn,
+    TimedRecorder,
+    event_line,
+    read_lines,
+    read_log,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -139,13 +148,68 @@ def test_replay_handles_every_event_once_in_order_and_reruns_handle_nothing(spar
     assert len(read_log(log)) == 3000
 
 
-def test_handler_failure_names_the_event_saves_progress_and_resume_skips_done_work(spark, tmp_path):
-    table = generate_events(4000, seed=5)
+def _overlapping(handled):
+    """How many pairs of calls in one process ran at the same time (sorted by start)."""
+    overlaps = 0
+    for pid in {event["pid"] for event in handled}:
+        calls = sorted((e["start"], e["end"]) for e in handled if e["pid"] == pid)
+        overlaps += sum(1 for (_, end), (start, _) in itertools.pairwise(calls) if start < end)
+    return overlaps
+
+
+def test_concurrent_calls_keep_each_keys_order_and_record_everything(spark, tmp_path):
+    table = generate_events(1500, seed=21)
     frame = spark.createDataFrame(table)
-    users = table.column("user").to_pylist()
-    heavy = max(set(users), key=users.count)
     log = str(tmp_path / "log.jsonl")
-    checkpoint = str(tmp_path / "checkpoint")
+    result = replay(frame, key="user", order="ts", handler=TimedRecorder(log, 0.002),
+                    checkpoint=str(tmp_path / "checkpoint"), segments=2, concurrency=8, max_pending=24)
+    handled = read_log(log)
+    assert result.complete and result.handled == len(handled) == 1500
+    assert_each_key_in_order(handled, table)
+    # A key's next call starts only after its previous one ended.
+    for user in {event["user"] for event in handled}:
+        calls = sorted((e["seq"], e["start"], e["end"]) for e in handled if e["user"] == user)
+        assert all(later[1] >= earlier[2] for earlier, later in itertools.pairwise(calls))
+    assert _overlapping(handled) > 100 and 1 < result.peak_pending <= 24
+
+
+def test_the_sequential_policy_runs_one_call_at_a_time(spark, tmp_path):
+    table = generate_events(300, seed=22)
+    log = str(tmp_path / "log.jsonl")
+    result = replay(spark.createDataFrame(table), key="user", order="ts", handler=TimedRecorder(log, 0.001),
+                    checkpoint=str(tmp_path / "checkpoint"), segments=1, concurrency=4, policy="sequential")
+    handled = read_log(log)
+    assert result.complete and len(handled) == 300 and _overlapping(handled) == 0
+    assert_each_key_in_order(handled, table)
+
+
+def _events_and_their_busiest_user(spark, tmp_path, count, seed):
+    """Events as a table and a frame, the user with the most events, a log path, a checkpoint path."""
+    table = generate_events(count, seed=seed)
+    users = table.column("user").to_pylist()
+    busiest = max(set(users), key=users.count)
+    frame = spark.createDataFrame(table)
+    return table, frame, busiest, str(tmp_path / "log.jsonl"), str(tmp_path / "checkpoint")
+
+
+def test_a_concurrent_failure_names_the_event_and_a_resume_finishes_in_order(spark, tmp_path):
+    table, frame, heavy, log, checkpoint = _events_and_their_busiest_user(spark, tmp_path, 2000, 23)
+    with pytest.raises(HandlerFailedError) as failure:
+        replay(frame, key="user", order="ts", handler=TimedRecorder(log, 0.001, fail_on=(heavy, 7)),
+               checkpoint=checkpoint, segments=2, concurrency=6, flush_every=100)
+    assert failure.value.key == heavy
+    assert (failure.value.key_group, failure.value.position) == expected.positions(table)[(heavy, 7)]
+    before = read_log(log)
+    assert (heavy, 7) not in {(e["user"], e["seq"]) for e in before}
+    result = replay(frame, key="user", order="ts", handler=TimedRecorder(log, 0.001),
+                    checkpoint=checkpoint, concurrency=6)
+    assert result.complete and result.already_done > 0
+    # At least once, each key in order, across both runs.
+    assert_each_key_in_order(read_log(log), table)
+
+
+def test_handler_failure_names_the_event_saves_progress_and_resume_skips_done_work(spark, tmp_path):
+    table, frame, heavy, log, checkpoint = _events_and_their_busiest_user(spark, tmp_path, 4000, 5)
     with pytest.raises(HandlerFailedError) as failure:
         replay(frame, key="user", order="ts", handler=Recorder(log, fail_on=(heavy, 5)),
                checkpoint=checkpoint, segments=2, flush_every=50)
@@ -387,6 +451,9 @@ def test_a_crashed_first_run_then_other_input_is_refused(spark, tmp_path):
     ({"key_group_bits": 17}, ValueError, "key_group_bits"),
     ({"key_group_bits": 2, "segments": 8}, ValueError, "finer than 4 key groups"),
     ({"handler": "not callable"}, TypeError, "callable"),
+    ({"concurrency": 0}, ValueError, "concurrency"),
+    ({"max_pending": 0}, ValueError, "max_pending"),
+    ({"policy": "any"}, ValueError, "policy"),
 ])
 def test_replay_rejects_bad_settings_before_writing_anything(spark, tmp_path, kwargs, error, message):
     frame = spark.createDataFrame(generate_events(50, seed=4))
@@ -524,6 +591,7 @@ def _as_one_input(tokens):
 
 def test_no_stage_of_a_replay_gathers_events_into_one_partition(spark, tmp_path):
     """Read the physical plans of the fingerprint and of the job (fresh and resuming)."""
+    from segack.spark_adapter.dispatch import Handling
     from segack.spark_adapter.replay import EventInput
     from segack.spark_adapter.task import TaskPlan
 
@@ -533,7 +601,7 @@ def test_no_stage_of_a_replay_gathers_events_into_one_partition(spark, tmp_path)
     plan = TaskPlan(run_id="plan", store=CheckpointStore(str(tmp_path / "ck")), handler=print,
                     columns=tuple(frame.columns), key="user", order="ts", committed=tokens.committed,
                     done_xor=tokens.done_xor, done_sum=tokens.done_sum, first_positions=tokens.base,
-                    extras={}, flush_every=10, flush_interval=1.0)
+                    extras={}, flush_every=10, flush_interval=1.0, handling=Handling(concurrency=4))
     resuming = tokens.copy()
     resuming.committed[7] = 1
     resuming.boundaries[7] = (0, "user-x", 0)

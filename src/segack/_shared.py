@@ -25,6 +25,10 @@ HASHES = ("java", "spark")
 #: The seed of Spark SQL's ``hash()`` (Murmur3 x86_32).
 SPARK_HASH_SEED = 42
 
+#: What may run at once inside a segment's task (see segack.spark_adapter.dispatch): events of
+#: other keys, one event at a time, or any events.
+SEQUENCING_POLICIES = ("per-key", "sequential", "concurrent")
+
 # ------------------------------------------------------------------ the acker's input rules
 
 #: The largest index an acker takes (the kernel keeps indexes as signed 64-bit ints).

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from segack._shared import HASHES
+from segack._shared import HASHES, SEQUENCING_POLICIES
 from segack.kernel import SegmentSet, java_hash, spark_hash
 
 
@@ -94,6 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tasks save progress after this many events (default: 10000)")
     replay.add_argument("--flush-interval", type=float, default=5.0, metavar="SECONDS",
                         help="... or after this many seconds (default: 5)")
+    replay.add_argument("--concurrency", type=_positive, default=1, metavar="N",
+                        help="handler calls in flight at once in each segment's task, on a thread pool; "
+                        "never two of one key (default: 1, one call at a time)")
+    replay.add_argument("--max-pending", type=_positive, default=None, metavar="M",
+                        help="a task reads ahead at most this many events not yet committed "
+                        "(default: 4 x --concurrency)")
+    replay.add_argument("--policy", choices=SEQUENCING_POLICIES, default="per-key",
+                        help="what may run at once: per-key (events of other keys), sequential (one "
+                        "event per segment), concurrent (any events; for handlers that need no order)")
     replay.add_argument("--verbose", action="store_true",
                         help="let Spark's driver log as it would by default (its banner, warnings)")
 

@@ -95,6 +95,7 @@ def replay_command(args: argparse.Namespace) -> int:
             checkpoint=store, segments=args.segments, hash=args.hash, key_group_bits=args.key_group_bits,
             flush_every=args.flush_every, flush_interval=args.flush_interval, progress=printer,
             source=args.input, shared_local_checkpoint=args.shared_local_checkpoint,
+            concurrency=args.concurrency, max_pending=args.max_pending, policy=args.policy,
         )
     except (HandlerFailedError, ReplayError, CheckpointError, ValueError, OSError) as error:
         printer.close()

@@ -45,6 +45,7 @@ from segack.errors import SegackTypeError, SegackValueError
 from segack.kernel import SegmentSet
 from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore
 from segack.spark_adapter.columns import hash_column, member_index_column
+from segack.spark_adapter.dispatch import Handling
 from segack.spark_adapter.errors import HandlerFailedError, ReplayError
 from segack.spark_adapter.session import default_segment_count, executors_share_local_disk, setting
 from segack.spark_adapter.task import KG, RESULT_SCHEMA, TIE, TaskPlan, run_task
@@ -98,6 +99,8 @@ class ReplayResult:
     segments: int
     key_group_bits: int
     seconds: float
+    #: The most rows any task held read but not committed (0 when the handler ran one call at a time).
+    peak_pending: int = 0
 
     @property
     def complete(self) -> bool:
@@ -409,14 +412,15 @@ class _Merger:
 def _execute(
     events: EventInput, state: Checkpoint, store: CheckpointStore, *, run_id: str,
     handler: Callable[[dict[str, Any]], Any], segments: SegmentSet, flush_every: int, flush_interval: float,
-    progress: Callable[[Progress], None] | None,
-) -> int:
+    progress: Callable[[Progress], None] | None, handling: Handling,
+) -> tuple[int, int]:
     """Handle the events the checkpoint lacks; leaves ``state`` final and saved.
 
     Folds in progress a crashed run left behind, then verifies the done events
     against the input, before writing anything: another input is a
     :class:`~segack.spark_adapter.checkpoint.CheckpointError` and changes
-    nothing. Returns how many events were done before the job started. Raises
+    nothing. Returns how many events were done before the job started, and the tasks' peak of
+    pending rows. Raises
     :class:`HandlerFailedError` (the first failure, with any later merge error
     attached as a note) or :class:`ReplayError`.
     """
@@ -443,13 +447,13 @@ def _execute(
     if tokens.complete:
         state.settings.update(status="complete", updated_at=time.time())
         store.save(state)
-        return already_done
+        return already_done, 0
     plan = TaskPlan(
         run_id=run_id, store=store, handler=handler, columns=tuple(events.df.columns), key=events.key,
         order=events.order, committed=tokens.committed.copy(), done_xor=tokens.done_xor.copy(),
         done_sum=tokens.done_sum.copy(), first_positions=tokens.first_kept_positions(),
         extras={group: frozenset(positions) for group, positions in tokens.extras.items()},
-        flush_every=flush_every, flush_interval=flush_interval,
+        flush_every=flush_every, flush_interval=flush_interval, handling=handling,
     )
     spark = events.df.sparkSession
     tag = f"segack-{run_id}"
@@ -467,9 +471,11 @@ def _execute(
         spark.removeTag(tag)
     failures: list[HandlerFailedError] = []
     updates: list[pa.Table] = []
+    peak_pending = 0
     merge_error: BaseException | None = merger.error
     if results is not None:
         failures = [pickle.loads(blob) for blob in results.column("failure").to_pylist() if blob is not None]
+        peak_pending = max(results.column("peak_pending").to_pylist(), default=0)
         try:
             updates = [decode_updates(blob, "a task's result")
                        for blob in results.column("updates").to_pylist() if blob is not None]
@@ -501,7 +507,7 @@ def _execute(
         raise ReplayError(f"saving progress failed: {merge_error}") from merge_error
     if job_error is not None:
         raise ReplayError(f"a Spark task failed: {worker_error(job_error)}") from job_error
-    return already_done
+    return already_done, peak_pending
 
 
 def _resolution(previous: dict[str, Any], key_group_bits: int | None) -> int:
@@ -531,6 +537,9 @@ def replay(
     progress: Callable[[Progress], None] | None = None,
     source: str | None = None,
     shared_local_checkpoint: bool = False,
+    concurrency: int = 1,
+    max_pending: int | None = None,
+    policy: str = "per-key",
 ) -> ReplayResult:
     """Call ``handler(event)`` once per not-yet-done event of ``df``, in order per key.
 
@@ -541,6 +550,12 @@ def replay(
     as long as no segment is finer than the checkpoint's ``2**key_group_bits``
     key groups (default 12 bits, at most 16, fixed by the first run).
     ``progress`` receives a :class:`Progress` at each merge.
+
+    ``concurrency`` handler calls run at once in each task (on a thread pool), never two of
+    one key under ``policy="per-key"`` (``"sequential"``: one at a time; ``"concurrent"``: no
+    order at all); a task reads ahead at most ``max_pending`` rows not yet committed (default
+    ``4 * concurrency``). Only events whose every predecessor in the task is done are recorded
+    done, so a crash never skips one.
 
     Raises, before anything is written: ``ValueError`` for a missing or
     unsortable column, a bad setting, speculation on, or a local checkpoint
@@ -554,6 +569,7 @@ def replay(
         raise SegackTypeError("handler must be callable")
     _check_positive("flush_every", flush_every, int)
     _check_positive("flush_interval", flush_interval, float)
+    handling = Handling(concurrency, max_pending, policy)
     chosen = None if segments is None else _segment_set(segments)
     spark = df.sparkSession
     check_session(spark)
@@ -579,11 +595,13 @@ def replay(
         "run_id": run_id, "flush_every": flush_every, "flush_interval": flush_interval,
         "started_at": time.time(), "updated_at": time.time(), "status": "running",
     }
-    already_done = _execute(events, state, store, run_id=run_id, handler=handler, segments=chosen,
-                            flush_every=flush_every, flush_interval=flush_interval, progress=progress)
+    already_done, peak_pending = _execute(
+        events, state, store, run_id=run_id, handler=handler, segments=chosen, flush_every=flush_every,
+        flush_interval=flush_interval, progress=progress, handling=handling)
     tokens = state.tokens
     assert tokens.total is not None  # a run that ends without an error has counted its input
     return ReplayResult(
         total=tokens.total, already_done=already_done, handled=tokens.done - already_done, done=tokens.done,
         segments=len(chosen), key_group_bits=bits, seconds=time.monotonic() - began,
+        peak_pending=peak_pending,
     )

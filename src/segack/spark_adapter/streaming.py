@@ -22,6 +22,7 @@ import pyarrow as pa
 from segack.errors import SegackTypeError
 from segack.kernel import SegmentSet
 from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore
+from segack.spark_adapter.dispatch import Handling
 from segack.spark_adapter.replay import (
     EventInput,
     ReplayError,
@@ -54,11 +55,15 @@ def foreach_batch(
     flush_every: int = 10_000,
     flush_interval: float = 5.0,
     shared_local_checkpoint: bool = False,
+    concurrency: int = 1,
+    max_pending: int | None = None,
+    policy: str = "per-key",
 ) -> Callable[[DataFrame, int], None]:
     """A function for ``DataStreamWriter.foreachBatch`` that replays each micro-batch.
 
     Within a batch, each key's events run in ``order``; across batches, a batch
-    starts once the previous one is complete. Settings are checked at once
+    starts once the previous one is complete. ``concurrency``, ``max_pending`` and ``policy``
+    work as in :func:`~segack.spark_adapter.replay`. Settings are checked at once
     (``ValueError``/``TypeError`` as for :func:`~segack.spark_adapter.replay`);
     each batch raises as :func:`~segack.spark_adapter.replay` does.
     """
@@ -66,6 +71,7 @@ def foreach_batch(
         raise SegackTypeError("handler must be callable")
     _check_positive("flush_every", flush_every, int)
     _check_positive("flush_interval", flush_interval, float)
+    handling = Handling(concurrency, max_pending, policy)
     chosen = _segment_set(segments)
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
 
@@ -99,7 +105,8 @@ def foreach_batch(
             "stream": {"completed_batch": stream["completed_batch"], "batch": current},
         })
         _execute(events, state, store, run_id=f"b{batch_id}-{uuid.uuid4().hex[:8]}", handler=handler,
-                 segments=chosen, flush_every=flush_every, flush_interval=flush_interval, progress=None)
+                 segments=chosen, flush_every=flush_every, flush_interval=flush_interval, progress=None,
+                 handling=handling)
         if not state.tokens.complete:
             raise ReplayError(f"batch {batch_id} ended with events not done")
         state.settings["stream"] = {"completed_batch": batch_id, "batch": None}

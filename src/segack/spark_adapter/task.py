@@ -25,9 +25,11 @@ with the number of events.
 from __future__ import annotations
 
 import math
+import operator
 import pickle
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from segack.spark_adapter.checkpoint import CheckpointStore
+from segack.spark_adapter.dispatch import Dispatcher, Handling
 from segack.spark_adapter.errors import HandlerFailedError
 from segack.spark_adapter.tokens import encode_updates, update_schema
 
@@ -66,11 +69,13 @@ class TaskPlan:
     extras: dict[int, frozenset[int]]
     flush_every: int
     flush_interval: float
+    #: How the handler is called: concurrency, pending bound, sequencing policy.
+    handling: Handling
 
 
 #: What each task returns: one row, its updates sealed as bytes (their types are the data's).
 RESULT_SCHEMA = pa.schema([("segment", pa.int32()), ("updates", pa.binary()), ("handled", pa.int64()),
-                           ("failure", pa.binary())])
+                           ("failure", pa.binary()), ("peak_pending", pa.int64())])
 
 
 def _same(first: Any, second: Any) -> bool:
@@ -103,6 +108,13 @@ class _SegmentTask:
         # The last row of the previous batch: its sort key and the position its run started at.
         self.last_key: tuple[Any, Any, int] | None = None
         self.last_run_start = 0
+        # With concurrency: the calls in flight, and the batches not yet wholly committed.
+        self.dispatcher: Dispatcher | None = None
+        self.open_batches: deque[_Batch] = deque()
+        if plan.handling.dispatched:
+            self.dispatcher = Dispatcher(plan.handler, operator.itemgetter(plan.key),
+                                         concurrency=plan.handling.concurrency,
+                                         max_pending=plan.handling.pending_bound, policy=plan.handling.policy)
         if attempt > 0:
             self._adopt_earlier_attempts(partition, attempt)
         # Events below these points are in the prefix digests already; those above are added once.
@@ -184,7 +196,9 @@ class _SegmentTask:
         run_starts = self._run_starts(batch, ties, positions)
         skip = self._done(groups, positions)
         events = batch.select(list(self.plan.columns)).to_pylist()
-        current = _Batch(batch, groups, positions, ties, run_starts, skip)
+        current = _Batch(batch, groups, positions, ties, run_starts, skip, self.rows_seen)
+        if self.dispatcher is not None:
+            return self._dispatch(current, events)
         handler = self.plan.handler
         flush_every = self.plan.flush_every
         for row, event in enumerate(events):
@@ -213,6 +227,71 @@ class _SegmentTask:
                 or time.monotonic() - self.last_flush >= self.plan.flush_interval):
             self._flush(self.rows_seen)
         return None
+
+    def _dispatch(self, current: _Batch, events: list[dict[str, Any]]) -> HandlerFailedError | None:
+        """Hand one batch to the dispatcher: many calls in flight, each key's in order. Commits
+        what the dispatcher's committed point covers, as it moves."""
+        dispatcher = self.dispatcher
+        assert dispatcher is not None
+        self.open_batches.append(current)
+        for row, event in enumerate(events):
+            if current.skip is not None and current.skip[row]:
+                dispatcher.skip()
+            else:
+                while not dispatcher.offer(event):
+                    if dispatcher.failure is not None:
+                        return self._dispatch_failure()
+                    dispatcher.wait_for_room(self.plan.flush_interval)
+                    self._commit_dispatched()
+            if row % _CHECK_EVERY == _CHECK_EVERY - 1:
+                self._commit_dispatched()
+                if self._due(self.rows_seen + row + 1):
+                    self._flush(self.rows_seen + row + 1)
+                    if self.stopped:
+                        return self.finish_dispatch()
+        self.rows_seen += len(events)
+        self._commit_dispatched()
+        if self._due(self.rows_seen):
+            self._flush(self.rows_seen)
+        return self._dispatch_failure() if dispatcher.failure is not None else None
+
+    def finish_dispatch(self) -> HandlerFailedError | None:
+        """Wait for the calls in flight, commit what they finished; the first failure, if any."""
+        if self.dispatcher is None:
+            return None
+        self.dispatcher.close()
+        self._commit_dispatched()
+        return self._dispatch_failure() if self.dispatcher.failure is not None else None
+
+    def _dispatch_failure(self) -> HandlerFailedError:
+        dispatcher = self.dispatcher
+        assert dispatcher is not None
+        dispatcher.close()
+        self._commit_dispatched()
+        failure = dispatcher.failure
+        assert failure is not None
+        batch = next(b for b in self.open_batches if b.base <= failure.row < b.base + len(b.groups))
+        row = failure.row - batch.base
+        error = failure.error
+        return HandlerFailedError(
+            failure.event.get(self.plan.key), failure.event.get(self.plan.order), int(batch.positions[row]),
+            int(batch.groups[row]), f"{type(error).__name__}: {error}", failure.traceback,
+        )
+
+    def _commit_dispatched(self) -> None:
+        """Commit the rows below the dispatcher's committed point, batch by batch."""
+        assert self.dispatcher is not None
+        committed = self.dispatcher.committed_rows
+        while self.open_batches:
+            batch = self.open_batches[0]
+            self._commit(batch, min(committed - batch.base, len(batch.groups)))
+            if batch.committed_rows < len(batch.groups):
+                break
+            self.open_batches.popleft()
+
+    def _due(self, rows_seen: int) -> bool:
+        return (rows_seen - self.rows_at_flush >= self.plan.flush_every
+                or time.monotonic() - self.last_flush >= self.plan.flush_interval)
 
     # ---------------------------------------------------- commits, flushes
 
@@ -267,16 +346,19 @@ class _SegmentTask:
             "updates": [None if updates is None else encode_updates(updates)],
             "handled": [self.handled],
             "failure": [None if failure is None else pickle.dumps(failure)],
+            "peak_pending": [0 if self.dispatcher is None else self.dispatcher.peak_pending],
         }, schema=RESULT_SCHEMA)
 
 
 class _Batch:
     """One batch in the handler's hands, and how many of its rows are committed."""
 
-    __slots__ = ("batch", "committed_rows", "groups", "positions", "run_starts", "skip", "ties")
+    __slots__ = ("base", "batch", "committed_rows", "groups", "positions", "run_starts", "skip", "ties")
 
     def __init__(self, batch: pa.RecordBatch, groups: np.ndarray, positions: np.ndarray, ties: np.ndarray,
-                 run_starts: np.ndarray, skip: np.ndarray | None) -> None:
+                 run_starts: np.ndarray, skip: np.ndarray | None, base: int) -> None:
+        #: The task's row number of the batch's first row.
+        self.base = base
         self.batch = batch
         self.groups = groups
         self.positions = positions
@@ -297,12 +379,13 @@ def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     failure = None
     for batch in batches:
         failure = task.handle(batch)
-        if failure is not None:
-            task._flush(task.rows_seen)
-            plan.store.request_stop(plan.run_id, f"the handler failed in segment {partition}")
-            break
-        if task.stopped:
+        if failure is not None or task.stopped:
             break
     else:
+        failure = task.finish_dispatch()
+    if failure is not None:
+        task._flush(task.rows_seen)
+        plan.store.request_stop(plan.run_id, f"the handler failed in segment {partition}")
+    elif not task.stopped:
         task._flush(task.rows_seen)
     yield task.result(failure)

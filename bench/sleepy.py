@@ -1,0 +1,23 @@
+"""Handlers for the concurrency bench: each call waits 2 ms, as a call to a database might."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+#: How long each call waits.
+SECONDS = 0.002
+
+
+def wait(event: dict[str, Any]) -> None:
+    """The handler both pipelines call."""
+    time.sleep(SECONDS)
+
+
+def unordered_pool(rows: Iterator[Any]) -> None:
+    """What a user would write by hand: ``foreachPartition`` with 64 threads and no order at all."""
+    with ThreadPoolExecutor(64) as pool:
+        for _ in pool.map(lambda row: wait(row.asDict()), rows):
+            pass

@@ -1,0 +1,242 @@
+"""Many events in flight inside one segment's task, never two of one sequencing value at once.
+
+A task reads its events in order and numbers them: the event's *row* (0, 1, 2, ...). The
+dispatcher starts each event's handler call as soon as three rules allow it:
+
+1. **Order per key.** An event starts only after every earlier event with the same sequencing
+   value (its key, under the per-key policy) has finished. Events of other keys overtake it.
+2. **Concurrency.** At most ``concurrency`` calls run at once; events whose key is free wait
+   for a slot in row order.
+3. **Bounded pending.** The task reads a new event only while fewer than ``max_pending`` rows
+   are read but not *committed* (``offer`` says no otherwise). A slow event holds the
+   committed point; the others finish behind it, up to that bound.
+
+Completions arrive in any order. Each is acked into an :class:`~segack.OffsetAcker` over rows,
+whose committed point (:attr:`Dispatcher.committed_rows`: every row below it is done) is what
+the task may record as done: a crash never skips an unfinished event.
+
+The first handler failure stops the dispatcher: no further event starts, the calls in flight
+finish, and :attr:`Dispatcher.failure` holds the failing row, event and error. The failing row
+is never done, so the committed point stops before it.
+
+A dispatcher is not itself a thread: ``offer`` and the waits are called by the task's thread,
+and ``start`` (by default a thread pool's ``submit``) runs the calls. Passing ``start`` lets a
+test run them in any order it likes.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import threading
+import traceback
+from collections import deque
+from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from segack._shared import SEQUENCING_POLICIES
+from segack.errors import SegackValueError
+from segack.kernel import OffsetAcker
+
+__all__ = ["POLICIES", "Dispatcher", "Failure", "Handling"]
+
+#: How the sequencing value of an event is chosen: its key, one value for all (one event in
+#: flight), or the row itself (no order between any two events).
+POLICIES = SEQUENCING_POLICIES
+
+
+@dataclass(frozen=True)
+class Handling:
+    """How a task calls the handler: ``concurrency`` calls at once (1: in the task's own thread),
+    at most ``max_pending`` rows read but not committed (default ``4 * concurrency``), and the
+    sequencing ``policy`` (one of :data:`POLICIES`)."""
+
+    concurrency: int = 1
+    max_pending: int | None = None
+    policy: str = "per-key"
+
+    def __post_init__(self) -> None:
+        for name in ("concurrency", "max_pending"):
+            value = getattr(self, name)
+            if value is None and name == "max_pending":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SegackValueError(f"{name} must be a positive int, not {value!r}")
+        if self.policy not in POLICIES:
+            raise SegackValueError(f"policy must be one of {POLICIES}, not {self.policy!r}")
+
+    @property
+    def pending_bound(self) -> int:
+        """``max_pending``, or its default."""
+        return 4 * self.concurrency if self.max_pending is None else self.max_pending
+
+    @property
+    def dispatched(self) -> bool:
+        """Whether calls go through a :class:`Dispatcher` (else: one at a time, in order)."""
+        return self.concurrency > 1 or self.policy != "per-key"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The first handler call that raised."""
+
+    row: int
+    event: dict[str, Any]
+    error: BaseException
+    traceback: str
+
+
+class Dispatcher:
+    """Runs ``handler(event)`` for offered events under the rules above.
+
+    ``key_of(event)`` is the event's key (used by the ``per-key`` policy). Rejects
+    (``ValueError``) a ``concurrency`` or ``max_pending`` below 1 and an unknown ``policy``.
+    """
+
+    def __init__(
+        self,
+        handler: Callable[[dict[str, Any]], Any],
+        key_of: Callable[[dict[str, Any]], Hashable],
+        *,
+        concurrency: int,
+        max_pending: int,
+        policy: str = "per-key",
+        start: Callable[[Callable[[], None]], Any] | None = None,
+    ) -> None:
+        Handling(concurrency, max_pending, policy)  # checks the settings
+        self.handler = handler
+        self.key_of = key_of
+        self.concurrency = concurrency
+        self.max_pending = max_pending
+        self.policy = policy
+        self._pool: ThreadPoolExecutor | None = None
+        if start is None:
+            self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="segack-handler")
+            start = self._pool.submit
+        self._start = start
+        self._lock = threading.Condition()
+        self._acker = OffsetAcker()
+        self._rows_read = 0
+        self._in_flight = 0
+        # Keys with an event running or ready to run, and the events held behind each.
+        self._held: dict[Hashable, deque[tuple[int, dict[str, Any]]]] = {}
+        # Events whose key is free, waiting for a slot: a heap, so the oldest row starts first
+        # (rows are unique, so the keys and events are never compared).
+        self._ready: list[tuple[int, Hashable, dict[str, Any]]] = []
+        self.failure: Failure | None = None
+        #: The most rows ever read but not committed at once.
+        self.peak_pending = 0
+
+    # ------------------------------------------------------------ what the task asks
+
+    @property
+    def committed_rows(self) -> int:
+        """The number of rows before the first one not done: all of them are done."""
+        with self._lock:
+            return self._acker.next_index
+
+    @property
+    def in_flight(self) -> int:
+        """Handler calls running now."""
+        with self._lock:
+            return self._in_flight
+
+    @property
+    def pending(self) -> int:
+        """Rows read but not committed."""
+        with self._lock:
+            return self._rows_read - self._acker.next_index
+
+    def offer(self, event: dict[str, Any]) -> bool:
+        """Take the next row's event, unless ``max_pending`` rows are pending (``False``: wait
+        with :meth:`wait_for_room`, then offer it again) or a call has failed (``False`` too)."""
+        with self._lock:
+            if self.failure is not None or self._rows_read - self._acker.next_index >= self.max_pending:
+                return False
+            row = self._rows_read
+            self._rows_read += 1
+            self.peak_pending = max(self.peak_pending, self._rows_read - self._acker.next_index)
+            key = self._sequencing_value(row, event)
+            if key in self._held:
+                self._held[key].append((row, event))
+            else:
+                self._held[key] = deque()
+                heapq.heappush(self._ready, (row, key, event))
+            self._start_ready()
+            return True
+
+    def skip(self) -> None:
+        """Take the next row as already done (an earlier run did it): it is never handled."""
+        with self._lock:
+            row = self._rows_read
+            self._rows_read += 1
+            self._acker.ack(row)
+            self._lock.notify_all()
+
+    def wait_for_room(self, timeout: float | None = None) -> None:
+        """Wait until a row can be offered, a call has failed, or ``timeout`` seconds pass."""
+        with self._lock:
+            self._lock.wait_for(
+                lambda: self.failure is not None
+                or self._rows_read - self._acker.next_index < self.max_pending, timeout)
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until no call is running or waiting to run (after a failure: until the calls in
+        flight have finished). ``False`` if ``timeout`` seconds passed first."""
+        with self._lock:
+            return self._lock.wait_for(self._idle, timeout)
+
+    def close(self) -> None:
+        """Wait for the calls in flight, then release the threads."""
+        self.drain()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    # ------------------------------------------------------------ inside
+
+    def _sequencing_value(self, row: int, event: dict[str, Any]) -> Hashable:
+        if self.policy == "per-key":
+            return ("key", self.key_of(event))
+        if self.policy == "sequential":
+            return ("all",)
+        return ("row", row)
+
+    def _idle(self) -> bool:
+        return self._in_flight == 0 and (self.failure is not None or not self._ready)
+
+    def _start_ready(self) -> None:
+        """Start ready events while slots are free (the lock is held)."""
+        while self._ready and self._in_flight < self.concurrency and self.failure is None:
+            row, key, event = heapq.heappop(self._ready)
+            self._in_flight += 1
+            self._start(functools.partial(self._call, row, key, event))
+
+    def _call(self, row: int, key: Hashable, event: dict[str, Any]) -> None:
+        error: BaseException | None = None
+        text = ""
+        try:
+            self.handler(event)
+        except Exception as raised:
+            error = raised
+            text = traceback.format_exc()
+        with self._lock:
+            # Waiters wake up whatever happens here, so a fault in this bookkeeping cannot leave
+            # the task waiting for a call that has ended.
+            try:
+                self._in_flight -= 1
+                if error is not None:
+                    if self.failure is None:
+                        self.failure = Failure(row, event, error, text)
+                else:
+                    self._acker.ack(row)
+                    held = self._held[key]
+                    if held:
+                        next_row, next_event = held.popleft()
+                        heapq.heappush(self._ready, (next_row, key, next_event))
+                    else:
+                        del self._held[key]
+                self._start_ready()
+            finally:
+                self._lock.notify_all()

@@ -1,0 +1,166 @@
+"""The in-task dispatcher alone (no Spark), driven by a state machine.
+
+The machine offers events of random keys, finishes the running calls in a random order, makes
+some of them fail, and checks after every step that no key has two events in flight, that no
+event started before its key's previous one finished, that the committed point never passes an
+unfinished event, and that the bounds on calls in flight and pending rows hold.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from segack.errors import SegackValueError
+from segack.spark_adapter.dispatch import POLICIES, Dispatcher
+
+
+class DispatcherMachine(RuleBasedStateMachine):
+    @initialize(concurrency=st.integers(1, 4), extra=st.integers(0, 6), policy=st.sampled_from(POLICIES))
+    def setup(self, concurrency, extra, policy):
+        self.policy = policy
+        self.concurrency = concurrency
+        self.max_pending = concurrency + extra
+        self.started: list = []          # calls started and not yet run, as thunks
+        self.running: dict[int, str] = {}  # row -> key, for calls started and not finished
+        self.finished: set[int] = set()
+        self.failed: set[int] = set()
+        self.skipped: set[int] = set()
+        self.key_rows: dict[str, list[int]] = {}
+        self.fail_next: set[int] = set()
+        self.rows = 0
+        self.dispatcher = Dispatcher(self._handle, lambda event: event["key"], concurrency=concurrency,
+                                     max_pending=self.max_pending, policy=policy,
+                                     start=self.started.append)
+
+    def _handle(self, event):
+        row = event["row"]
+        # Order per key: every earlier row of this key has finished before this one runs.
+        if self.policy != "concurrent":
+            earlier = [r for r in self.key_rows[self._sequence(event["key"])] if r < row]
+            unfinished = [r for r in earlier if r not in self.finished and r not in self.skipped]
+            assert unfinished == [], f"row {row} ran before rows {unfinished} of its key"
+        assert row in self.running
+        if row in self.fail_next:
+            self.failed.add(row)
+            del self.running[row]
+            raise RuntimeError(f"row {row} fails")
+        self.finished.add(row)
+        del self.running[row]
+
+    def _sequence(self, key):
+        if self.policy == "per-key":
+            return key
+        return "all" if self.policy == "sequential" else None
+
+    @rule(key=st.sampled_from("abcd"), fails=st.booleans())
+    def offer(self, key, fails):
+        row = self.rows
+        full = self.dispatcher.failure is not None or row - self.dispatcher.committed_rows >= self.max_pending
+        if fails:
+            self.fail_next.add(row)
+        self.key_rows.setdefault(self._sequence(key), []).append(row)
+        before = len(self.started)
+        accepted = self.dispatcher.offer({"row": row, "key": key})
+        assert accepted == (not full)
+        if not accepted:
+            self.fail_next.discard(row)
+            self.key_rows[self._sequence(key)].remove(row)
+            return
+        self.rows += 1
+        self._note_started(before)
+
+    def _note_started(self, before):
+        # Which calls the dispatcher started is its choice: read their rows off the thunks.
+        for position in range(before, len(self.started)):
+            row, _, event = self.started[position].args
+            self.running[row] = event["key"]
+
+    @rule()
+    def skip(self):
+        if self.dispatcher.failure is None and self.rows - self.dispatcher.committed_rows < self.max_pending:
+            self.skipped.add(self.rows)
+            self.dispatcher.skip()
+            self.rows += 1
+
+    @precondition(lambda self: self.started)
+    @rule(data=st.data())
+    def finish_one(self, data):
+        thunk = self.started.pop(data.draw(st.integers(0, len(self.started) - 1)))
+        before = len(self.started)
+        thunk()
+        self._note_started(before)
+
+    @invariant()
+    def rules_hold(self):
+        if not hasattr(self, "dispatcher"):
+            return
+        dispatcher = self.dispatcher
+        # No key has two events in flight (the per-key and sequential policies).
+        if self.policy != "concurrent":
+            keys = [self._sequence(key) for key in self.running.values()]
+            assert len(keys) == len(set(keys)), self.running
+        assert dispatcher.in_flight == len(self.running) <= self.concurrency
+        # The committed point never passes an event that is not done.
+        done = self.finished | self.skipped
+        committed = dispatcher.committed_rows
+        assert all(row in done for row in range(committed))
+        assert committed == self.rows or committed not in done
+        assert 0 <= dispatcher.pending == self.rows - committed <= self.max_pending
+        assert dispatcher.peak_pending <= self.max_pending
+        if self.failed:
+            assert dispatcher.failure is not None and dispatcher.failure.row in self.failed
+            assert committed <= min(self.failed)
+
+    @invariant()
+    def runs_whatever_it_can(self):
+        """A free slot is never left idle while an event whose key is free waits."""
+        if not hasattr(self, "dispatcher") or self.dispatcher.failure is not None:
+            return
+        if self.policy == "concurrent":
+            waiting = self.rows - len(self.finished) - len(self.skipped) - len(self.running)
+            assert waiting == 0 or len(self.running) == self.concurrency
+
+
+TestDispatcher = DispatcherMachine.TestCase
+
+
+def test_calls_run_on_threads_in_key_order_and_the_committed_point_reaches_the_end():
+    """With the real thread pool: many keys, every call made once, each key's calls in order."""
+    seen: dict[int, list[int]] = {}
+    guard = threading.Lock()
+    running: set[int] = set()
+    overlaps = []
+
+    def handle(event):
+        with guard:
+            if event["key"] in running:
+                overlaps.append(event)
+            running.add(event["key"])
+        with guard:
+            seen.setdefault(event["key"], []).append(event["row"])
+            running.discard(event["key"])
+
+    dispatcher = Dispatcher(handle, lambda event: event["key"], concurrency=8, max_pending=32)
+    rows = [{"row": row, "key": row % 13} for row in range(2000)]
+    for event in rows:
+        while not dispatcher.offer(event):
+            dispatcher.wait_for_room()
+    dispatcher.close()
+    assert overlaps == []
+    assert dispatcher.committed_rows == len(rows)
+    assert sorted(row for key_rows in seen.values() for row in key_rows) == list(range(len(rows)))
+    assert all(key_rows == sorted(key_rows) for key_rows in seen.values())
+    assert dispatcher.peak_pending <= 32
+
+
+@pytest.mark.parametrize("arguments", [
+    {"concurrency": 0, "max_pending": 1}, {"concurrency": 1, "max_pending": 0},
+    {"concurrency": True, "max_pending": 1}, {"concurrency": 1, "max_pending": 1, "policy": "any"},
+])
+def test_bad_settings_are_refused(arguments):
+    with pytest.raises(SegackValueError):
+        Dispatcher(lambda event: None, lambda event: None, start=lambda thunk: None, **arguments)
