@@ -533,3 +533,13 @@ def test_per_call_acks_near_the_committed_point_allocate_nothing():
             acker.ack(index)
         assert sys.getsizeof(acker) == size
     assert acker.next_index == 50_000 and acker.pending_runs == 0
+
+
+def test_an_unsigned_array_that_int64_cannot_hold_is_refused_and_changes_nothing(impl):
+    """uint64 is an integer type, but not one int64 holds: refused like floats, not wrapped."""
+    acker = impl.OffsetAcker()
+    acker.ack(0)
+    with pytest.raises(TypeError, match="uint64"):
+        acker.ack_many(np.array([1, 2**63], dtype=np.uint64))
+    assert (acker.next_index, acker.pending_runs) == (1, 0)
+    assert acker.ack_many(np.array([1, 2], dtype=np.uint32)) == 2

@@ -72,3 +72,11 @@ def test_async_stream_matches_and_survives_failure(impl):
         return seen
 
     assert asyncio.run(collect()) == ["offset-3"]
+
+
+def test_every_one_and_interval_zero_yield_every_advance(impl):
+    """The smallest settings allowed throttle nothing: each advance is yielded as it happens."""
+    every_advance = ["offset-1", "offset-2", "offset-4"]
+    assert list(impl.commit_points(completions([1, 0, 2, 4, 3]), every=1)) == every_advance
+    assert list(impl.commit_points(completions([1, 0, 2, 4, 3]), interval=0)) == every_advance
+    assert list(impl.commit_points(completions([1, 0, 2, 4, 3]), every=1, interval=0)) == every_advance

@@ -167,3 +167,14 @@ def test_many_rejects_non_sequences(impl):
         impl.spark_hash_many(np.array([1.5]))
     with pytest.raises(ValueError, match="one-dimensional"):
         impl.java_hash_many(np.zeros((2, 2), dtype=np.int64))
+
+
+@pytest.mark.parametrize("value", [2**63 - 1, -(2**63)])
+def test_java_hash_takes_every_int64(impl, value):
+    assert impl.java_hash(value) == ((value ^ (value >> 32)) & 0xFFFFFFFF ^ 0x80000000) - 0x80000000
+
+
+@pytest.mark.parametrize("value", [2**63, -(2**63) - 1])
+def test_java_hash_refuses_an_int_past_int64(impl, value):
+    with pytest.raises(ValueError, match="64-bit"):
+        impl.java_hash(value)

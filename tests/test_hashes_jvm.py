@@ -69,3 +69,20 @@ def test_spark_hash_of_ints_equals_spark(spark, numbers):
     expected = _spark_hashes(spark, numbers, "v int")
     assert kernel.spark_hash_many(numbers, "int").tolist() == expected
     assert [spec.spark_hash(number, "int") for number in numbers] == expected
+
+
+# Every code point 0..255 alone and inside text: its UTF-8 form holds every lead byte below 0xC4
+# and every continuation byte, 0x80 included ("À" is C3 80); Java hashes its UTF-16 unit.
+EVERY_LATIN1 = [chr(code) for code in range(256)] + [f"a{chr(code)}z" for code in range(256)]
+
+
+def test_java_hash_of_every_latin1_character_equals_the_jvm(jvm):
+    for text in EVERY_LATIN1:
+        expected = jvm.java.util.Objects.hashCode(text)
+        assert (kernel.java_hash(text), spec.java_hash(text)) == (expected, expected), repr(text)
+
+
+def test_spark_hash_of_every_latin1_character_equals_spark(spark):
+    expected = _spark_hashes(spark, EVERY_LATIN1, "v string")
+    assert kernel.spark_hash_many(EVERY_LATIN1, "string").tolist() == expected
+    assert [spec.spark_hash(text, "string") for text in EVERY_LATIN1] == expected
