@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +15,11 @@ SECONDS = 0.002
 def wait(event: dict[str, Any]) -> None:
     """The handler both pipelines call."""
     time.sleep(SECONDS)
+
+
+async def wait_async(event: dict[str, Any]) -> None:
+    """The same wait, as an ``async def`` handler."""
+    await asyncio.sleep(SECONDS)
 
 
 def unordered_pool(rows: Iterator[Any]) -> None:

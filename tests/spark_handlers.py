@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import os
@@ -80,6 +81,18 @@ class TimedRecorder:
         time.sleep(self.seconds)
         if self.fail_on is not None and (event["user"], event["seq"]) == self.fail_on:
             raise ValueError("the handler refuses this event")
+        line = json.dumps({"user": event["user"], "seq": event["seq"], "pid": os.getpid(),
+                           "thread": threading.get_ident(), "start": started, "end": time.monotonic()})
+        with open(self.path, "a") as log:
+            log.write(line + "\n")
+
+
+class AsyncTimedRecorder(TimedRecorder):
+    """:class:`TimedRecorder` as an ``async def`` handler: it awaits instead of sleeping."""
+
+    async def __call__(self, event: dict[str, Any]) -> None:  # type: ignore[override]
+        started = time.monotonic()
+        await asyncio.sleep(self.seconds)
         line = json.dumps({"user": event["user"], "seq": event["seq"], "pid": os.getpid(),
                            "thread": threading.get_ident(), "start": started, "end": time.monotonic()})
         with open(self.path, "a") as log:

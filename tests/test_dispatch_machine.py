@@ -157,6 +157,56 @@ def test_calls_run_on_threads_in_key_order_and_the_committed_point_reaches_the_e
     assert dispatcher.peak_pending <= 32
 
 
+def test_async_calls_run_as_tasks_on_one_loop_in_key_order():
+    """An ``async def`` handler: calls overlap on one event loop, each key's in row order."""
+    import asyncio
+
+    seen: dict[int, list[int]] = {}
+    running: set[int] = set()
+    overlaps = []
+    most = 0
+
+    async def handle(event):
+        nonlocal most
+        if event["key"] in running:
+            overlaps.append(event)
+        running.add(event["key"])
+        most = max(most, len(running))
+        await asyncio.sleep(0.001)
+        seen.setdefault(event["key"], []).append(event["row"])
+        running.discard(event["key"])
+
+    dispatcher = Dispatcher(handle, lambda event: event["key"], concurrency=16, max_pending=64)
+    rows = [{"row": row, "key": row % 29} for row in range(1000)]
+    for event in rows:
+        while not dispatcher.offer(event):
+            dispatcher.wait_for_room()
+    dispatcher.close()
+    assert overlaps == [] and most > 1
+    assert dispatcher.committed_rows == len(rows)
+    assert all(key_rows == sorted(key_rows) for key_rows in seen.values())
+    assert sum(len(key_rows) for key_rows in seen.values()) == len(rows)
+
+
+def test_an_async_failure_stops_new_calls_and_holds_the_committed_point():
+    async def handle(event):
+        if event["row"] == 40:
+            raise ValueError("no")
+
+    dispatcher = Dispatcher(handle, lambda event: event["row"] % 7, concurrency=4, max_pending=8)
+    for row in range(100):
+        while not dispatcher.offer({"row": row}):
+            if dispatcher.failure is not None:
+                break
+            dispatcher.wait_for_room()
+        if dispatcher.failure is not None:
+            break
+    dispatcher.close()
+    assert dispatcher.failure is not None and dispatcher.failure.row == 40
+    assert "ValueError: no" in dispatcher.failure.traceback
+    assert dispatcher.committed_rows <= 40
+
+
 @pytest.mark.parametrize("arguments", [
     {"concurrency": 0, "max_pending": 1}, {"concurrency": 1, "max_pending": 0},
     {"concurrency": True, "max_pending": 1}, {"concurrency": 1, "max_pending": 1, "policy": "any"},

@@ -29,6 +29,7 @@ from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore, re
 from segack.spark_adapter.columns import hash_column, member_index_column, segment_column
 from tests import expected
 from tests.spark_handlers import (
+    AsyncTimedRecorder,
     LineRecorder,
     Recorder,
     SlowOn,
@@ -157,11 +158,12 @@ def _overlapping(handled):
     return overlaps
 
 
-def test_concurrent_calls_keep_each_keys_order_and_record_everything(spark, tmp_path):
+@pytest.mark.parametrize("recorder", [TimedRecorder, AsyncTimedRecorder], ids=["threads", "async"])
+def test_concurrent_calls_keep_each_keys_order_and_record_everything(spark, tmp_path, recorder):
     table = generate_events(1500, seed=21)
     frame = spark.createDataFrame(table)
     log = str(tmp_path / "log.jsonl")
-    result = replay(frame, key="user", order="ts", handler=TimedRecorder(log, 0.002),
+    result = replay(frame, key="user", order="ts", handler=recorder(log, 0.002),
                     checkpoint=str(tmp_path / "checkpoint"), segments=2, concurrency=8, max_pending=24)
     handled = read_log(log)
     assert result.complete and result.handled == len(handled) == 1500

@@ -95,8 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--flush-interval", type=float, default=5.0, metavar="SECONDS",
                         help="... or after this many seconds (default: 5)")
     replay.add_argument("--concurrency", type=_positive, default=1, metavar="N",
-                        help="handler calls in flight at once in each segment's task, on a thread pool; "
-                        "never two of one key (default: 1, one call at a time)")
+                        help="handler calls in flight at once in each segment's task, on a thread pool "
+                        "(an async def handler: as tasks on one event loop); never two of one key "
+                        "(default: 1, one call at a time)")
     replay.add_argument("--max-pending", type=_positive, default=None, metavar="M",
                         help="a task reads ahead at most this many events not yet committed "
                         "(default: 4 x --concurrency)")

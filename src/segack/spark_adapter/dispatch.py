@@ -19,15 +19,18 @@ The first handler failure stops the dispatcher: no further event starts, the cal
 finish, and :attr:`Dispatcher.failure` holds the failing row, event and error. The failing row
 is never done, so the committed point stops before it.
 
-A dispatcher is not itself a thread: ``offer`` and the waits are called by the task's thread,
-and ``start`` (by default a thread pool's ``submit``) runs the calls. Passing ``start`` lets a
-test run them in any order it likes.
+A dispatcher is not itself a thread: ``offer`` and the waits are called by the task's thread.
+A plain ``def`` handler runs on a pool of ``concurrency`` threads; an ``async def`` handler runs
+as up to ``concurrency`` tasks on one event loop, in a thread of its own. Passing ``start`` (which
+receives each call as a function of no arguments) lets a test run plain calls in any order.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import heapq
+import inspect
 import threading
 import traceback
 from collections import deque
@@ -40,11 +43,18 @@ from segack._shared import SEQUENCING_POLICIES
 from segack.errors import SegackValueError
 from segack.kernel import OffsetAcker
 
-__all__ = ["POLICIES", "Dispatcher", "Failure", "Handling"]
+__all__ = ["POLICIES", "Dispatcher", "Failure", "Handling", "is_async"]
 
 #: How the sequencing value of an event is chosen: its key, one value for all (one event in
 #: flight), or the row itself (no order between any two events).
 POLICIES = SEQUENCING_POLICIES
+
+
+def is_async(handler: Callable[..., Any]) -> bool:
+    """Whether calling ``handler`` gives a coroutine to await (an ``async def`` function, or an
+    object whose ``__call__`` is one)."""
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None))  # noqa: B004  (the method itself, not callable())
 
 
 @dataclass(frozen=True)
@@ -112,7 +122,14 @@ class Dispatcher:
         self.max_pending = max_pending
         self.policy = policy
         self._pool: ThreadPoolExecutor | None = None
-        if start is None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        if is_async(handler):
+            self._loop = asyncio.new_event_loop()
+            self._loop_thread = threading.Thread(target=self._loop.run_forever, name="segack-handler-loop",
+                                                 daemon=True)
+            self._loop_thread.start()
+        elif start is None:
             self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="segack-handler")
             start = self._pool.submit
         self._start = start
@@ -189,10 +206,15 @@ class Dispatcher:
             return self._lock.wait_for(self._idle, timeout)
 
     def close(self) -> None:
-        """Wait for the calls in flight, then release the threads."""
+        """Wait for the calls in flight, then release the threads (and the event loop)."""
         self.drain()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        if self._loop is not None and self._loop_thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop_thread.join()
+            self._loop.close()
+            self._loop = None
 
     # ------------------------------------------------------------ inside
 
@@ -211,16 +233,30 @@ class Dispatcher:
         while self._ready and self._in_flight < self.concurrency and self.failure is None:
             row, key, event = heapq.heappop(self._ready)
             self._in_flight += 1
-            self._start(functools.partial(self._call, row, key, event))
+            if self._loop is not None:
+                asyncio.run_coroutine_threadsafe(self._call_async(row, key, event), self._loop)
+            else:
+                assert self._start is not None
+                self._start(functools.partial(self._call, row, key, event))
 
     def _call(self, row: int, key: Hashable, event: dict[str, Any]) -> None:
-        error: BaseException | None = None
-        text = ""
         try:
             self.handler(event)
-        except Exception as raised:
-            error = raised
-            text = traceback.format_exc()
+        except Exception as error:
+            self._finished(row, key, event, error, traceback.format_exc())
+        else:
+            self._finished(row, key, event, None, "")
+
+    async def _call_async(self, row: int, key: Hashable, event: dict[str, Any]) -> None:
+        try:
+            await self.handler(event)
+        except Exception as error:
+            self._finished(row, key, event, error, traceback.format_exc())
+        else:
+            self._finished(row, key, event, None, "")
+
+    def _finished(self, row: int, key: Hashable, event: dict[str, Any], error: BaseException | None,
+                  text: str) -> None:
         with self._lock:
             # Waiters wake up whatever happens here, so a fault in this bookkeeping cannot leave
             # the task waiting for a call that has ended.

@@ -551,7 +551,8 @@ def replay(
     key groups (default 12 bits, at most 16, fixed by the first run).
     ``progress`` receives a :class:`Progress` at each merge.
 
-    ``concurrency`` handler calls run at once in each task (on a thread pool), never two of
+    ``concurrency`` handler calls run at once in each task (on a thread pool; an ``async def``
+    handler as tasks on one event loop per task), never two of
     one key under ``policy="per-key"`` (``"sequential"``: one at a time; ``"concurrent"``: no
     order at all); a task reads ahead at most ``max_pending`` rows not yet committed (default
     ``4 * concurrency``). Only events whose every predecessor in the task is done are recorded

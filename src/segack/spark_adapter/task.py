@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from segack.spark_adapter.checkpoint import CheckpointStore
-from segack.spark_adapter.dispatch import Dispatcher, Handling
+from segack.spark_adapter.dispatch import Dispatcher, Handling, is_async
 from segack.spark_adapter.errors import HandlerFailedError
 from segack.spark_adapter.tokens import encode_updates, update_schema
 
@@ -111,7 +111,8 @@ class _SegmentTask:
         # With concurrency: the calls in flight, and the batches not yet wholly committed.
         self.dispatcher: Dispatcher | None = None
         self.open_batches: deque[_Batch] = deque()
-        if plan.handling.dispatched:
+        # An async handler always goes through the dispatcher: its calls must be awaited on a loop.
+        if plan.handling.dispatched or is_async(plan.handler):
             self.dispatcher = Dispatcher(plan.handler, operator.itemgetter(plan.key),
                                          concurrency=plan.handling.concurrency,
                                          max_pending=plan.handling.pending_bound, policy=plan.handling.policy)
