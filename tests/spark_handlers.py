@@ -99,6 +99,23 @@ class AsyncTimedRecorder(TimedRecorder):
             log.write(line + "\n")
 
 
+class FailsFirstTime(Recorder):
+    """A :class:`Recorder` whose first call for ``event_key`` (a user, seq pair) raises; the marker
+    file ``path + ".failed"`` remembers, across threads and attempts, that it did."""
+
+    def __init__(self, path: str, event_key: tuple[Any, Any]) -> None:
+        super().__init__(path)
+        self.event_key = event_key
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        marker = self.path + ".failed"
+        if (event["user"], event["seq"]) == self.event_key and not os.path.exists(marker):
+            with open(marker, "w"):
+                pass
+            raise ConnectionError("the service is not there yet")
+        super().__call__(event)
+
+
 def read_lines(path: str) -> list[str]:
     """The complete lines a :class:`LineRecorder` wrote."""
     if not os.path.exists(path):

@@ -9,6 +9,7 @@ unfinished event, and that the bounds on calls in flight and pending rows hold.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from hypothesis import strategies as st
@@ -207,9 +208,54 @@ def test_an_async_failure_stops_new_calls_and_holds_the_committed_point():
     assert dispatcher.committed_rows <= 40
 
 
+def _flaky(failures_per_row):
+    """A handler whose call for row r raises its first ``failures_per_row[r]`` times."""
+    calls: dict[int, int] = {}
+
+    def handle(event):
+        calls[event["row"]] = calls.get(event["row"], 0) + 1
+        if calls[event["row"]] <= failures_per_row.get(event["row"], 0):
+            raise ConnectionError(f"row {event['row']} not yet")
+
+    return handle, calls
+
+
+def _offer_all(dispatcher, count):
+    for row in range(count):
+        while not dispatcher.offer({"row": row}):
+            if dispatcher.failure is not None:
+                return
+            dispatcher.wait_for_room()
+
+
+def test_a_call_that_raises_is_retried_with_growing_delays_and_then_succeeds():
+    handle, calls = _flaky({3: 2, 5: 1})
+    dispatcher = Dispatcher(handle, lambda event: event["row"] % 4, concurrency=3, max_pending=8,
+                            retries=2, retry_delay=0.01)
+    began = time.monotonic()
+    _offer_all(dispatcher, 10)
+    dispatcher.close()
+    assert dispatcher.failure is None and dispatcher.committed_rows == 10
+    assert (calls[3], calls[5], calls[4]) == (3, 2, 1)
+    assert time.monotonic() - began >= 0.01 + 0.02  # row 3 waited 0.01 s, then 0.02 s
+
+
+def test_a_call_that_keeps_raising_fails_after_its_retries_with_the_attempt_count():
+    handle, calls = _flaky({3: 5})
+    dispatcher = Dispatcher(handle, lambda event: event["row"], concurrency=2, max_pending=4,
+                            retries=2, retry_delay=0)
+    _offer_all(dispatcher, 10)
+    dispatcher.close()
+    assert dispatcher.failure is not None and dispatcher.failure.row == 3
+    assert dispatcher.failure.attempts == calls[3] == 3
+    assert dispatcher.committed_rows <= 3
+
+
 @pytest.mark.parametrize("arguments", [
     {"concurrency": 0, "max_pending": 1}, {"concurrency": 1, "max_pending": 0},
     {"concurrency": True, "max_pending": 1}, {"concurrency": 1, "max_pending": 1, "policy": "any"},
+    {"concurrency": 1, "max_pending": 1, "retries": -1},
+    {"concurrency": 1, "max_pending": 1, "retry_delay": -1},
 ])
 def test_bad_settings_are_refused(arguments):
     with pytest.raises(SegackValueError):

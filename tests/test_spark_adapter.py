@@ -30,6 +30,7 @@ from segack.spark_adapter.columns import hash_column, member_index_column, segme
 from tests import expected
 from tests.spark_handlers import (
     AsyncTimedRecorder,
+    FailsFirstTime,
     LineRecorder,
     Recorder,
     SlowOn,
@@ -208,6 +209,18 @@ def test_a_concurrent_failure_names_the_event_and_a_resume_finishes_in_order(spa
     assert result.complete and result.already_done > 0
     # At least once, each key in order, across both runs.
     assert_each_key_in_order(read_log(log), table)
+
+
+def test_a_retried_call_completes_the_run_and_without_retries_the_failure_counts_attempts(spark, tmp_path):
+    table, frame, heavy, log, checkpoint = _events_and_their_busiest_user(spark, tmp_path, 600, 24)
+    result = replay(frame, key="user", order="ts", handler=FailsFirstTime(log, (heavy, 3)),
+                    checkpoint=checkpoint, segments=2, retries=1, retry_delay=0.01)
+    assert result.complete and len(read_log(log)) == 600
+    assert_each_key_in_order(read_log(log), table)
+    with pytest.raises(HandlerFailedError) as failure:
+        replay(frame, key="user", order="ts", handler=Recorder(log, fail_on=(heavy, 3)),
+               checkpoint=str(tmp_path / "again"), segments=2, retries=2, retry_delay=0)
+    assert failure.value.reason == "ValueError: the handler refuses this event (after 3 attempts)"
 
 
 def test_handler_failure_names_the_event_saves_progress_and_resume_skips_done_work(spark, tmp_path):
@@ -456,6 +469,8 @@ def test_a_crashed_first_run_then_other_input_is_refused(spark, tmp_path):
     ({"concurrency": 0}, ValueError, "concurrency"),
     ({"max_pending": 0}, ValueError, "max_pending"),
     ({"policy": "any"}, ValueError, "policy"),
+    ({"retries": -1}, ValueError, "retries"),
+    ({"retry_delay": -1}, ValueError, "retry_delay"),
 ])
 def test_replay_rejects_bad_settings_before_writing_anything(spark, tmp_path, kwargs, error, message):
     frame = spark.createDataFrame(generate_events(50, seed=4))

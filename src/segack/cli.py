@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from segack._shared import HASHES, SEQUENCING_POLICIES
 from segack.kernel import SegmentSet, java_hash, spark_hash
@@ -104,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--policy", choices=SEQUENCING_POLICIES, default="per-key",
                         help="what may run at once: per-key (events of other keys), sequential (one "
                         "event per segment), concurrent (any events; for handlers that need no order)")
+    replay.add_argument("--retries", type=_non_negative, default=0, metavar="R",
+                        help="make a call that raises again, up to R times, before the run fails "
+                        "(default: 0)")
+    replay.add_argument("--retry-delay", type=float, default=0.1, metavar="SECONDS",
+                        help="wait this long before the first retry, twice as long before each next "
+                        "(default: 0.1)")
     replay.add_argument("--verbose", action="store_true",
                         help="let Spark's driver log as it would by default (its banner, warnings)")
 
@@ -127,14 +133,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}")
-    return value
+def _int_at_least(least: int, what: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, not {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected {what}, not {text!r}")
+        return value
+
+    return parse
+
+
+_positive = _int_at_least(1, "a positive integer")
+_non_negative = _int_at_least(0, "a non-negative integer")
 
 
 def _locate(args: argparse.Namespace) -> int:

@@ -32,6 +32,7 @@ import functools
 import heapq
 import inspect
 import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -60,12 +61,15 @@ def is_async(handler: Callable[..., Any]) -> bool:
 @dataclass(frozen=True)
 class Handling:
     """How a task calls the handler: ``concurrency`` calls at once (1: in the task's own thread),
-    at most ``max_pending`` rows read but not committed (default ``4 * concurrency``), and the
-    sequencing ``policy`` (one of :data:`POLICIES`)."""
+    at most ``max_pending`` rows read but not committed (default ``4 * concurrency``), the
+    sequencing ``policy`` (one of :data:`POLICIES`), and ``retries`` more attempts for a call
+    that raises, the n-th after ``retry_delay * 2**(n - 1)`` seconds."""
 
     concurrency: int = 1
     max_pending: int | None = None
     policy: str = "per-key"
+    retries: int = 0
+    retry_delay: float = 0.1
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "max_pending"):
@@ -76,6 +80,12 @@ class Handling:
                 raise SegackValueError(f"{name} must be a positive int, not {value!r}")
         if self.policy not in POLICIES:
             raise SegackValueError(f"policy must be one of {POLICIES}, not {self.policy!r}")
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise SegackValueError(f"retries must be a non-negative int, not {self.retries!r}")
+        if (isinstance(self.retry_delay, bool) or not isinstance(self.retry_delay, (int, float))
+                or not self.retry_delay >= 0):
+            raise SegackValueError(f"retry_delay must be a non-negative number of seconds, not "
+                                   f"{self.retry_delay!r}")
 
     @property
     def pending_bound(self) -> int:
@@ -85,7 +95,7 @@ class Handling:
     @property
     def dispatched(self) -> bool:
         """Whether calls go through a :class:`Dispatcher` (else: one at a time, in order)."""
-        return self.concurrency > 1 or self.policy != "per-key"
+        return self.concurrency > 1 or self.policy != "per-key" or self.retries > 0
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,8 @@ class Failure:
     event: dict[str, Any]
     error: BaseException
     traceback: str
+    #: How many times the call was made (1 + the retries it used).
+    attempts: int = 1
 
 
 class Dispatcher:
@@ -114,8 +126,12 @@ class Dispatcher:
         max_pending: int,
         policy: str = "per-key",
         start: Callable[[Callable[[], None]], Any] | None = None,
+        retries: int = 0,
+        retry_delay: float = 0.1,
     ) -> None:
-        Handling(concurrency, max_pending, policy)  # checks the settings
+        Handling(concurrency, max_pending, policy, retries, retry_delay)  # checks the settings
+        self.retries = retries
+        self.retry_delay = retry_delay
         self.handler = handler
         self.key_of = key_of
         self.concurrency = concurrency
@@ -239,24 +255,38 @@ class Dispatcher:
                 assert self._start is not None
                 self._start(functools.partial(self._call, row, key, event))
 
+    def _gives_up(self, attempt: int) -> bool:
+        """Whether a call that raised on ``attempt`` ends there: no retry left, or the run is failing."""
+        return attempt > self.retries or self.failure is not None
+
     def _call(self, row: int, key: Hashable, event: dict[str, Any]) -> None:
-        try:
-            self.handler(event)
-        except Exception as error:
-            self._finished(row, key, event, error, traceback.format_exc())
-        else:
-            self._finished(row, key, event, None, "")
+        for attempt in range(1, self.retries + 2):
+            try:
+                self.handler(event)
+            except Exception as error:
+                if self._gives_up(attempt):
+                    self._finished(row, key, event, error, traceback.format_exc(), attempt)
+                    return
+                time.sleep(self.retry_delay * 2 ** (attempt - 1))
+            else:
+                self._finished(row, key, event, None, "", attempt)
+                return
 
     async def _call_async(self, row: int, key: Hashable, event: dict[str, Any]) -> None:
-        try:
-            await self.handler(event)
-        except Exception as error:
-            self._finished(row, key, event, error, traceback.format_exc())
-        else:
-            self._finished(row, key, event, None, "")
+        for attempt in range(1, self.retries + 2):
+            try:
+                await self.handler(event)
+            except Exception as error:
+                if self._gives_up(attempt):
+                    self._finished(row, key, event, error, traceback.format_exc(), attempt)
+                    return
+                await asyncio.sleep(self.retry_delay * 2 ** (attempt - 1))
+            else:
+                self._finished(row, key, event, None, "", attempt)
+                return
 
     def _finished(self, row: int, key: Hashable, event: dict[str, Any], error: BaseException | None,
-                  text: str) -> None:
+                  text: str, attempts: int) -> None:
         with self._lock:
             # Waiters wake up whatever happens here, so a fault in this bookkeeping cannot leave
             # the task waiting for a call that has ended.
@@ -264,7 +294,7 @@ class Dispatcher:
                 self._in_flight -= 1
                 if error is not None:
                     if self.failure is None:
-                        self.failure = Failure(row, event, error, text)
+                        self.failure = Failure(row, event, error, text, attempts)
                 else:
                     self._acker.ack(row)
                     held = self._held[key]

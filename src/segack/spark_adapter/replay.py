@@ -540,6 +540,8 @@ def replay(
     concurrency: int = 1,
     max_pending: int | None = None,
     policy: str = "per-key",
+    retries: int = 0,
+    retry_delay: float = 0.1,
 ) -> ReplayResult:
     """Call ``handler(event)`` once per not-yet-done event of ``df``, in order per key.
 
@@ -556,7 +558,8 @@ def replay(
     one key under ``policy="per-key"`` (``"sequential"``: one at a time; ``"concurrent"``: no
     order at all); a task reads ahead at most ``max_pending`` rows not yet committed (default
     ``4 * concurrency``). Only events whose every predecessor in the task is done are recorded
-    done, so a crash never skips one.
+    done, so a crash never skips one. A call that raises is made again up to ``retries`` times,
+    the n-th retry after ``retry_delay * 2**(n - 1)`` seconds.
 
     Raises, before anything is written: ``ValueError`` for a missing or
     unsortable column, a bad setting, speculation on, or a local checkpoint
@@ -570,7 +573,7 @@ def replay(
         raise SegackTypeError("handler must be callable")
     _check_positive("flush_every", flush_every, int)
     _check_positive("flush_interval", flush_interval, float)
-    handling = Handling(concurrency, max_pending, policy)
+    handling = Handling(concurrency, max_pending, policy, retries, retry_delay)
     chosen = None if segments is None else _segment_set(segments)
     spark = df.sparkSession
     check_session(spark)

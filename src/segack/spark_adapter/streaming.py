@@ -58,20 +58,23 @@ def foreach_batch(
     concurrency: int = 1,
     max_pending: int | None = None,
     policy: str = "per-key",
+    retries: int = 0,
+    retry_delay: float = 0.1,
 ) -> Callable[[DataFrame, int], None]:
     """A function for ``DataStreamWriter.foreachBatch`` that replays each micro-batch.
 
     Within a batch, each key's events run in ``order``; across batches, a batch
-    starts once the previous one is complete. ``concurrency``, ``max_pending`` and ``policy``
-    work as in :func:`~segack.spark_adapter.replay`. Settings are checked at once
-    (``ValueError``/``TypeError`` as for :func:`~segack.spark_adapter.replay`);
-    each batch raises as :func:`~segack.spark_adapter.replay` does.
+    starts once the previous one is complete. ``concurrency``, ``max_pending``, ``policy``,
+    ``retries`` and ``retry_delay`` work as in :func:`~segack.spark_adapter.replay`. Settings
+    are checked at once (``ValueError``/``TypeError`` as for
+    :func:`~segack.spark_adapter.replay`); each batch raises as
+    :func:`~segack.spark_adapter.replay` does.
     """
     if not callable(handler):
         raise SegackTypeError("handler must be callable")
     _check_positive("flush_every", flush_every, int)
     _check_positive("flush_interval", flush_interval, float)
-    handling = Handling(concurrency, max_pending, policy)
+    handling = Handling(concurrency, max_pending, policy, retries, retry_delay)
     chosen = _segment_set(segments)
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
 

@@ -113,9 +113,11 @@ class _SegmentTask:
         self.open_batches: deque[_Batch] = deque()
         # An async handler always goes through the dispatcher: its calls must be awaited on a loop.
         if plan.handling.dispatched or is_async(plan.handler):
+            handling = plan.handling
             self.dispatcher = Dispatcher(plan.handler, operator.itemgetter(plan.key),
-                                         concurrency=plan.handling.concurrency,
-                                         max_pending=plan.handling.pending_bound, policy=plan.handling.policy)
+                                         concurrency=handling.concurrency, max_pending=handling.pending_bound,
+                                         policy=handling.policy, retries=handling.retries,
+                                         retry_delay=handling.retry_delay)
         if attempt > 0:
             self._adopt_earlier_attempts(partition, attempt)
         # Events below these points are in the prefix digests already; those above are added once.
@@ -274,9 +276,10 @@ class _SegmentTask:
         batch = next(b for b in self.open_batches if b.base <= failure.row < b.base + len(b.groups))
         row = failure.row - batch.base
         error = failure.error
+        tries = f" (after {failure.attempts} attempts)" if failure.attempts > 1 else ""
         return HandlerFailedError(
             failure.event.get(self.plan.key), failure.event.get(self.plan.order), int(batch.positions[row]),
-            int(batch.groups[row]), f"{type(error).__name__}: {error}", failure.traceback,
+            int(batch.groups[row]), f"{type(error).__name__}: {error}{tries}", failure.traceback,
         )
 
     def _commit_dispatched(self) -> None:
