@@ -251,11 +251,64 @@ def test_a_call_that_keeps_raising_fails_after_its_retries_with_the_attempt_coun
     assert dispatcher.committed_rows <= 3
 
 
+def test_a_thread_past_its_timeout_fails_the_run_without_waiting_for_it():
+    release = threading.Event()
+
+    def handle(event):
+        if event["row"] == 2:
+            release.wait(10)
+
+    dispatcher = Dispatcher(handle, lambda event: event["row"], concurrency=2, max_pending=4, timeout=0.1)
+    began = time.monotonic()
+    _offer_all(dispatcher, 50)
+    dispatcher.close()
+    release.set()
+    assert time.monotonic() - began < 5
+    assert dispatcher.failure is not None and dispatcher.failure.row == 2
+    assert isinstance(dispatcher.failure.error, TimeoutError)
+    assert dispatcher.committed_rows <= 2
+
+
+def test_an_async_call_past_its_timeout_is_cancelled_and_retried():
+    import asyncio
+
+    attempts: dict[int, int] = {}
+
+    async def handle(event):
+        attempts[event["row"]] = attempts.get(event["row"], 0) + 1
+        if event["row"] == 3 and attempts[3] == 1:
+            await asyncio.sleep(10)
+
+    dispatcher = Dispatcher(handle, lambda event: event["row"], concurrency=4, max_pending=8, timeout=0.1,
+                            retries=1, retry_delay=0)
+    began = time.monotonic()
+    _offer_all(dispatcher, 20)
+    dispatcher.close()
+    assert time.monotonic() - began < 5
+    assert dispatcher.failure is None and dispatcher.committed_rows == 20 and attempts[3] == 2
+
+
+def test_an_async_call_past_its_timeout_without_retries_fails_with_a_timeout():
+    import asyncio
+
+    async def handle(event):
+        if event["row"] == 3:
+            await asyncio.sleep(10)
+
+    dispatcher = Dispatcher(handle, lambda event: event["row"], concurrency=4, max_pending=8, timeout=0.1)
+    _offer_all(dispatcher, 20)
+    dispatcher.close()
+    assert dispatcher.failure is not None and dispatcher.failure.row == 3
+    assert isinstance(dispatcher.failure.error, TimeoutError)
+    assert "more than 0.1 s" in str(dispatcher.failure.error)
+
+
 @pytest.mark.parametrize("arguments", [
     {"concurrency": 0, "max_pending": 1}, {"concurrency": 1, "max_pending": 0},
     {"concurrency": True, "max_pending": 1}, {"concurrency": 1, "max_pending": 1, "policy": "any"},
     {"concurrency": 1, "max_pending": 1, "retries": -1},
     {"concurrency": 1, "max_pending": 1, "retry_delay": -1},
+    {"concurrency": 1, "max_pending": 1, "timeout": 0},
 ])
 def test_bad_settings_are_refused(arguments):
     with pytest.raises(SegackValueError):

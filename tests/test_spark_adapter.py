@@ -223,6 +223,17 @@ def test_a_retried_call_completes_the_run_and_without_retries_the_failure_counts
     assert failure.value.reason == "ValueError: the handler refuses this event (after 3 attempts)"
 
 
+def test_a_call_past_its_timeout_fails_the_run_and_names_the_event(spark, tmp_path):
+    _, frame, heavy, _, checkpoint = _events_and_their_busiest_user(spark, tmp_path, 400, 25)
+    began = time.monotonic()
+    with pytest.raises(HandlerFailedError) as failure:
+        replay(frame, key="user", order="ts", handler=SlowOn(heavy, 20), checkpoint=checkpoint,
+               segments=2, concurrency=4, timeout=0.5)
+    assert time.monotonic() - began < 20, "the run waited for the call it had given up on"
+    assert failure.value.key == heavy
+    assert failure.value.reason == "TimeoutError: the handler took more than 0.5 s"
+
+
 def test_handler_failure_names_the_event_saves_progress_and_resume_skips_done_work(spark, tmp_path):
     table, frame, heavy, log, checkpoint = _events_and_their_busiest_user(spark, tmp_path, 4000, 5)
     with pytest.raises(HandlerFailedError) as failure:
@@ -471,6 +482,7 @@ def test_a_crashed_first_run_then_other_input_is_refused(spark, tmp_path):
     ({"policy": "any"}, ValueError, "policy"),
     ({"retries": -1}, ValueError, "retries"),
     ({"retry_delay": -1}, ValueError, "retry_delay"),
+    ({"timeout": 0}, ValueError, "timeout"),
 ])
 def test_replay_rejects_bad_settings_before_writing_anything(spark, tmp_path, kwargs, error, message):
     frame = spark.createDataFrame(generate_events(50, seed=4))

@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--retry-delay", type=float, default=0.1, metavar="SECONDS",
                         help="wait this long before the first retry, twice as long before each next "
                         "(default: 0.1)")
+    replay.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                        help="a call may take this long: an async def call is cancelled (and retried if "
+                        "--retries allows); a thread cannot be stopped, so the run fails (default: none)")
     replay.add_argument("--verbose", action="store_true",
                         help="let Spark's driver log as it would by default (its banner, warnings)")
 

@@ -96,7 +96,7 @@ def replay_command(args: argparse.Namespace) -> int:
             flush_every=args.flush_every, flush_interval=args.flush_interval, progress=printer,
             source=args.input, shared_local_checkpoint=args.shared_local_checkpoint,
             concurrency=args.concurrency, max_pending=args.max_pending, policy=args.policy,
-            retries=args.retries, retry_delay=args.retry_delay,
+            retries=args.retries, retry_delay=args.retry_delay, timeout=args.timeout,
         )
     except (HandlerFailedError, ReplayError, CheckpointError, ValueError, OSError) as error:
         printer.close()

@@ -62,14 +62,18 @@ def is_async(handler: Callable[..., Any]) -> bool:
 class Handling:
     """How a task calls the handler: ``concurrency`` calls at once (1: in the task's own thread),
     at most ``max_pending`` rows read but not committed (default ``4 * concurrency``), the
-    sequencing ``policy`` (one of :data:`POLICIES`), and ``retries`` more attempts for a call
-    that raises, the n-th after ``retry_delay * 2**(n - 1)`` seconds."""
+    sequencing ``policy`` (one of :data:`POLICIES`), ``retries`` more attempts for a call
+    that raises, the n-th after ``retry_delay * 2**(n - 1)`` seconds, and a ``timeout`` in
+    seconds per event (``None``: none). An ``async def`` call past its timeout is cancelled and
+    counts as a failure (retried like one); a thread cannot be stopped, so a plain call past its
+    timeout fails the run at once and is left behind."""
 
     concurrency: int = 1
     max_pending: int | None = None
     policy: str = "per-key"
     retries: int = 0
     retry_delay: float = 0.1
+    timeout: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "max_pending"):
@@ -86,6 +90,10 @@ class Handling:
                 or not self.retry_delay >= 0):
             raise SegackValueError(f"retry_delay must be a non-negative number of seconds, not "
                                    f"{self.retry_delay!r}")
+        if self.timeout is not None and (isinstance(self.timeout, bool) or not isinstance(
+                self.timeout, (int, float)) or not self.timeout > 0):
+            raise SegackValueError(
+                f"timeout must be a positive number of seconds or None, not {self.timeout!r}")
 
     @property
     def pending_bound(self) -> int:
@@ -95,7 +103,8 @@ class Handling:
     @property
     def dispatched(self) -> bool:
         """Whether calls go through a :class:`Dispatcher` (else: one at a time, in order)."""
-        return self.concurrency > 1 or self.policy != "per-key" or self.retries > 0
+        return (self.concurrency > 1 or self.policy != "per-key" or self.retries > 0
+                or self.timeout is not None)
 
 
 @dataclass(frozen=True)
@@ -128,10 +137,12 @@ class Dispatcher:
         start: Callable[[Callable[[], None]], Any] | None = None,
         retries: int = 0,
         retry_delay: float = 0.1,
+        timeout: float | None = None,
     ) -> None:
-        Handling(concurrency, max_pending, policy, retries, retry_delay)  # checks the settings
+        Handling(concurrency, max_pending, policy, retries, retry_delay, timeout)  # checks the settings
         self.retries = retries
         self.retry_delay = retry_delay
+        self.timeout = timeout
         self.handler = handler
         self.key_of = key_of
         self.concurrency = concurrency
@@ -161,6 +172,15 @@ class Dispatcher:
         self.failure: Failure | None = None
         #: The most rows ever read but not committed at once.
         self.peak_pending = 0
+        # Plain calls running, with when they started, for the watchdog of timeouts; once one is
+        # past its timeout the run fails and the dispatcher stops waiting for the calls left.
+        self._running: dict[int, tuple[float, dict[str, Any]]] = {}
+        self._abandoned = False
+        self._closed = False
+        self._watchdog: threading.Thread | None = None
+        if timeout is not None and self._loop is None:
+            self._watchdog = threading.Thread(target=self._watch, name="segack-handler-watchdog", daemon=True)
+            self._watchdog.start()
 
     # ------------------------------------------------------------ what the task asks
 
@@ -222,10 +242,16 @@ class Dispatcher:
             return self._lock.wait_for(self._idle, timeout)
 
     def close(self) -> None:
-        """Wait for the calls in flight, then release the threads (and the event loop)."""
+        """Wait for the calls in flight (not for one past its timeout), then release the threads
+        (and the event loop)."""
         self.drain()
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        if self._watchdog is not None:
+            self._watchdog.join()
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown(wait=not self._abandoned, cancel_futures=True)
         if self._loop is not None and self._loop_thread is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop_thread.join()
@@ -242,7 +268,24 @@ class Dispatcher:
         return ("row", row)
 
     def _idle(self) -> bool:
-        return self._in_flight == 0 and (self.failure is not None or not self._ready)
+        return (self._in_flight == 0 or self._abandoned) and (self.failure is not None or not self._ready)
+
+    def _watch(self) -> None:
+        """Fail the run when a plain call runs past its timeout (the lock is taken here)."""
+        assert self.timeout is not None
+        with self._lock:
+            while not self._closed and not self._abandoned:
+                now = time.monotonic()
+                late = [row for row, (began, _) in self._running.items() if now - began > self.timeout]
+                if late:
+                    row = min(late)
+                    error = TimeoutError(f"the handler took more than {self.timeout} s")
+                    if self.failure is None:
+                        self.failure = Failure(row, self._running[row][1], error, f"TimeoutError: {error}\n")
+                    self._abandoned = True
+                    self._lock.notify_all()
+                    return
+                self._lock.wait(self.timeout / 4)
 
     def _start_ready(self) -> None:
         """Start ready events while slots are free (the lock is held)."""
@@ -253,6 +296,8 @@ class Dispatcher:
                 asyncio.run_coroutine_threadsafe(self._call_async(row, key, event), self._loop)
             else:
                 assert self._start is not None
+                if self.timeout is not None:
+                    self._running[row] = (time.monotonic(), event)
                 self._start(functools.partial(self._call, row, key, event))
 
     def _gives_up(self, attempt: int) -> bool:
@@ -275,7 +320,10 @@ class Dispatcher:
     async def _call_async(self, row: int, key: Hashable, event: dict[str, Any]) -> None:
         for attempt in range(1, self.retries + 2):
             try:
-                await self.handler(event)
+                try:
+                    await asyncio.wait_for(self.handler(event), self.timeout)
+                except TimeoutError:
+                    raise TimeoutError(f"the handler took more than {self.timeout} s") from None
             except Exception as error:
                 if self._gives_up(attempt):
                     self._finished(row, key, event, error, traceback.format_exc(), attempt)
@@ -292,6 +340,7 @@ class Dispatcher:
             # the task waiting for a call that has ended.
             try:
                 self._in_flight -= 1
+                self._running.pop(row, None)
                 if error is not None:
                     if self.failure is None:
                         self.failure = Failure(row, event, error, text, attempts)

@@ -542,6 +542,7 @@ def replay(
     policy: str = "per-key",
     retries: int = 0,
     retry_delay: float = 0.1,
+    timeout: float | None = None,
 ) -> ReplayResult:
     """Call ``handler(event)`` once per not-yet-done event of ``df``, in order per key.
 
@@ -559,7 +560,9 @@ def replay(
     order at all); a task reads ahead at most ``max_pending`` rows not yet committed (default
     ``4 * concurrency``). Only events whose every predecessor in the task is done are recorded
     done, so a crash never skips one. A call that raises is made again up to ``retries`` times,
-    the n-th retry after ``retry_delay * 2**(n - 1)`` seconds.
+    the n-th retry after ``retry_delay * 2**(n - 1)`` seconds. A call longer than ``timeout``
+    seconds fails: an ``async def`` one is cancelled (and may be retried); a thread cannot be
+    stopped, so a plain one fails the run at once.
 
     Raises, before anything is written: ``ValueError`` for a missing or
     unsortable column, a bad setting, speculation on, or a local checkpoint
@@ -573,7 +576,7 @@ def replay(
         raise SegackTypeError("handler must be callable")
     _check_positive("flush_every", flush_every, int)
     _check_positive("flush_interval", flush_interval, float)
-    handling = Handling(concurrency, max_pending, policy, retries, retry_delay)
+    handling = Handling(concurrency, max_pending, policy, retries, retry_delay, timeout)
     chosen = None if segments is None else _segment_set(segments)
     spark = df.sparkSession
     check_session(spark)

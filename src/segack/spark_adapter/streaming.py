@@ -60,12 +60,13 @@ def foreach_batch(
     policy: str = "per-key",
     retries: int = 0,
     retry_delay: float = 0.1,
+    timeout: float | None = None,
 ) -> Callable[[DataFrame, int], None]:
     """A function for ``DataStreamWriter.foreachBatch`` that replays each micro-batch.
 
     Within a batch, each key's events run in ``order``; across batches, a batch
     starts once the previous one is complete. ``concurrency``, ``max_pending``, ``policy``,
-    ``retries`` and ``retry_delay`` work as in :func:`~segack.spark_adapter.replay`. Settings
+    ``retries``, ``retry_delay`` and ``timeout`` work as in :func:`~segack.spark_adapter.replay`. Settings
     are checked at once (``ValueError``/``TypeError`` as for
     :func:`~segack.spark_adapter.replay`); each batch raises as
     :func:`~segack.spark_adapter.replay` does.
@@ -74,7 +75,7 @@ def foreach_batch(
         raise SegackTypeError("handler must be callable")
     _check_positive("flush_every", flush_every, int)
     _check_positive("flush_interval", flush_interval, float)
-    handling = Handling(concurrency, max_pending, policy, retries, retry_delay)
+    handling = Handling(concurrency, max_pending, policy, retries, retry_delay, timeout)
     chosen = _segment_set(segments)
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
 

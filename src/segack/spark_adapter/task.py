@@ -117,7 +117,7 @@ class _SegmentTask:
             self.dispatcher = Dispatcher(plan.handler, operator.itemgetter(plan.key),
                                          concurrency=handling.concurrency, max_pending=handling.pending_bound,
                                          policy=handling.policy, retries=handling.retries,
-                                         retry_delay=handling.retry_delay)
+                                         retry_delay=handling.retry_delay, timeout=handling.timeout)
         if attempt > 0:
             self._adopt_earlier_attempts(partition, attempt)
         # Events below these points are in the prefix digests already; those above are added once.
