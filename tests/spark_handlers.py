@@ -99,6 +99,19 @@ class AsyncTimedRecorder(TimedRecorder):
             log.write(line + "\n")
 
 
+class RefusesSome(Recorder):
+    """A :class:`Recorder` that raises on each (user, seq) pair in ``refused``, every time."""
+
+    def __init__(self, path: str, refused: frozenset[tuple[Any, Any]]) -> None:
+        super().__init__(path)
+        self.refused = refused
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if (event["user"], event["seq"]) in self.refused:
+            raise ValueError(f"part {event['seq']} of {event['user']} is refused")
+        super().__call__(event)
+
+
 class FailsFirstTime(Recorder):
     """A :class:`Recorder` whose first call for ``event_key`` (a user, seq pair) raises; the marker
     file ``path + ".failed"`` remembers, across threads and attempts, that it did."""

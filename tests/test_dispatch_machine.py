@@ -16,13 +16,16 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from segack.errors import SegackValueError
-from segack.spark_adapter.dispatch import POLICIES, Dispatcher
+from segack.spark_adapter.dispatch import ON_ERROR, POLICIES, Dispatcher
 
 
 class DispatcherMachine(RuleBasedStateMachine):
-    @initialize(concurrency=st.integers(1, 4), extra=st.integers(0, 6), policy=st.sampled_from(POLICIES))
-    def setup(self, concurrency, extra, policy):
+    @initialize(concurrency=st.integers(1, 4), extra=st.integers(0, 6), policy=st.sampled_from(POLICIES),
+                on_error=st.sampled_from(ON_ERROR))
+    def setup(self, concurrency, extra, policy, on_error):
         self.policy = policy
+        self.on_error = on_error
+        self.dead: dict[int, int] = {}  # row -> attempts, of the dead letters taken
         self.concurrency = concurrency
         self.max_pending = concurrency + extra
         self.started: list = []          # calls started and not yet run, as thunks
@@ -35,7 +38,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         self.rows = 0
         self.dispatcher = Dispatcher(self._handle, lambda event: event["key"], concurrency=concurrency,
                                      max_pending=self.max_pending, policy=policy,
-                                     start=self.started.append)
+                                     start=self.started.append, on_error=on_error)
 
     def _handle(self, event):
         row = event["row"]
@@ -43,6 +46,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         if self.policy != "concurrent":
             earlier = [r for r in self.key_rows[self._sequence(event["key"])] if r < row]
             unfinished = [r for r in earlier if r not in self.finished and r not in self.skipped]
+            # (a dead letter is never finished: no later event of its key may run)
             assert unfinished == [], f"row {row} ran before rows {unfinished} of its key"
         assert row in self.running
         if row in self.fail_next:
@@ -100,21 +104,38 @@ class DispatcherMachine(RuleBasedStateMachine):
         if not hasattr(self, "dispatcher"):
             return
         dispatcher = self.dispatcher
+        for letter in dispatcher.take_dead_letters():
+            assert letter.row not in self.dead and letter.row not in self.finished
+            self.dead[letter.row] = letter.attempts
         # No key has two events in flight (the per-key and sequential policies).
         if self.policy != "concurrent":
             keys = [self._sequence(key) for key in self.running.values()]
             assert len(keys) == len(set(keys)), self.running
         assert dispatcher.in_flight == len(self.running) <= self.concurrency
         # The committed point never passes an event that is not done.
-        done = self.finished | self.skipped
+        done = self.finished | self.skipped | set(self.dead)
         committed = dispatcher.committed_rows
         assert all(row in done for row in range(committed))
         assert committed == self.rows or committed not in done
         assert 0 <= dispatcher.pending == self.rows - committed <= self.max_pending
         assert dispatcher.peak_pending <= self.max_pending
-        if self.failed:
+        if self.failed and self.on_error == "stop":
             assert dispatcher.failure is not None and dispatcher.failure.row in self.failed
             assert committed <= min(self.failed)
+        if self.on_error == "dead-letter":
+            # A failure stops only its key: the failed event and its key's later ones are dead
+            # letters, and the run goes on.
+            assert dispatcher.failure is None
+            assert {row for row, attempts in self.dead.items() if attempts} == self.failed
+            if self.policy == "concurrent":
+                assert set(self.dead) == self.failed
+            else:
+                # Within a key, the first dead letter is a failure, and nothing after it ran.
+                for rows in self.key_rows.values():
+                    dead = sorted(row for row in rows if row in self.dead)
+                    if dead:
+                        assert dead[0] in self.failed
+                        assert not [row for row in rows if row > dead[0] and row in self.finished]
 
     @invariant()
     def runs_whatever_it_can(self):
@@ -122,7 +143,8 @@ class DispatcherMachine(RuleBasedStateMachine):
         if not hasattr(self, "dispatcher") or self.dispatcher.failure is not None:
             return
         if self.policy == "concurrent":
-            waiting = self.rows - len(self.finished) - len(self.skipped) - len(self.running)
+            waiting = (self.rows - len(self.finished) - len(self.skipped) - len(self.running)
+                       - len(self.dead))
             assert waiting == 0 or len(self.running) == self.concurrency
 
 

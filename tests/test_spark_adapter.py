@@ -33,6 +33,7 @@ from tests.spark_handlers import (
     FailsFirstTime,
     LineRecorder,
     Recorder,
+    RefusesSome,
     SlowOn,
     TimedRecorder,
     event_line,
@@ -232,6 +233,40 @@ def test_a_call_past_its_timeout_fails_the_run_and_names_the_event(spark, tmp_pa
     assert time.monotonic() - began < 20, "the run waited for the call it had given up on"
     assert failure.value.key == heavy
     assert failure.value.reason == "TimeoutError: the handler took more than 0.5 s"
+
+
+@pytest.mark.parametrize("concurrency", [1, 6])
+def test_dead_letters_hold_each_failure_and_its_keys_later_events_and_the_rest_runs(
+        spark, tmp_path, concurrency, capsys):
+    from segack.cli import main
+
+    table, frame, heavy, log, checkpoint = _events_and_their_busiest_user(spark, tmp_path, 3000, 26)
+    users = table.column("user").to_pylist()
+    other = sorted(set(users) - {heavy})[3]
+    refused = frozenset({(heavy, 4), (other, 1)})
+    result = replay(frame, key="user", order="ts", handler=RefusesSome(log, refused), checkpoint=checkpoint,
+                    segments=3, concurrency=concurrency, retries=1, retry_delay=0, on_error="dead-letter",
+                    flush_every=200)
+    seqs = table.column("seq").to_pylist()
+    expected_dead = {(user, seq) for user, seq in zip(users, seqs, strict=True)
+                     if (user == heavy and seq >= 4) or (user == other and seq >= 1)}
+    letters = CheckpointStore(checkpoint).read_dead_letters()
+    assert {(u, s) for u, s in zip(letters.column("user").to_pylist(), letters.column("seq").to_pylist(),
+                                   strict=True)} == expected_dead
+    attempts = dict(zip(zip(letters.column("user").to_pylist(), letters.column("seq").to_pylist(),
+                            strict=True), letters.column("__segack_attempts").to_pylist(), strict=True))
+    assert attempts[(heavy, 4)] == attempts[(other, 1)] == 2
+    assert all(count == 0 for event, count in attempts.items() if event not in refused)
+    # Everything else ran once, in order; the run is complete, with the dead letters done for now.
+    handled = read_log(log)
+    assert len(handled) == len({(e["user"], e["seq"]) for e in handled}) == 3000 - len(expected_dead)
+    assert not {(e["user"], e["seq"]) for e in handled} & expected_dead
+    assert result.complete and result.dead_letters == len(expected_dead)
+    assert result.handled == 3000 - len(expected_dead)
+    assert main(["dead-letters", checkpoint]) == 0
+    listing = capsys.readouterr().out
+    assert f"{len(expected_dead):,} events of 2 keys" in listing
+    assert f"part 4 of {heavy} is refused (2 attempts)" in listing
 
 
 def test_handler_failure_names_the_event_saves_progress_and_resume_skips_done_work(spark, tmp_path):
@@ -483,6 +518,7 @@ def test_a_crashed_first_run_then_other_input_is_refused(spark, tmp_path):
     ({"retries": -1}, ValueError, "retries"),
     ({"retry_delay": -1}, ValueError, "retry_delay"),
     ({"timeout": 0}, ValueError, "timeout"),
+    ({"on_error": "skip"}, ValueError, "on_error"),
 ])
 def test_replay_rejects_bad_settings_before_writing_anything(spark, tmp_path, kwargs, error, message):
     frame = spark.createDataFrame(generate_events(50, seed=4))

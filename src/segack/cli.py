@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="a call may take this long: an async def call is cancelled (and retried if "
                         "--retries allows); a thread cannot be stopped, so the run fails (default: none)")
+    replay.add_argument("--on-error", choices=("stop", "dead-letter"), default="stop",
+                        help="after a call's last retry: stop the run (default), or set the event and its "
+                        "key's later events aside in CHECKPOINT/dead-letters/ and go on with other keys")
     replay.add_argument("--verbose", action="store_true",
                         help="let Spark's driver log as it would by default (its banner, warnings)")
 
@@ -122,6 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
         "size, and the settings of the run that wrote it.",
     )
     status.add_argument("checkpoint", metavar="CHECKPOINT", help="a local directory or a pyarrow.fs URI")
+
+    dead = commands.add_parser(
+        "dead-letters", help="list the events a replay set aside (--on-error dead-letter)",
+        description="Print how many events a checkpoint's runs set aside as dead letters, per key, "
+        "with the first error of each key.",
+    )
+    dead.add_argument("checkpoint", metavar="CHECKPOINT", help="a local directory or a pyarrow.fs URI")
+    dead.add_argument("--top", type=_positive, default=20, metavar="N", help="keys to list (default: 20)")
 
     demo = commands.add_parser(
         "demo", help="replay a generated event log into SQLite, crash it, resume it, check it",
@@ -209,9 +220,58 @@ def _status(args: argparse.Namespace) -> int:
                       f"{events} events  {int(per_group[mine].sum()):>{width},} done  "
                       f"{int(mine.sum()):,} key groups")
     print(f"{'size':<15} {store.size_bytes():,} bytes (checkpoint.json and {len(files)} progress files)")
+    letters = store.read_dead_letters()
+    if letters is not None:
+        print(f"{'dead letters':<15} {letters.num_rows:,} events set aside "
+              f"(`segack dead-letters {args.checkpoint}` lists them)")
     for name in ("source", "key", "order", "hash", "runs", "flush_every", "flush_interval"):
         if name in settings:
             print(f"{name:<15} {settings[name]}")
+    return 0
+
+
+def _dead_letters(args: argparse.Namespace) -> int:
+    from segack.spark_adapter.checkpoint import (
+        DEAD_ATTEMPTS,
+        DEAD_ERROR,
+        DEAD_POSITION,
+        CheckpointError,
+        CheckpointStore,
+    )
+
+    try:
+        store = CheckpointStore(args.checkpoint)
+        state = store.load()
+        letters = store.read_dead_letters()
+    except (CheckpointError, ValueError, OSError) as error:
+        print(f"segack dead-letters: {error}", file=sys.stderr)
+        return 1
+    if state is None:
+        print(f"segack dead-letters: no checkpoint at {args.checkpoint}", file=sys.stderr)
+        return 1
+    if letters is None:
+        print(f"{'dead letters':<15} none")
+        return 0
+    key = state.settings.get("key")
+    keys = letters.column(key).to_pylist()
+    first: dict[object, tuple[int, str, int]] = {}
+    counts: dict[object, int] = {}
+    for value, position, reason, attempts in zip(keys, letters.column(DEAD_POSITION).to_pylist(),
+                                                 letters.column(DEAD_ERROR).to_pylist(),
+                                                 letters.column(DEAD_ATTEMPTS).to_pylist(), strict=True):
+        counts[value] = counts.get(value, 0) + 1
+        if value not in first or position < first[value][0]:
+            first[value] = (position, reason, attempts)
+    print(f"{'dead letters':<15} {letters.num_rows:,} events of {len(counts):,} keys")
+    ranked = sorted(counts, key=lambda value: (-counts[value], str(value)))
+    width = max(len(str(value)) for value in ranked[:args.top])
+    print(f"{key:<{width}}  {'events':>8}  first error")
+    for value in ranked[:args.top]:
+        _, reason, attempts = first[value]
+        tries = f" ({attempts} attempts)" if attempts > 1 else ""
+        print(f"{value!s:<{width}}  {counts[value]:>8,}  {reason}{tries}")
+    if len(ranked) > args.top:
+        print(f"... and {len(ranked) - args.top:,} more keys")
     return 0
 
 
@@ -230,6 +290,8 @@ def _run(args: argparse.Namespace) -> int:
         return _locate(args)
     if args.command == "status":
         return _status(args)
+    if args.command == "dead-letters":
+        return _dead_letters(args)
     from segack import spark_cli
 
     if args.command == "replay":

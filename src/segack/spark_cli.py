@@ -41,7 +41,7 @@ class ProgressPrinter:
         line = f"{done}, {rate:,.0f}/s, {progress.segments} segments"
         if self.terminal:
             self.stream.write("\r" + line + "\033[K")
-        elif time.monotonic() - self._last >= self.every:
+        elif progress.handled and time.monotonic() - self._last >= self.every:
             self.stream.write(f"segack: {line}\n")
             self._last = time.monotonic()
         self.stream.flush()
@@ -96,7 +96,7 @@ def replay_command(args: argparse.Namespace) -> int:
             flush_every=args.flush_every, flush_interval=args.flush_interval, progress=printer,
             source=args.input, shared_local_checkpoint=args.shared_local_checkpoint,
             concurrency=args.concurrency, max_pending=args.max_pending, policy=args.policy,
-            retries=args.retries, retry_delay=args.retry_delay, timeout=args.timeout,
+            retries=args.retries, retry_delay=args.retry_delay, timeout=args.timeout, on_error=args.on_error,
         )
     except (HandlerFailedError, ReplayError, CheckpointError, ValueError, OSError) as error:
         printer.close()
@@ -115,6 +115,9 @@ def replay_command(args: argparse.Namespace) -> int:
     print(f"segack replay: {result.handled:,} events handled, {result.already_done:,} already done, "
           f"{result.total:,} in all, over {result.segments} segments and {2**result.key_group_bits:,} "
           f"key groups in {result.seconds:.1f} s")
+    if result.dead_letters:
+        print(f"segack replay: {result.dead_letters:,} events set aside as dead letters (they or an earlier "
+              f"event of their key failed); `segack dead-letters {args.checkpoint}` lists them")
     if not result.complete:
         print(f"segack replay: incomplete: {result.done:,} of {result.total:,} events done", file=sys.stderr)
         return 1

@@ -49,6 +49,13 @@ STATE_FILE = "checkpoint.json"
 PROGRESS_DIR = "progress"
 PROGRESS_SUFFIX = ".sgku"
 STOP_SUFFIX = ".stop"
+#: Where tasks write the events they did not handle (``on_error="dead-letter"``), as Parquet:
+#: the event's columns and these.
+DEAD_LETTERS_DIR = "dead-letters"
+DEAD_ERROR = "__segack_error"
+DEAD_ATTEMPTS = "__segack_attempts"
+DEAD_KEY_GROUP = "__segack_key_group"
+DEAD_POSITION = "__segack_position"
 
 
 class CheckpointError(SegackValueError):
@@ -254,6 +261,37 @@ class CheckpointStore:
         state = self._read(self._path(STATE_FILE))
         return (0 if state is None else len(state)) + sum(
             size for _, size in self._list(self._path(PROGRESS_DIR)))
+
+    # ------------------------------------------------------- dead letters
+
+    def write_dead_letters(self, name: str, letters: pa.Table) -> None:
+        """Record, atomically, dead letters of one task attempt as a new Parquet file ``name``."""
+        import pyarrow.parquet as pq
+
+        sink = pa.BufferOutputStream()
+        pq.write_table(letters, sink)
+        self._makedirs(self._path(DEAD_LETTERS_DIR))
+        self.write_atomic(self._path(DEAD_LETTERS_DIR, f"{name}.parquet"), sink.getvalue().to_pybytes())
+
+    def read_dead_letters(self) -> pa.Table | None:
+        """Every dead letter recorded, one row per event (an event a retried task attempt wrote
+        again counts once), or ``None`` when there are none."""
+        import pyarrow.parquet as pq
+
+        listed = self._list(self._path(DEAD_LETTERS_DIR))
+        paths = sorted(path for path, _ in listed if path.endswith(".parquet"))
+        tables = []
+        for path in paths:
+            data = self._read(path)
+            if data is not None:
+                tables.append(pq.read_table(pa.BufferReader(data)))
+        if not tables:
+            return None
+        letters = pa.concat_tables(tables, promote_options="permissive")
+        places = list(zip(letters.column(DEAD_KEY_GROUP).to_pylist(),
+                          letters.column(DEAD_POSITION).to_pylist(), strict=True))
+        first = {place: row for row, place in reversed(list(enumerate(places)))}
+        return letters.take(sorted(first.values()))
 
     # ------------------------------------------------------- task progress
 

@@ -17,7 +17,10 @@ the task may record as done: a crash never skips an unfinished event.
 
 The first handler failure stops the dispatcher: no further event starts, the calls in flight
 finish, and :attr:`Dispatcher.failure` holds the failing row, event and error. The failing row
-is never done, so the committed point stops before it.
+is never done, so the committed point stops before it. With ``on_error="dead-letter"`` a failure
+stops only its key instead: the event and every later event of the same sequencing value become
+*dead letters* (taken with :meth:`Dispatcher.take_dead_letters`, never handled in this run, done
+for now), so a key's order is never broken, and the other keys go on.
 
 A dispatcher is not itself a thread: ``offer`` and the waits are called by the task's thread.
 A plain ``def`` handler runs on a pool of ``concurrency`` threads; an ``async def`` handler runs
@@ -44,7 +47,10 @@ from segack._shared import SEQUENCING_POLICIES
 from segack.errors import SegackValueError
 from segack.kernel import OffsetAcker
 
-__all__ = ["POLICIES", "Dispatcher", "Failure", "Handling", "is_async"]
+__all__ = ["ON_ERROR", "POLICIES", "DeadLetter", "Dispatcher", "Failure", "Handling", "is_async"]
+
+#: What a failure (after its retries) stops: the run, or only its key (its events become dead letters).
+ON_ERROR = ("stop", "dead-letter")
 
 #: How the sequencing value of an event is chosen: its key, one value for all (one event in
 #: flight), or the row itself (no order between any two events).
@@ -74,6 +80,7 @@ class Handling:
     retries: int = 0
     retry_delay: float = 0.1
     timeout: float | None = None
+    on_error: str = "stop"
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "max_pending"):
@@ -90,6 +97,8 @@ class Handling:
                 or not self.retry_delay >= 0):
             raise SegackValueError(f"retry_delay must be a non-negative number of seconds, not "
                                    f"{self.retry_delay!r}")
+        if self.on_error not in ON_ERROR:
+            raise SegackValueError(f"on_error must be one of {ON_ERROR}, not {self.on_error!r}")
         if self.timeout is not None and (isinstance(self.timeout, bool) or not isinstance(
                 self.timeout, (int, float)) or not self.timeout > 0):
             raise SegackValueError(
@@ -104,7 +113,19 @@ class Handling:
     def dispatched(self) -> bool:
         """Whether calls go through a :class:`Dispatcher` (else: one at a time, in order)."""
         return (self.concurrency > 1 or self.policy != "per-key" or self.retries > 0
-                or self.timeout is not None)
+                or self.timeout is not None or self.on_error != "stop")
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """An event not handled in this run: it failed, or an earlier event of its key did."""
+
+    row: int
+    event: dict[str, Any]
+    #: The failure's ``"Type: message"``; for the events behind it, that of the event that failed.
+    error: str
+    #: Calls made for this event (0 for one held behind a failed event of its key).
+    attempts: int
 
 
 @dataclass(frozen=True)
@@ -138,8 +159,14 @@ class Dispatcher:
         retries: int = 0,
         retry_delay: float = 0.1,
         timeout: float | None = None,
+        on_error: str = "stop",
     ) -> None:
-        Handling(concurrency, max_pending, policy, retries, retry_delay, timeout)  # checks the settings
+        Handling(concurrency, max_pending, policy, retries, retry_delay, timeout, on_error)  # checks them
+        self.on_error = on_error
+        # Keys whose event failed (dead-letter mode), with that failure's text; and the dead
+        # letters not yet taken by the task.
+        self._poisoned: dict[Hashable, str] = {}
+        self._dead: list[DeadLetter] = []
         self.retries = retries
         self.retry_delay = retry_delay
         self.timeout = timeout
@@ -212,13 +239,21 @@ class Dispatcher:
             self._rows_read += 1
             self.peak_pending = max(self.peak_pending, self._rows_read - self._acker.next_index)
             key = self._sequencing_value(row, event)
-            if key in self._held:
+            if key in self._poisoned:
+                self._dead_letter(row, event, self._poisoned[key], 0)
+            elif key in self._held:
                 self._held[key].append((row, event))
             else:
                 self._held[key] = deque()
                 heapq.heappush(self._ready, (row, key, event))
             self._start_ready()
             return True
+
+    def take_dead_letters(self) -> list[DeadLetter]:
+        """The dead letters since the last call, in row order; they are done for now."""
+        with self._lock:
+            taken, self._dead = sorted(self._dead, key=lambda letter: letter.row), []
+            return taken
 
     def skip(self) -> None:
         """Take the next row as already done (an earlier run did it): it is never handled."""
@@ -300,6 +335,12 @@ class Dispatcher:
                     self._running[row] = (time.monotonic(), event)
                 self._start(functools.partial(self._call, row, key, event))
 
+    def _dead_letter(self, row: int, event: dict[str, Any], error: str, attempts: int) -> None:
+        """Record a dead letter and count its row done for now (the lock is held)."""
+        self._dead.append(DeadLetter(row, event, error, attempts))
+        self._acker.ack(row)
+        self._lock.notify_all()
+
     def _gives_up(self, attempt: int) -> bool:
         """Whether a call that raised on ``attempt`` ends there: no retry left, or the run is failing."""
         return attempt > self.retries or self.failure is not None
@@ -341,7 +382,14 @@ class Dispatcher:
             try:
                 self._in_flight -= 1
                 self._running.pop(row, None)
-                if error is not None:
+                if error is not None and self.on_error == "dead-letter":
+                    # The key stops here: this event and those held behind it, now and later.
+                    reason = f"{type(error).__name__}: {error}"
+                    self._poisoned[key] = reason
+                    self._dead_letter(row, event, reason, attempts)
+                    for held_row, held_event in self._held.pop(key):
+                        self._dead_letter(held_row, held_event, reason, 0)
+                elif error is not None:
                     if self.failure is None:
                         self.failure = Failure(row, event, error, text, attempts)
                 else:

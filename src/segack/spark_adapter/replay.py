@@ -101,6 +101,9 @@ class ReplayResult:
     seconds: float
     #: The most rows any task held read but not committed (0 when the handler ran one call at a time).
     peak_pending: int = 0
+    #: Events not handled because they or an earlier event of their key failed
+    #: (``on_error="dead-letter"``); ``done`` counts them, ``handled`` does not.
+    dead_letters: int = 0
 
     @property
     def complete(self) -> bool:
@@ -413,14 +416,14 @@ def _execute(
     events: EventInput, state: Checkpoint, store: CheckpointStore, *, run_id: str,
     handler: Callable[[dict[str, Any]], Any], segments: SegmentSet, flush_every: int, flush_interval: float,
     progress: Callable[[Progress], None] | None, handling: Handling,
-) -> tuple[int, int]:
+) -> tuple[int, int, int]:
     """Handle the events the checkpoint lacks; leaves ``state`` final and saved.
 
     Folds in progress a crashed run left behind, then verifies the done events
     against the input, before writing anything: another input is a
     :class:`~segack.spark_adapter.checkpoint.CheckpointError` and changes
-    nothing. Returns how many events were done before the job started, and the tasks' peak of
-    pending rows. Raises
+    nothing. Returns how many events were done before the job started, the tasks' peak of
+    pending rows, and how many dead letters they wrote. Raises
     :class:`HandlerFailedError` (the first failure, with any later merge error
     attached as a note) or :class:`ReplayError`.
     """
@@ -447,7 +450,7 @@ def _execute(
     if tokens.complete:
         state.settings.update(status="complete", updated_at=time.time())
         store.save(state)
-        return already_done, 0
+        return already_done, 0, 0
     plan = TaskPlan(
         run_id=run_id, store=store, handler=handler, columns=tuple(events.df.columns), key=events.key,
         order=events.order, committed=tokens.committed.copy(), done_xor=tokens.done_xor.copy(),
@@ -471,11 +474,12 @@ def _execute(
         spark.removeTag(tag)
     failures: list[HandlerFailedError] = []
     updates: list[pa.Table] = []
-    peak_pending = 0
+    peak_pending = dead_letters = 0
     merge_error: BaseException | None = merger.error
     if results is not None:
         failures = [pickle.loads(blob) for blob in results.column("failure").to_pylist() if blob is not None]
         peak_pending = max(results.column("peak_pending").to_pylist(), default=0)
+        dead_letters = sum(results.column("dead_letters").to_pylist())
         try:
             updates = [decode_updates(blob, "a task's result")
                        for blob in results.column("updates").to_pylist() if blob is not None]
@@ -507,7 +511,7 @@ def _execute(
         raise ReplayError(f"saving progress failed: {merge_error}") from merge_error
     if job_error is not None:
         raise ReplayError(f"a Spark task failed: {worker_error(job_error)}") from job_error
-    return already_done, peak_pending
+    return already_done, peak_pending, dead_letters
 
 
 def _resolution(previous: dict[str, Any], key_group_bits: int | None) -> int:
@@ -543,6 +547,7 @@ def replay(
     retries: int = 0,
     retry_delay: float = 0.1,
     timeout: float | None = None,
+    on_error: str = "stop",
 ) -> ReplayResult:
     """Call ``handler(event)`` once per not-yet-done event of ``df``, in order per key.
 
@@ -562,7 +567,10 @@ def replay(
     done, so a crash never skips one. A call that raises is made again up to ``retries`` times,
     the n-th retry after ``retry_delay * 2**(n - 1)`` seconds. A call longer than ``timeout``
     seconds fails: an ``async def`` one is cancelled (and may be retried); a thread cannot be
-    stopped, so a plain one fails the run at once.
+    stopped, so a plain one fails the run at once. With ``on_error="dead-letter"`` a failure
+    stops only its key: the event and its key's later events in this run are not handled but
+    written to the checkpoint's ``dead-letters/`` (Parquet, with the error, the attempts, the key
+    group and position) and count as done for now; the other keys go on.
 
     Raises, before anything is written: ``ValueError`` for a missing or
     unsortable column, a bad setting, speculation on, or a local checkpoint
@@ -576,7 +584,7 @@ def replay(
         raise SegackTypeError("handler must be callable")
     _check_positive("flush_every", flush_every, int)
     _check_positive("flush_interval", flush_interval, float)
-    handling = Handling(concurrency, max_pending, policy, retries, retry_delay, timeout)
+    handling = Handling(concurrency, max_pending, policy, retries, retry_delay, timeout, on_error)
     chosen = None if segments is None else _segment_set(segments)
     spark = df.sparkSession
     check_session(spark)
@@ -602,13 +610,14 @@ def replay(
         "run_id": run_id, "flush_every": flush_every, "flush_interval": flush_interval,
         "started_at": time.time(), "updated_at": time.time(), "status": "running",
     }
-    already_done, peak_pending = _execute(
+    already_done, peak_pending, dead_letters = _execute(
         events, state, store, run_id=run_id, handler=handler, segments=chosen, flush_every=flush_every,
         flush_interval=flush_interval, progress=progress, handling=handling)
     tokens = state.tokens
     assert tokens.total is not None  # a run that ends without an error has counted its input
     return ReplayResult(
-        total=tokens.total, already_done=already_done, handled=tokens.done - already_done, done=tokens.done,
+        total=tokens.total, already_done=already_done, handled=tokens.done - already_done - dead_letters,
+        done=tokens.done,
         segments=len(chosen), key_group_bits=bits, seconds=time.monotonic() - began,
-        peak_pending=peak_pending,
+        peak_pending=peak_pending, dead_letters=dead_letters,
     )

@@ -61,13 +61,14 @@ def foreach_batch(
     retries: int = 0,
     retry_delay: float = 0.1,
     timeout: float | None = None,
+    on_error: str = "stop",
 ) -> Callable[[DataFrame, int], None]:
     """A function for ``DataStreamWriter.foreachBatch`` that replays each micro-batch.
 
     Within a batch, each key's events run in ``order``; across batches, a batch
     starts once the previous one is complete. ``concurrency``, ``max_pending``, ``policy``,
-    ``retries``, ``retry_delay`` and ``timeout`` work as in :func:`~segack.spark_adapter.replay`. Settings
-    are checked at once (``ValueError``/``TypeError`` as for
+    ``retries``, ``retry_delay``, ``timeout`` and ``on_error`` work as in
+    :func:`~segack.spark_adapter.replay`. Settings are checked at once (``ValueError``/``TypeError`` as for
     :func:`~segack.spark_adapter.replay`); each batch raises as
     :func:`~segack.spark_adapter.replay` does.
     """
@@ -75,7 +76,7 @@ def foreach_batch(
         raise SegackTypeError("handler must be callable")
     _check_positive("flush_every", flush_every, int)
     _check_positive("flush_interval", flush_interval, float)
-    handling = Handling(concurrency, max_pending, policy, retries, retry_delay, timeout)
+    handling = Handling(concurrency, max_pending, policy, retries, retry_delay, timeout, on_error)
     chosen = _segment_set(segments)
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
 

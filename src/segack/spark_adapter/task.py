@@ -37,8 +37,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from segack.spark_adapter.checkpoint import CheckpointStore
-from segack.spark_adapter.dispatch import Dispatcher, Handling, is_async
+from segack.spark_adapter.checkpoint import (
+    DEAD_ATTEMPTS,
+    DEAD_ERROR,
+    DEAD_KEY_GROUP,
+    DEAD_POSITION,
+    CheckpointStore,
+)
+from segack.spark_adapter.dispatch import DeadLetter, Dispatcher, Handling, is_async
 from segack.spark_adapter.errors import HandlerFailedError
 from segack.spark_adapter.tokens import encode_updates, update_schema
 
@@ -75,7 +81,8 @@ class TaskPlan:
 
 #: What each task returns: one row, its updates sealed as bytes (their types are the data's).
 RESULT_SCHEMA = pa.schema([("segment", pa.int32()), ("updates", pa.binary()), ("handled", pa.int64()),
-                           ("failure", pa.binary()), ("peak_pending", pa.int64())])
+                           ("failure", pa.binary()), ("peak_pending", pa.int64()),
+                           ("dead_letters", pa.int64())])
 
 
 def _same(first: Any, second: Any) -> bool:
@@ -111,13 +118,17 @@ class _SegmentTask:
         # With concurrency: the calls in flight, and the batches not yet wholly committed.
         self.dispatcher: Dispatcher | None = None
         self.open_batches: deque[_Batch] = deque()
+        self.dead_pending: list[pa.Table] = []
+        self.dead_letters = 0
+        self.dead_files = 0
         # An async handler always goes through the dispatcher: its calls must be awaited on a loop.
         if plan.handling.dispatched or is_async(plan.handler):
             handling = plan.handling
             self.dispatcher = Dispatcher(plan.handler, operator.itemgetter(plan.key),
                                          concurrency=handling.concurrency, max_pending=handling.pending_bound,
                                          policy=handling.policy, retries=handling.retries,
-                                         retry_delay=handling.retry_delay, timeout=handling.timeout)
+                                         retry_delay=handling.retry_delay, timeout=handling.timeout,
+                                         on_error=handling.on_error)
         if attempt > 0:
             self._adopt_earlier_attempts(partition, attempt)
         # Events below these points are in the prefix digests already; those above are added once.
@@ -286,12 +297,41 @@ class _SegmentTask:
         """Commit the rows below the dispatcher's committed point, batch by batch."""
         assert self.dispatcher is not None
         committed = self.dispatcher.committed_rows
+        # Taken after the committed point is read: every dead letter it covers is among them.
+        self._keep_dead_letters(self.dispatcher.take_dead_letters())
         while self.open_batches:
             batch = self.open_batches[0]
             self._commit(batch, min(committed - batch.base, len(batch.groups)))
             if batch.committed_rows < len(batch.groups):
                 break
             self.open_batches.popleft()
+
+    def _keep_dead_letters(self, letters: list[DeadLetter]) -> None:
+        """Hold dead letters (as rows of their batches, with why) until the next flush writes them."""
+        for batch in self.open_batches:
+            mine = [letter for letter in letters if batch.base <= letter.row < batch.base + len(batch.groups)]
+            if not mine:
+                continue
+            rows = pa.array([letter.row - batch.base for letter in mine], pa.int64())
+            table = pa.Table.from_batches([batch.batch.select(list(self.plan.columns))]).take(rows)
+            local = rows.to_numpy()
+            for name, values in (
+                (DEAD_ERROR, pa.array([letter.error for letter in mine], pa.string())),
+                (DEAD_ATTEMPTS, pa.array([letter.attempts for letter in mine], pa.int32())),
+                (DEAD_KEY_GROUP, pa.array(batch.groups[local], pa.int32())),
+                (DEAD_POSITION, pa.array(batch.positions[local], pa.int64())),
+            ):
+                table = table.append_column(name, values)
+            self.dead_pending.append(table)
+            self.dead_letters += len(mine)
+
+    def write_dead_letters(self) -> None:
+        """Write the dead letters held so far to a new file of the checkpoint's dead letters."""
+        if self.dead_pending:
+            self.plan.store.write_dead_letters(f"{self.name}-{self.dead_files:05d}",
+                                               pa.concat_tables(self.dead_pending))
+            self.dead_files += 1
+            self.dead_pending = []
 
     def _due(self, rows_seen: int) -> bool:
         return (rows_seen - self.rows_at_flush >= self.plan.flush_every
@@ -334,6 +374,8 @@ class _SegmentTask:
         return self.sent
 
     def _flush(self, rows_seen: int) -> None:
+        # Dead letters first: once progress calls their rows done, they must be on record.
+        self.write_dead_letters()
         updates = self._updates()
         if updates is not None:
             self.plan.store.write_progress(self.name, updates)
@@ -351,6 +393,7 @@ class _SegmentTask:
             "handled": [self.handled],
             "failure": [None if failure is None else pickle.dumps(failure)],
             "peak_pending": [0 if self.dispatcher is None else self.dispatcher.peak_pending],
+            "dead_letters": [self.dead_letters],
         }, schema=RESULT_SCHEMA)
 
 
@@ -392,4 +435,5 @@ def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         plan.store.request_stop(plan.run_id, f"the handler failed in segment {partition}")
     elif not task.stopped:
         task._flush(task.rows_seen)
+    task.write_dead_letters()
     yield task.result(failure)
