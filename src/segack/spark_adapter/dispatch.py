@@ -177,6 +177,7 @@ class Dispatcher:
         self.policy = policy
         self._pool: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self._loop_thread: threading.Thread | None = None
         if is_async(handler):
             self._loop = asyncio.new_event_loop()
@@ -328,7 +329,11 @@ class Dispatcher:
             row, key, event = heapq.heappop(self._ready)
             self._in_flight += 1
             if self._loop is not None:
-                asyncio.run_coroutine_threadsafe(self._call_async(row, key, event), self._loop)
+                # Most calls start on the loop's own thread, as earlier ones finish: no hand-over.
+                if threading.current_thread() is self._loop_thread:
+                    self._spawn(row, key, event)
+                else:
+                    self._loop.call_soon_threadsafe(self._spawn, row, key, event)
             else:
                 assert self._start is not None
                 if self.timeout is not None:
@@ -358,13 +363,23 @@ class Dispatcher:
                 self._finished(row, key, event, None, "", attempt)
                 return
 
+    def _spawn(self, row: int, key: Hashable, event: dict[str, Any]) -> None:
+        """Start an async call on the loop (its thread); the loop itself keeps tasks only weakly."""
+        assert self._loop is not None
+        task = self._loop.create_task(self._call_async(row, key, event))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     async def _call_async(self, row: int, key: Hashable, event: dict[str, Any]) -> None:
         for attempt in range(1, self.retries + 2):
             try:
-                try:
-                    await asyncio.wait_for(self.handler(event), self.timeout)
-                except TimeoutError:
-                    raise TimeoutError(f"the handler took more than {self.timeout} s") from None
+                if self.timeout is None:
+                    await self.handler(event)
+                else:
+                    try:
+                        await asyncio.wait_for(self.handler(event), self.timeout)
+                    except TimeoutError:
+                        raise TimeoutError(f"the handler took more than {self.timeout} s") from None
             except Exception as error:
                 if self._gives_up(attempt):
                     self._finished(row, key, event, error, traceback.format_exc(), attempt)
