@@ -1,4 +1,4 @@
-"""Sessions: tests, quick, sdist, conformance, lint, docs, bench. ``nox -l`` lists them."""
+"""Sessions: tests, quick, sdist, fuzz, conformance, lint, docs, bench. ``nox -l`` lists them."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["tests", "sdist", "conformance", "lint", "docs"]
+nox.options.sessions = ["tests", "sdist", "fuzz", "conformance", "lint", "docs"]
 nox.options.default_venv_backend = "venv"
 
 HERE = Path(__file__).parent
 VECTORS = ("segack-spec.jsonl", "axon-sample.jsonl")
 COMPILED = ("acker", "hashes", "partitioner", "segments")
+FUZZ_TARGETS = ("acker_restore", "checkpoint_bytes")
 
 
 @nox.session
@@ -50,6 +51,24 @@ def sdist(session: nox.Session) -> None:
 
 
 @nox.session
+def fuzz(session: nox.Session) -> None:
+    """Fuzz every decoder of untrusted bytes with atheris, ``-- SECONDS`` per target (default 20).
+
+    The checked-in corpus under ``fuzz/corpus/`` seeds each target; what a run adds goes to a
+    scratch copy. A crash (a kernel/spec difference, or an error that is not a SegackError)
+    fails the session and leaves the input as ``crash-*`` in the session's scratch directory.
+    """
+    session.install(".", "atheris")
+    seconds = session.posargs[0] if session.posargs else "20"
+    scratch = Path(session.create_tmp())
+    for target in FUZZ_TARGETS:
+        grown = scratch / "corpus" / target
+        grown.mkdir(parents=True, exist_ok=True)
+        session.run("python", "-m", f"fuzz.{target}", f"-max_total_time={seconds}", "-rss_limit_mb=2048",
+                    f"-artifact_prefix={scratch}/", str(grown), str(HERE / "fuzz" / "corpus" / target))
+
+
+@nox.session
 def conformance(session: nox.Session) -> None:
     """Check kernel and spec against the vector files: ours, Axon's sample, and any after ``--``.
 
@@ -68,7 +87,7 @@ def lint(session: nox.Session) -> None:
     """ruff on Python, mypy on the pure-Python parts, stubtest on the compiled modules' stubs,
     cython-lint on the Cython sources."""
     session.install(".[test]", "ruff", "mypy", "cython-lint")
-    session.run("ruff", "check", "src", "tests", "noxfile.py", "setup.py", "bench", "docs")
+    session.run("ruff", "check", "src", "tests", "noxfile.py", "setup.py", "bench", "docs", "fuzz")
     session.run("mypy")
     # The compiled modules' stubs against what the build exports (names, signatures, kinds).
     session.run("python", "-m", "mypy.stubtest", *(f"segack.pyx.{name}" for name in COMPILED))

@@ -212,3 +212,21 @@ def test_update_bytes_round_trip_and_refuse_damage():
 def test_a_resolution_outside_0_to_16_is_refused(bits):
     with pytest.raises(ValueError, match="key_group_bits"):
         KeyGroupTokens.empty(bits, ORDER, KEY)
+
+
+def test_a_sealed_progress_file_whose_column_names_are_not_text_is_damage():
+    """Found by `nox -s fuzz`: an Arrow stream with a valid checksum and a non-UTF-8 field name."""
+    import base64
+    import struct
+    import zlib
+
+    from segack.spark_adapter import tokens
+
+    body = base64.b64decode(
+        "/////3gAAAAQAAAAAAAKAAwABgAFAAgACgAAAAABBAAMAAAACAAIAAAABAAIAAAABAAAAAEAAAAUAAAAEAAUAAgABgAHAAwA"
+        "AAAQABAAAAAAAAECEAAAABwAAAAEAAAAAAAAAAIAAABr/wAACAAMAAgABwAIAAAAAAAAASAAAAD/////AAAAAAAAAG1hdBwA"
+        "AAAEAAAAAAAAAAIAAABrRwAACAAQAARzAAwADHNlZ2FjayI6IDkyCiB9"
+    )
+    data = tokens._UPDATES_MAGIC + struct.pack(">I", zlib.crc32(body)) + body
+    with pytest.raises(TokenError, match="damaged"):
+        tokens.decode_updates(data)

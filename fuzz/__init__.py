@@ -1,0 +1,1 @@
+"""Fuzz targets (atheris) for everything that parses untrusted bytes; ``nox -s fuzz`` runs them."""

@@ -1,0 +1,35 @@
+"""``Checkpoint.from_bytes``, progress files and key-group tokens: damage is a clear error, never a crash.
+
+Raw bytes go to the checkpoint parser; the same bytes, sealed with a valid checksum, go to the
+decoders of progress files and tokens, so Arrow's reader sees them. Anything but a
+:class:`segack.SegackError` escaping is a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import atheris
+
+with atheris.instrument_imports():
+    from segack.spark_adapter import tokens
+    from segack.spark_adapter.checkpoint import Checkpoint
+
+from fuzz.common import sealed_arrow
+from segack.errors import SegackError
+
+
+def test_one_input(data: bytes) -> None:
+    for parse in (
+        lambda: Checkpoint.from_bytes(data),
+        lambda: tokens.decode_updates(sealed_arrow(tokens._UPDATES_MAGIC, data)),
+        lambda: tokens.KeyGroupTokens.from_bytes(sealed_arrow(tokens._TOKENS_MAGIC, data), 12),
+    ):
+        with contextlib.suppress(SegackError):
+            parse()
+
+
+if __name__ == "__main__":
+    atheris.Setup(sys.argv, test_one_input)
+    atheris.Fuzz()
