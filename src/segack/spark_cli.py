@@ -59,6 +59,11 @@ def _importable_from_here() -> None:
         sys.path.insert(0, here)
 
 
+def _is_embedded_local(master: str) -> bool:
+    """``local`` or ``local[...]``: the driver's JVM runs the tasks itself."""
+    return master == "local" or master.startswith("local[")
+
+
 def _read(spark: SparkSession, path: str, fmt: str) -> DataFrame:
     reader = spark.read.format(fmt)
     if fmt == "csv":
@@ -69,7 +74,7 @@ def _read(spark: SparkSession, path: str, fmt: str) -> DataFrame:
 
 def replay_command(args: argparse.Namespace) -> int:
     """``segack replay``: exit 0 once every event is done, else 1 with a one-line reason."""
-    from segack.spark_adapter.session import is_connect, ship_module, ship_py_files, spark_session
+    from segack.spark_adapter.session import ship_module, ship_py_files, spark_session
 
     _importable_from_here()
     py_files = [path for path in args.py_files.split(",") if path]
@@ -107,9 +112,11 @@ def replay_command(args: argparse.Namespace) -> int:
         print(f"segack replay: {worker_error(error)}", file=sys.stderr)
         return 1
     finally:
-        # A classic session's JVM stops itself (shutdown hooks included) when this process exits,
-        # so the command does not wait for that; a Connect session is released on the server.
-        if spark is not None and is_connect(spark):
+        # On an embedded local master the JVM stops itself (shutdown hooks included) when this
+        # process exits, so the command does not wait for that. Anything else stops in order:
+        # local-cluster's own master and workers would otherwise log errors racing the exit, and
+        # a Connect session is released on the server.
+        if spark is not None and not (master is not None and _is_embedded_local(master)):
             spark.stop()
     printer.close()
     print(f"segack replay: {result.handled:,} events handled, {result.already_done:,} already done, "
