@@ -197,6 +197,7 @@ class Dispatcher:
         # Events whose key is free, waiting for a slot: a heap, so the oldest row starts first
         # (rows are unique, so the keys and events are never compared).
         self._ready: list[tuple[int, Hashable, dict[str, Any]]] = []
+        #: The first call that failed for good (with ``on_error="stop"``), or ``None``.
         self.failure: Failure | None = None
         #: The most rows ever read but not committed at once.
         self.peak_pending = 0
