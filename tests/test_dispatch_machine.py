@@ -151,6 +151,19 @@ class DispatcherMachine(RuleBasedStateMachine):
 TestDispatcher = DispatcherMachine.TestCase
 
 
+def _offer_all(dispatcher, events):
+    """Offer each event in turn, waiting for room; stop at the first failure."""
+    for event in events:
+        while not dispatcher.offer(event):
+            if dispatcher.failure is not None:
+                return
+            dispatcher.wait_for_room()
+
+
+def _rows(count):
+    return [{"row": row} for row in range(count)]
+
+
 def test_calls_run_on_threads_in_key_order_and_the_committed_point_reaches_the_end():
     """With the real thread pool: many keys, every call made once, each key's calls in order."""
     seen: dict[int, list[int]] = {}
@@ -163,15 +176,14 @@ def test_calls_run_on_threads_in_key_order_and_the_committed_point_reaches_the_e
             if event["key"] in running:
                 overlaps.append(event)
             running.add(event["key"])
+        time.sleep(0.0002)  # long enough for a second call of the same key to be seen
         with guard:
             seen.setdefault(event["key"], []).append(event["row"])
             running.discard(event["key"])
 
     dispatcher = Dispatcher(handle, lambda event: event["key"], concurrency=8, max_pending=32)
-    rows = [{"row": row, "key": row % 13} for row in range(2000)]
-    for event in rows:
-        while not dispatcher.offer(event):
-            dispatcher.wait_for_room()
+    rows = [{"row": row, "key": row % 5} for row in range(2000)]  # fewer keys than calls at once
+    _offer_all(dispatcher, rows)
     dispatcher.close()
     assert overlaps == []
     assert dispatcher.committed_rows == len(rows)
@@ -200,10 +212,8 @@ def test_async_calls_run_as_tasks_on_one_loop_in_key_order():
         running.discard(event["key"])
 
     dispatcher = Dispatcher(handle, lambda event: event["key"], concurrency=16, max_pending=64)
-    rows = [{"row": row, "key": row % 29} for row in range(1000)]
-    for event in rows:
-        while not dispatcher.offer(event):
-            dispatcher.wait_for_room()
+    rows = [{"row": row, "key": row % 7} for row in range(1000)]  # fewer keys than calls at once
+    _offer_all(dispatcher, rows)
     dispatcher.close()
     assert overlaps == [] and most > 1
     assert dispatcher.committed_rows == len(rows)
@@ -217,13 +227,7 @@ def test_an_async_failure_stops_new_calls_and_holds_the_committed_point():
             raise ValueError("no")
 
     dispatcher = Dispatcher(handle, lambda event: event["row"] % 7, concurrency=4, max_pending=8)
-    for row in range(100):
-        while not dispatcher.offer({"row": row}):
-            if dispatcher.failure is not None:
-                break
-            dispatcher.wait_for_room()
-        if dispatcher.failure is not None:
-            break
+    _offer_all(dispatcher, _rows(100))
     dispatcher.close()
     assert dispatcher.failure is not None and dispatcher.failure.row == 40
     assert "ValueError: no" in dispatcher.failure.traceback
@@ -242,20 +246,12 @@ def _flaky(failures_per_row):
     return handle, calls
 
 
-def _offer_all(dispatcher, count):
-    for row in range(count):
-        while not dispatcher.offer({"row": row}):
-            if dispatcher.failure is not None:
-                return
-            dispatcher.wait_for_room()
-
-
 def test_a_call_that_raises_is_retried_with_growing_delays_and_then_succeeds():
     handle, calls = _flaky({3: 2, 5: 1})
     dispatcher = Dispatcher(handle, lambda event: event["row"] % 4, concurrency=3, max_pending=8,
                             retries=2, retry_delay=0.01)
     began = time.monotonic()
-    _offer_all(dispatcher, 10)
+    _offer_all(dispatcher, _rows(10))
     dispatcher.close()
     assert dispatcher.failure is None and dispatcher.committed_rows == 10
     assert (calls[3], calls[5], calls[4]) == (3, 2, 1)
@@ -266,7 +262,7 @@ def test_a_call_that_keeps_raising_fails_after_its_retries_with_the_attempt_coun
     handle, calls = _flaky({3: 5})
     dispatcher = Dispatcher(handle, lambda event: event["row"], concurrency=2, max_pending=4,
                             retries=2, retry_delay=0)
-    _offer_all(dispatcher, 10)
+    _offer_all(dispatcher, _rows(10))
     dispatcher.close()
     assert dispatcher.failure is not None and dispatcher.failure.row == 3
     assert dispatcher.failure.attempts == calls[3] == 3
@@ -282,7 +278,7 @@ def test_a_thread_past_its_timeout_fails_the_run_without_waiting_for_it():
 
     dispatcher = Dispatcher(handle, lambda event: event["row"], concurrency=2, max_pending=4, timeout=0.1)
     began = time.monotonic()
-    _offer_all(dispatcher, 50)
+    _offer_all(dispatcher, _rows(50))
     dispatcher.close()
     release.set()
     assert time.monotonic() - began < 5
@@ -304,7 +300,7 @@ def test_an_async_call_past_its_timeout_is_cancelled_and_retried():
     dispatcher = Dispatcher(handle, lambda event: event["row"], concurrency=4, max_pending=8, timeout=0.1,
                             retries=1, retry_delay=0)
     began = time.monotonic()
-    _offer_all(dispatcher, 20)
+    _offer_all(dispatcher, _rows(20))
     dispatcher.close()
     assert time.monotonic() - began < 5
     assert dispatcher.failure is None and dispatcher.committed_rows == 20 and attempts[3] == 2
@@ -318,7 +314,7 @@ def test_an_async_call_past_its_timeout_without_retries_fails_with_a_timeout():
             await asyncio.sleep(10)
 
     dispatcher = Dispatcher(handle, lambda event: event["row"], concurrency=4, max_pending=8, timeout=0.1)
-    _offer_all(dispatcher, 20)
+    _offer_all(dispatcher, _rows(20))
     dispatcher.close()
     assert dispatcher.failure is not None and dispatcher.failure.row == 3
     assert isinstance(dispatcher.failure.error, TimeoutError)
