@@ -31,6 +31,7 @@ except ImportError as error:  # pragma: no cover - only without a build
         "(`python -m pip install .`), or for a checkout `python setup.py build_ext --inplace`"
     ) from error
 
+from segack.specs.planner import plan_segments
 from segack.specs.policies import (
     ConcurrentPolicy,
     PerKeyPolicy,
@@ -93,6 +94,7 @@ __all__ = [
     "SequentialPolicy",
     "java_hash",
     "java_hash_many",
+    "plan_segments",
     "spark_hash",
     "spark_hash_many",
 ]

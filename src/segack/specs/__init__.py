@@ -19,6 +19,7 @@ from segack.specs.hashes import (
     spark_hash_many,
 )
 from segack.specs.partitioner import SegmentPartitioner
+from segack.specs.planner import plan_segments
 from segack.specs.policies import (
     ConcurrentPolicy,
     PerKeyPolicy,
@@ -46,6 +47,7 @@ __all__ = [
     "SequentialPolicy",
     "java_hash",
     "java_hash_many",
+    "plan_segments",
     "spark_hash",
     "spark_hash_many",
 ]
