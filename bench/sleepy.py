@@ -1,4 +1,5 @@
-"""Handlers for the concurrency bench: each call waits 2 ms, as a call to a database might."""
+"""Handlers for the concurrency bench: each call waits 2 ms, as a call to a database might, or
+does nothing."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ SECONDS = 0.002
 def wait(event: dict[str, Any]) -> None:
     """The handler both pipelines call."""
     time.sleep(SECONDS)
+
+
+def nothing(event: dict[str, Any]) -> None:
+    """A no-op handler: what is left is segack's own cost per event."""
 
 
 async def wait_async(event: dict[str, Any]) -> None:

@@ -27,7 +27,7 @@ REPEATS = 3
 
 
 class _PeakSize:
-    """Samples a checkpoint directory's bytes (checkpoint.json plus progress files) while a run goes on."""
+    """Samples a checkpoint directory's bytes (its state file plus progress files) while a run goes on."""
 
     def __init__(self, location: str) -> None:
         from segack.spark_adapter.checkpoint import CheckpointStore
@@ -128,7 +128,7 @@ def _concurrency(rows: list[dict[str, Any]]) -> None:
     import numpy as np
     import pyarrow as pa
 
-    from bench.sleepy import unordered_pool, wait, wait_async
+    from bench.sleepy import nothing, unordered_pool, wait, wait_async
     from segack.spark_adapter import local_session, replay
 
     spark = local_session("segack-bench-concurrency")
@@ -140,12 +140,12 @@ def _concurrency(rows: list[dict[str, Any]]) -> None:
         frame.count()
         return frame
 
-    def segack_rate(events: int, concurrency: int, handler: Any = wait) -> tuple[float, int]:
+    def segack_rate(events: int, concurrency: int, handler: Any = wait, **options: Any) -> tuple[float, int]:
         data = frame(events, 2)
         with tempfile.TemporaryDirectory() as checkpoint:
             began = time.perf_counter()
             result = replay(data, key="user", order="ts", handler=handler, checkpoint=checkpoint, segments=8,
-                            concurrency=concurrency)
+                            concurrency=concurrency, **options)
             seconds = time.perf_counter() - began
         data.unpersist()
         return events / seconds, result.peak_pending
@@ -155,6 +155,9 @@ def _concurrency(rows: list[dict[str, Any]]) -> None:
     one, _ = segack_rate(4000, 1)
     many = max(segack_rate(100_000, 64) for _ in range(2))
     many_async = max(segack_rate(100_000, 64, wait_async) for _ in range(2))
+    # A no-op handler at concurrency 1: the plain loop, and the dispatcher (which retries=1 asks for).
+    loop = max(segack_rate(1_000_000, 1, nothing)[0] for _ in range(3))
+    dispatched = max(segack_rate(1_000_000, 1, nothing, retries=1)[0] for _ in range(3))
     data = frame(100_000, 8)
     by_hand = 0.0
     for _ in range(2):
@@ -175,6 +178,62 @@ def _concurrency(rows: list[dict[str, Any]]) -> None:
                  "pipeline": "by hand: foreachPartition + 64 threads, no order, no checkpoint",
                  "events/s": f"{by_hand:,.0f}", "vs concurrency 1": f"{by_hand / one:.1f}x",
                  "peak pending": ""})
+    workload = "no-op handler, 1,000,000 events, 8 segments"
+    rows.append({"workload": workload, "pipeline": "segack, concurrency 1 (the plain loop)",
+                 "events/s": f"{loop:,.0f}", "vs concurrency 1": "1.0x", "peak pending": "0"})
+    rows.append({"workload": workload, "pipeline": "segack, concurrency 1 through the dispatcher (retries=1)",
+                 "events/s": f"{dispatched:,.0f}", "vs concurrency 1": f"{dispatched / loop:.2f}x "
+                 f"(time {loop / dispatched:.2f}x)", "peak pending": "1"})
+
+
+def _replay_seconds(frame: Any, segments: Any) -> float:
+    """Best of two no-op replays of ``frame`` over ``segments``, each into a new checkpoint."""
+    from bench.sleepy import nothing
+    from segack.spark_adapter import replay
+
+    def run() -> None:
+        with tempfile.TemporaryDirectory() as checkpoint:
+            replay(frame, key="user", order="ts", handler=nothing, checkpoint=checkpoint, segments=segments)
+
+    return best_of(run, 2)
+
+
+def _planning(rows: list[dict[str, Any]], count: int) -> None:
+    """The planned set's largest share against ``SegmentSet.balanced(N)``'s on two skewed inputs,
+    and the time of a no-op replay over each set for N = 8, in one session."""
+    import numpy as np
+    import pyarrow as pa
+
+    from segack.demo import generate_events
+    from segack.spark_adapter import local_session
+    from segack.spark_adapter.planning import plan
+
+    spark = local_session("segack-bench-planning")
+    zipf = np.random.default_rng(7).zipf(1.1, count)
+    inputs = {
+        "demo events": generate_events(count).select(["user", "ts"]),
+        "Zipf(1.1) keys": pa.table({"user": np.char.add("k", zipf.astype(str)).tolist(),
+                                    "ts": np.arange(count)}),
+    }
+    for name, table in inputs.items():
+        frame = spark.createDataFrame(table).cache()
+        frame.count()
+        workload = f"{count // 1_000_000}M events, {name}"
+        for workers in (4, 8, 16, 64):
+            measured = plan(frame, key="user", workers=workers)
+            planned, balanced = measured.segments, measured.balanced
+            row = {"workload": workload, "N": workers, "hottest key": f"{measured.hottest_share:.1%}",
+                   "planned largest": f"{measured.largest_share(planned):.1%}",
+                   "balanced largest": f"{measured.largest_share(balanced):.1%}",
+                   "speed-up planned / balanced": f"{measured.speedup(planned):.1f}x / "
+                                                  f"{measured.speedup(balanced):.1f}x",
+                   "replay planned / balanced": ""}
+            if workers == 8:
+                mine, axon = _replay_seconds(frame, planned), _replay_seconds(frame, balanced)
+                row["replay planned / balanced"] = f"{mine:.1f} s / {axon:.1f} s = {mine / axon:.2f}x"
+            rows.append(row)
+        frame.unpersist()
+    spark.stop()
 
 
 def _columns(rows: list[dict[str, Any]]) -> None:
@@ -228,6 +287,11 @@ def run() -> None:
                 "30x async)", concurrency_rows,
                 list(concurrency_rows[0]))
     save("spark-concurrency", concurrency_rows)
+    planning_rows: list[dict[str, Any]] = []
+    _planning(planning_rows, 5_000_000)
+    print_table("Planned segments vs SegmentSet.balanced(N): largest segment's share of events, and a no-op "
+                "replay over each for N = 8 (local[2])", planning_rows, list(planning_rows[0]))
+    save("spark-planning", planning_rows)
     replay_rows: list[dict[str, Any]] = []
     size_rows: list[dict[str, Any]] = []
     resume_rows: list[dict[str, Any]] = []

@@ -154,7 +154,7 @@ def replay_pipeline(out: Path) -> None:
         arrow((6.85, y), (7.3, y), "flush")
 
     # 5. The driver folds them into the checkpoint's tokens: one entry per key group.
-    axis.text(10.0, 5.35, "5. checkpoint.json", ha="center", fontsize=9, weight="bold")
+    axis.text(10.0, 5.35, "5. checkpoint state", ha="center", fontsize=9, weight="bold")
     rows = "\n".join(f"kg {group}: committed point, boundary" for group in range(1 << bits))
     box(9.05, 1.6, 1.9, 2.8, rows, "#fde", 7)
     for y in lanes:

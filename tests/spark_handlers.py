@@ -151,6 +151,25 @@ def fail_on_tenth(event: dict[str, Any]) -> None:
         raise RuntimeError("cannot apply this part")
 
 
+def record_when(event: dict[str, Any]) -> None:
+    """The claim tests' handler: log the event with its run (from the environment) and the time,
+    then pause a little."""
+    line = json.dumps({"user": event["user"], "seq": event["seq"], "run": os.environ.get("SEGACK_TEST_RUN"),
+                       "at": time.time()})
+    with open(os.environ[LOG_ENV], "a") as log:
+        log.write(line + "\n")
+    time.sleep(0.002)
+
+
+def record_refusing_tenth_until_fixed(event: dict[str, Any]) -> None:
+    """Refuses the tenth event of user u1 unless the run is called "fixed"; logs every other event."""
+    if event["user"] == "u1" and event["seq"] == 10 and os.environ.get("SEGACK_TEST_RUN") != "fixed":
+        raise RuntimeError("cannot apply this part yet")
+    line = json.dumps({"user": event["user"], "seq": event["seq"], "run": os.environ.get("SEGACK_TEST_RUN")})
+    with open(os.environ[LOG_ENV], "a") as log:
+        log.write(line + "\n")
+
+
 def read_log(path: str) -> list[dict[str, Any]]:
     """The complete lines of a handler log (a line cut by a kill is not an event handled)."""
     if not os.path.exists(path):

@@ -16,14 +16,18 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from segack.errors import SegackValueError
-from segack.spark_adapter.dispatch import ON_ERROR, POLICIES, Dispatcher
+from segack.spark_adapter.dispatch import ON_ERROR, PARKED, POLICIES, Dispatcher
 
 
 class DispatcherMachine(RuleBasedStateMachine):
     @initialize(concurrency=st.integers(1, 4), extra=st.integers(0, 6), policy=st.sampled_from(POLICIES),
-                on_error=st.sampled_from(ON_ERROR))
-    def setup(self, concurrency, extra, policy, on_error):
+                on_error=st.sampled_from(ON_ERROR), parked=st.sets(st.sampled_from("abcd"), max_size=2))
+    def setup(self, concurrency, extra, policy, on_error, parked):
         self.policy = policy
+        # Keys with dead letters from an earlier run: their events must never run (but with the
+        # concurrent policy, which keeps no order).
+        self.parked = parked if policy != "concurrent" else set()
+        self.parked_rows: set[int] = set()
         self.on_error = on_error
         self.dead: dict[int, int] = {}  # row -> attempts, of the dead letters taken
         self.concurrency = concurrency
@@ -38,17 +42,20 @@ class DispatcherMachine(RuleBasedStateMachine):
         self.rows = 0
         self.dispatcher = Dispatcher(self._handle, lambda event: event["key"], concurrency=concurrency,
                                      max_pending=self.max_pending, policy=policy,
-                                     start=self.started.append, on_error=on_error)
+                                     start=self.started.append, on_error=on_error, parked=parked)
 
     def _handle(self, event):
         row = event["row"]
         # Order per key: every earlier row of this key has finished before this one runs.
         if self.policy != "concurrent":
             earlier = [r for r in self.key_rows[self._sequence(event["key"])] if r < row]
-            unfinished = [r for r in earlier if r not in self.finished and r not in self.skipped]
-            # (a dead letter is never finished: no later event of its key may run)
+            unfinished = [r for r in earlier
+                          if r not in self.finished and r not in self.skipped and r not in self.parked_rows]
+            # (a dead letter is never finished: no later event of its key may run; a parked key's
+            # events are set aside and hold back no other key)
             assert unfinished == [], f"row {row} ran before rows {unfinished} of its key"
         assert row in self.running
+        assert event["key"] not in self.parked, f"row {row} of parked key {event['key']} ran"
         if row in self.fail_next:
             self.failed.add(row)
             del self.running[row]
@@ -76,6 +83,8 @@ class DispatcherMachine(RuleBasedStateMachine):
             self.key_rows[self._sequence(key)].remove(row)
             return
         self.rows += 1
+        if key in self.parked:
+            self.parked_rows.add(row)
         self._note_started(before)
 
     def _note_started(self, before):
@@ -107,6 +116,9 @@ class DispatcherMachine(RuleBasedStateMachine):
         for letter in dispatcher.take_dead_letters():
             assert letter.row not in self.dead and letter.row not in self.finished
             self.dead[letter.row] = letter.attempts
+            assert (letter.row in self.parked_rows) == (letter.error == PARKED)
+        # Every event of a parked key is a dead letter at once, never called.
+        assert self.parked_rows <= set(self.dead)
         # No key has two events in flight (the per-key and sequential policies).
         if self.policy != "concurrent":
             keys = [self._sequence(key) for key in self.running.values()]
@@ -132,7 +144,7 @@ class DispatcherMachine(RuleBasedStateMachine):
             else:
                 # Within a key, the first dead letter is a failure, and nothing after it ran.
                 for rows in self.key_rows.values():
-                    dead = sorted(row for row in rows if row in self.dead)
+                    dead = sorted(row for row in rows if row in self.dead and row not in self.parked_rows)
                     if dead:
                         assert dead[0] in self.failed
                         assert not [row for row in rows if row > dead[0] and row in self.finished]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -119,6 +120,121 @@ def test_handler_failure_exits_non_zero_with_one_line_naming_the_event(tmp_path)
     assert ("u1", 10) not in done and ("u1", 9) in done
 
 
+def test_dead_letters_are_set_aside_then_retried_in_order_by_the_command(tmp_path):
+    import pyarrow as pa
+
+    table = pa.table({"user": [f"u{n % 5}" for n in range(100)], "seq": [n // 5 for n in range(100)],
+                      "ts": [1000 + n for n in range(100)]})
+    pq.write_table(table, tmp_path / "events.parquet")
+    handler = "tests.spark_handlers:record_refusing_tenth_until_fixed"
+    out, err = _start(tmp_path, handler, 2, 0, ["--on-error", "dead-letter", "--concurrency", "4"]
+                      ).communicate(timeout=600)
+    assert "segack replay: 10 events set aside as dead letters" in out, err
+    assert {event["seq"] for event in read_log(str(tmp_path / "log.jsonl")) if event["user"] == "u1"} == set(
+        range(10))
+    process = _start(tmp_path, handler, 3, "fixed", ["--retry-dead-letters"])
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 0, err
+    assert "segack replay: 10 dead letters handled again\n" in out
+    assert "set aside" not in out
+    assert CheckpointStore(str(tmp_path / "checkpoint")).read_dead_letters() is None
+    handled = read_log(str(tmp_path / "log.jsonl"))
+    assert len(handled) == 100
+    assert_each_key_in_order(handled, table)
+
+
+def _wait_for(condition, seconds, what):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _claimed(tmp_path):
+    from segack.spark_adapter.claims import latest_claim
+
+    claim = latest_claim(CheckpointStore(str(tmp_path / "checkpoint")))
+    return claim is not None and not claim.released
+
+
+def test_a_second_replay_on_a_claimed_checkpoint_is_refused_naming_the_owner(tmp_path):
+    table = generate_events(20_000, seed=41)
+    pq.write_table(table, tmp_path / "events.parquet")
+    first = _start(tmp_path, "tests.spark_handlers:record_when", 2, "first", ["--flush-interval", "0.5"])
+    _wait_for(lambda: _claimed(tmp_path) and read_log(str(tmp_path / "log.jsonl")), 300, "the first run")
+    second = _start(tmp_path, "tests.spark_handlers:record_when", 3, "second")
+    _, err = second.communicate(timeout=300)
+    assert second.returncode == 1
+    assert "is claimed by run " in err and f"(pid {first.pid} on " in err, err
+    assert first.poll() is None, "the first run had ended: the refusal proves nothing"
+    _, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err
+    handled = read_log(str(tmp_path / "log.jsonl"))
+    assert {event["run"] for event in handled} == {"first"}
+    assert len(handled) == 20_000
+    assert_each_key_in_order(handled, table)
+
+
+def _process_tree(pid):
+    """``pid`` and every process under it, parents first (Spark's Python daemon leaves the
+    process group, so signalling the group would not reach it)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    tree, queue = [], [pid]
+    while queue:
+        current = queue.pop(0)
+        tree.append(current)
+        queue += children.get(current, [])
+    return tree
+
+
+def _signal_tree(pids, number):
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, number)
+
+
+def test_a_paused_replay_is_taken_over_and_stops_with_a_lost_claim_when_it_wakes(tmp_path):
+    table = generate_events(40_000, seed=42)
+    pq.write_table(table, tmp_path / "events.parquet")
+    log = str(tmp_path / "log.jsonl")
+    options = ["--claim-timeout", "3", "--flush-interval", "0.5", "--concurrency", "2"]
+    stale = _start(tmp_path, "tests.spark_handlers:record_when", 2, "stale", options)
+    _wait_for(lambda: len(read_log(log)) > 2000, 300, "the first run to handle events")
+    paused = _process_tree(stale.pid)
+    _signal_tree(paused, signal.SIGSTOP)
+    try:
+        time.sleep(4)  # past the claim's timeout
+        taker = _start(tmp_path, "tests.spark_handlers:record_when", 3, "taker", options)
+        _, err = taker.communicate(timeout=600)
+        assert taker.returncode == 0, err
+    finally:
+        woke_at = time.time()
+        _signal_tree(paused, signal.SIGCONT)
+    _, err = stale.communicate(timeout=300)
+    assert stale.returncode == 1
+    assert "lost its claim on checkpoint" in err and "was taken over by run" in err, err
+    state = CheckpointStore(str(tmp_path / "checkpoint")).load()
+    assert state.settings["status"] == "complete" and state.tokens.complete
+    assert state.tokens.done == state.tokens.total == 40_000
+    handled = read_log(log)
+    before = [event for event in handled if event["run"] == "stale" and event["at"] < woke_at]
+    taker_calls = [event for event in handled if event["run"] == "taker"]
+    assert before and taker_calls
+    # The taker handled every event the paused run had not recorded done, from where the checkpoint
+    # stood: each key in order, at least once.
+    assert_each_key_in_order(before + taker_calls, table)
+    after_waking = [event for event in handled if event["run"] == "stale" and event["at"] >= woke_at]
+    print(f"\nthe stale run made {len(after_waking)} calls after it woke")
+    assert len(after_waking) < 2000
+
+
 BANNER = ("Using Spark's default log4j profile", "Setting default log level", "To adjust logging level")
 
 
@@ -141,7 +257,7 @@ def test_spark_banner_lines_only_with_verbose(tmp_path, verbose):
 
 def test_a_damaged_checkpoint_fails_the_command_and_is_kept(tmp_path, capsys):
     (tmp_path / "checkpoint").mkdir()
-    state = tmp_path / "checkpoint" / "checkpoint.json"
+    state = tmp_path / "checkpoint" / "checkpoint-000000000007.json"
     state.write_bytes(b'{"format": "segack-checkpoint", "version": 1, "crc32": 1}')
     pq.write_table(generate_events(10), tmp_path / "events.parquet")
     code = main(["replay", str(tmp_path / "events.parquet"), "--key", "user", "--order", "ts",
@@ -174,9 +290,9 @@ def test_status_shows_progress_per_segment_and_the_size(tmp_path, capsys):
     assert "events          7 of 10 done (70.0%)" in out
     assert "key groups      4 (2 bits): 3 with events, 1 of them done" in out
     # Segment 0 (id 0, mask 1) owns key groups 0 and 2; segment 1 owns 1 and 3.
-    assert re.search(r"#0 +id 0 +mask 1 +8 events +6 done +2 key groups", out)
-    assert re.search(r"#1 +id 1 +mask 1 +2 events +1 done +2 key groups", out)
-    assert f"size            {store.size_bytes():,} bytes (checkpoint.json and 0 progress files)" in out
+    assert re.search(r"#0 +id 0 +mask 1 +8 events +80\.0% +6 done +2 key groups", out)
+    assert re.search(r"#1 +id 1 +mask 1 +2 events +20\.0% +1 done +2 key groups", out)
+    assert f"size            {store.size_bytes():,} bytes (its state and 0 progress files)" in out
     assert "status          failed" in out and "key             user" in out
     assert main(["status", str(tmp_path / "missing")]) == 1
 
@@ -195,3 +311,45 @@ def test_replay_rejects_a_handler_it_cannot_import(tmp_path, capsys):
     assert code == 1
     assert "cannot import handler module 'no_such_module'" in capsys.readouterr().err
     assert not (tmp_path / "checkpoint").exists()
+
+
+@pytest.mark.parametrize(("in_flight", "pending", "shown"), [
+    (0, 0, "1,500 of 3,000 events done (50.0%), 150/s, 4 segments\n"),
+    (7, 40, "1,500 of 3,000 events done (50.0%), 150/s, 4 segments, 7 calls in flight, 40 rows pending\n"),
+])
+def test_the_progress_line_shows_calls_in_flight_and_rows_pending_if_any(in_flight, pending, shown):
+    import io
+
+    from segack.spark_adapter import Progress
+    from segack.spark_cli import ProgressPrinter
+
+    stream = io.StringIO()
+    ProgressPrinter(stream)(Progress(done=1500, handled=1500, total=3000, segments=4, seconds=10.0,
+                                     in_flight=in_flight, pending=pending))
+    assert stream.getvalue() == f"segack: {shown}"
+
+
+def test_plan_prints_the_hottest_keys_the_floor_both_sets_and_a_line_to_paste(tmp_path):
+    from segack.kernel import SegmentSet
+    from tests.test_spark_adapter import _skewed
+
+    table = _skewed(20_000, 0.25, seed=4)
+    pq.write_table(table, tmp_path / "events.parquet")
+    hot = table.column("user").to_pylist().count("hot")
+    command = [sys.executable, "-m", "segack", "plan", str(tmp_path / "events.parquet"), "--key", "user",
+               "--order", "ts", "--workers", "4", "--key-group-bits", "6", "--top", "2"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "20,000 events, 64 key groups (6 bits), planned for 4 workers"
+    assert re.fullmatch(rf"  hot +{hot:,} +{hot / 20_000:.1%}", lines[2])
+    assert (f"the hottest key holds {hot / 20_000:.1%} of the events: with per-key order, no set of segments "
+            f"makes a run more than {20_000 / hot:.1f}x faster than one worker") in lines
+    assert re.search(r"^planned for 4 +\d +\d+\.\d% +\d\.\dx$", done.stdout, re.M)
+    assert re.search(r"^balanced\(4\) +4 +\d+\.\d% +\d\.\dx$", done.stdout, re.M)
+    assert lines[-1].startswith("--segments ")
+    planned = SegmentSet.from_ids(int(part) for part in lines[-1].removeprefix("--segments ").split(","))
+    assert 1 < len(planned) <= 4
+    refused = subprocess.run([*command[:5], "--key", "nope"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=600)
+    assert refused.returncode == 1 and "segack plan: no column 'nope'" in refused.stderr

@@ -14,6 +14,7 @@ import pickle
 import threading
 import time
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -162,19 +163,27 @@ def _overlapping(handled):
 
 @pytest.mark.parametrize("recorder", [TimedRecorder, AsyncTimedRecorder], ids=["threads", "async"])
 def test_concurrent_calls_keep_each_keys_order_and_record_everything(spark, tmp_path, recorder):
-    table = generate_events(1500, seed=21)
+    table = generate_events(3000, seed=21)
     frame = spark.createDataFrame(table)
     log = str(tmp_path / "log.jsonl")
-    result = replay(frame, key="user", order="ts", handler=recorder(log, 0.002),
-                    checkpoint=str(tmp_path / "checkpoint"), segments=2, concurrency=8, max_pending=24)
+    reports = []
+    result = replay(frame, key="user", order="ts", handler=recorder(log, 0.004),
+                    checkpoint=str(tmp_path / "checkpoint"), segments=2, concurrency=32, max_pending=96,
+                    flush_interval=0.2, progress=reports.append)
     handled = read_log(log)
-    assert result.complete and result.handled == len(handled) == 1500
+    assert result.complete and result.handled == len(handled) == 3000
     assert_each_key_in_order(handled, table)
     # A key's next call starts only after its previous one ended.
     for user in {event["user"] for event in handled}:
         calls = sorted((e["seq"], e["start"], e["end"]) for e in handled if e["user"] == user)
         assert all(later[1] >= earlier[2] for earlier, later in itertools.pairwise(calls))
-    assert _overlapping(handled) > 100 and 1 < result.peak_pending <= 24
+    assert _overlapping(handled) > 1000 and 32 < result.peak_pending <= 96
+    # The progress reports count the calls in flight and the rows pending while the run goes on,
+    # and none once it has ended.
+    during = [report for report in reports[:-1] if report.in_flight]
+    assert during and all(report.in_flight <= min(report.pending, 2 * 32) for report in during)
+    assert max(report.pending for report in during) <= 2 * 96
+    assert (reports[-1].in_flight, reports[-1].pending, reports[-1].done) == (0, 0, 3000)
 
 
 def test_the_sequential_policy_runs_one_call_at_a_time(spark, tmp_path):
@@ -267,6 +276,93 @@ def test_dead_letters_hold_each_failure_and_its_keys_later_events_and_the_rest_r
     listing = capsys.readouterr().out
     assert f"{len(expected_dead):,} events of 2 keys" in listing
     assert f"part 4 of {heavy} is refused (2 attempts)" in listing
+
+
+def _later_events(table, users, count):
+    """``count`` new events for each of ``users``, after all of ``table``'s (an input that grew)."""
+    rows = table.to_pylist()
+    last_ts = max(row["ts"] for row in rows)
+    later = []
+    for user in users:
+        seq = max(row["seq"] for row in rows if row["user"] == user)
+        later += [{"user": user, "ts": last_ts + 1 + n, "seq": seq + 1 + n, "part": f"later#{n}"}
+                  for n in range(count)]
+    return pa.concat_tables([table, pa.Table.from_pylist(later, schema=table.schema)])
+
+
+def _keys_and_seqs(letters):
+    return {(user, seq) for user, seq in zip(letters.column("user").to_pylist(),
+                                             letters.column("seq").to_pylist(), strict=True)}
+
+
+@pytest.mark.parametrize("concurrency", [1, 6])
+def test_a_parked_key_waits_behind_its_dead_letters_until_a_retry_handles_them_in_order(
+        spark, tmp_path, concurrency):
+    table, frame, heavy, log, checkpoint = _events_and_their_busiest_user(spark, tmp_path, 2000, 27)
+    users = table.column("user").to_pylist()
+    other = sorted(user for user in set(users) - {heavy} if users.count(user) >= 3)[5]
+    store = CheckpointStore(checkpoint)
+    refused = frozenset({(heavy, 3), (other, 1)})
+    first = replay(frame, key="user", order="ts", handler=RefusesSome(log, refused), checkpoint=checkpoint,
+                   segments=3, concurrency=concurrency, on_error="dead-letter")
+    dead = _keys_and_seqs(store.read_dead_letters())
+    assert first.complete and {user for user, _ in dead} == {heavy, other}
+
+    # The input grows; the parked keys' newer events wait behind their dead letters, even with
+    # on_error="stop", and the other keys' run.
+    grown = _later_events(table, [heavy, other, users[0]], 4)
+    second = replay(spark.createDataFrame(grown), key="user", order="ts", handler=Recorder(log),
+                    checkpoint=checkpoint, segments=2, concurrency=concurrency)
+    newer_dead = _keys_and_seqs(store.read_dead_letters()) - dead
+    assert second.complete and second.dead_letters == len(newer_dead) == 8
+    assert {user for user, _ in newer_dead} == {heavy, other}
+    assert not {(e["user"], e["seq"]) for e in read_log(log)} & (dead | newer_dead)
+
+    # A retry handles each key's dead letters in order; one that fails again stays, with its key's
+    # later ones, and the key stays parked.
+    third = replay(spark.createDataFrame(grown), key="user", order="ts",
+                   handler=RefusesSome(log, frozenset({(other, 1)})), checkpoint=checkpoint, segments=4,
+                   concurrency=concurrency, retry_dead_letters=True)
+    left = _keys_and_seqs(store.read_dead_letters())
+    assert {user for user, _ in left} == {other} and left == {e for e in dead | newer_dead if e[0] == other}
+    assert third.retried == len(dead | newer_dead) - len(left) and third.retry_failed == len(left)
+    assert third.handled == 0 and third.dead_letters == 0
+
+    fourth = replay(spark.createDataFrame(grown), key="user", order="ts", handler=Recorder(log),
+                    checkpoint=checkpoint, retry_dead_letters=True)
+    assert fourth.retried == len(left) and fourth.retry_failed == 0 and store.read_dead_letters() is None
+    # Over all four runs: every event handled exactly once, each key in order.
+    handled = read_log(log)
+    assert len(handled) == grown.num_rows
+    assert_each_key_in_order(handled, grown)
+
+
+def test_a_stream_parks_a_failed_key_across_batches_and_retries_it_when_restarted_with_the_option(
+        spark, tmp_path):
+    from segack.spark_adapter import foreach_batch
+
+    table = generate_events(1800, seed=28).sort_by("ts")
+    batches = [table.slice(start, 600) for start in (0, 600, 1200)]
+    users = batches[0].column("user").to_pylist()
+    failing = next(user for user in users if users.count(user) >= 3)
+    log, checkpoint = str(tmp_path / "log.jsonl"), str(tmp_path / "checkpoint")
+    options = {"key": "user", "order": "ts", "checkpoint": checkpoint, "segments": 2, "concurrency": 4}
+    first = foreach_batch(RefusesSome(log, frozenset({(failing, 1)})), on_error="dead-letter", **options)
+    first(spark.createDataFrame(batches[0]), 0)
+    first(spark.createDataFrame(batches[1]), 1)
+    letters = CheckpointStore(checkpoint).read_dead_letters()
+    parked = {seq for user, seq in _keys_and_seqs(letters) if user == failing}
+    expected_parked = {seq for user, seq in zip(table.column("user").to_pylist()[:1200],
+                                                table.column("seq").to_pylist()[:1200], strict=True)
+                       if user == failing and seq >= 1}
+    assert parked == expected_parked and {user for user, _ in _keys_and_seqs(letters)} == {failing}
+    # Restarted with the option, the stream's first batch handles them first, then its own events.
+    restarted = foreach_batch(Recorder(log), retry_dead_letters=True, **options)
+    restarted(spark.createDataFrame(batches[2]), 2)
+    assert CheckpointStore(checkpoint).read_dead_letters() is None
+    handled = read_log(log)
+    assert len(handled) == 1800
+    assert_each_key_in_order(handled, table)
 
 
 def test_handler_failure_names_the_event_saves_progress_and_resume_skips_done_work(spark, tmp_path):
@@ -414,12 +510,17 @@ def test_a_resume_skips_the_completions_beyond_a_committed_point(spark, tmp_path
     assert len(handled) == 600 - len(expected.done_events(table, tokens))
 
 
+def _state_bytes(checkpoint):
+    """The bytes of a checkpoint's newest state file."""
+    return Path(CheckpointStore(str(checkpoint)).state_file()).read_bytes()
+
+
 def test_a_damaged_checkpoint_is_refused_and_left_untouched(spark, tmp_path):
     frame = spark.createDataFrame(generate_events(500, seed=9))
     checkpoint = tmp_path / "checkpoint"
     replay(frame, key="user", order="ts", handler=Recorder(str(tmp_path / "a.jsonl")),
            checkpoint=str(checkpoint), segments=2)
-    state_file = checkpoint / "checkpoint.json"
+    state_file = Path(CheckpointStore(str(checkpoint)).state_file())
     damaged = bytearray(state_file.read_bytes())
     position = damaged.index(b'"tokens": "') + 14
     damaged[position] = ord("A") if damaged[position] != ord("A") else ord("B")
@@ -435,7 +536,7 @@ def test_a_checkpoint_written_by_0_1_0_is_refused_with_its_version_and_kept(spar
     old = {"format": "segack-checkpoint", "version": 1, "settings": {"key": "user"}, "acker": "AAAA"}
     old["crc32"] = zlib.crc32(json.dumps(old, sort_keys=True, separators=(",", ":")).encode())
     (tmp_path / "checkpoint").mkdir()
-    state_file = tmp_path / "checkpoint" / "checkpoint.json"
+    state_file = tmp_path / "checkpoint" / "checkpoint-000000000000.json"
     state_file.write_bytes(json.dumps(old).encode())
     frame = spark.createDataFrame(generate_events(50, seed=9))
     refusal = r"written by segack 0\.1\.0 \(format 1\).*new checkpoint location"
@@ -452,7 +553,7 @@ def test_a_checkpoint_of_other_input_is_refused(spark, tmp_path, change):
     checkpoint = str(tmp_path / "checkpoint")
     replay(spark.createDataFrame(table), key="user", order="ts",
            handler=Recorder(str(tmp_path / "a.jsonl")), checkpoint=checkpoint, segments=2)
-    before = (tmp_path / "checkpoint" / "checkpoint.json").read_bytes()
+    before = _state_bytes(tmp_path / "checkpoint")
     other, key = table, "user"
     if change == "other events":
         other = generate_events(300, seed=2)
@@ -471,7 +572,7 @@ def test_a_checkpoint_of_other_input_is_refused(spark, tmp_path, change):
     with pytest.raises(CheckpointError, match="other input"):
         replay(spark.createDataFrame(other), key=key, order="ts",
                handler=Recorder(str(tmp_path / "b.jsonl")), checkpoint=checkpoint)
-    assert (tmp_path / "checkpoint" / "checkpoint.json").read_bytes() == before
+    assert _state_bytes(tmp_path / "checkpoint") == before
     assert not (tmp_path / "b.jsonl").exists()
 
 
@@ -484,7 +585,7 @@ def test_a_crashed_first_run_then_other_input_is_refused(spark, tmp_path):
         replay(spark.createDataFrame(table), key="user", order="ts", segments=1, checkpoint=checkpoint,
                handler=Recorder(str(tmp_path / "a.jsonl"), fail_on=(tenth["user"], tenth["seq"])))
     assert CheckpointStore(checkpoint).load().tokens.total is None
-    before = (tmp_path / "checkpoint" / "checkpoint.json").read_bytes()
+    before = _state_bytes(tmp_path / "checkpoint")
     # The same events but one: a done event changed its payload.
     first = table.sort_by("ts").slice(0, 1).to_pylist()[0]
     changed = pa.Table.from_pylist([dict(event, part="edited") if event == first else event
@@ -492,7 +593,7 @@ def test_a_crashed_first_run_then_other_input_is_refused(spark, tmp_path):
     with pytest.raises(CheckpointError, match="other input: in key group"):
         replay(spark.createDataFrame(changed), key="user", order="ts", checkpoint=checkpoint,
                handler=Recorder(str(tmp_path / "b.jsonl")))
-    assert (tmp_path / "checkpoint" / "checkpoint.json").read_bytes() == before
+    assert _state_bytes(tmp_path / "checkpoint") == before
     assert not (tmp_path / "b.jsonl").exists()
     # Events added after every boundary are new work, not another input.
     later = pa.concat_tables([table, pa.table({"user": ["user-new"], "ts": [2**62], "seq": [0],
@@ -543,14 +644,14 @@ def test_the_key_group_resolution_is_fixed_by_the_first_run(spark, tmp_path):
     checkpoint = str(tmp_path / "checkpoint")
     replay(frame, key="user", order="ts", handler=Recorder(str(tmp_path / "a.jsonl")), checkpoint=checkpoint,
            key_group_bits=3, segments=8)
-    before = (tmp_path / "checkpoint" / "checkpoint.json").read_bytes()
+    before = _state_bytes(tmp_path / "checkpoint")
     with pytest.raises(ValueError, match=r"2\*\*3 key groups; key_group_bits=4"):
         replay(frame, key="user", order="ts", handler=Recorder(str(tmp_path / "b.jsonl")),
                checkpoint=checkpoint, key_group_bits=4)
     with pytest.raises(ValueError, match="finer than 8 key groups"):
         replay(frame, key="user", order="ts", handler=Recorder(str(tmp_path / "b.jsonl")),
                checkpoint=checkpoint, segments=16)
-    assert (tmp_path / "checkpoint" / "checkpoint.json").read_bytes() == before
+    assert _state_bytes(tmp_path / "checkpoint") == before
     assert not (tmp_path / "b.jsonl").exists()
 
 
@@ -716,8 +817,76 @@ def _peak_checkpoint_bytes(spark, tmp_path, count):
 
 
 def test_the_checkpoint_does_not_grow_with_the_number_of_events(spark, tmp_path):
-    """Peak bytes of checkpoint.json and progress files during a run: 10x the events, about the same
+    """Peak bytes of the state file and progress files during a run: 10x the events, about the same
     size. Both runs have events in all 256 key groups, so only the number of events differs."""
     small = _peak_checkpoint_bytes(spark, tmp_path, 4_000)
     large = _peak_checkpoint_bytes(spark, tmp_path, 40_000)
     assert large <= 1.5 * small, (small, large)
+
+
+def _skewed(count, hot_share, seed):
+    """``count`` events, ``hot_share`` of them of one key ("hot"), the rest of 500 others."""
+    rng = np.random.default_rng(seed)
+    hot = rng.random(count) < hot_share
+    users = np.where(hot, "hot", np.char.add("user-", rng.integers(0, 500, count).astype(str)))
+    table = pa.table({"user": users.tolist(), "ts": np.arange(count), "seq": np.zeros(count, np.int64)})
+    # seq: each user's events numbered in ts order, as the handlers' logs expect.
+    seqs, seen = [], collections.Counter()
+    for user in table.column("user").to_pylist():
+        seqs.append(seen[user])
+        seen[user] += 1
+    return table.set_column(2, "seq", pa.array(seqs, pa.int64()))
+
+
+def test_plan_counts_key_groups_in_the_jvm_and_beats_a_balanced_set_on_skewed_events(spark):
+    from segack.spark_adapter.planning import plan
+
+    table = _skewed(20_000, 0.3, seed=1)
+    planned = plan(spark.createDataFrame(table), key="user", workers=8, key_group_bits=6, top=3)
+    groups = [group for group, _ in expected.positions(table, bits=6).values()]
+    assert planned.key_group_counts.tolist() == np.bincount(groups, minlength=64).tolist()
+    users = collections.Counter(table.column("user").to_pylist())
+    assert planned.hottest == tuple(sorted(users.items(), key=lambda item: (-item[1], item[0]))[:3])
+    assert planned.hottest[0][0] == "hot" and planned.floor == pytest.approx(20_000 / users["hot"])
+    assert len(planned.segments) <= 8 and planned.total == 20_000
+    # The hot key's group is a segment of its own: the plan's largest load is that group's.
+    hot_group = int(np.argmax(planned.key_group_counts))
+    assert planned.loads(planned.segments).max() == planned.key_group_counts[hot_group]
+    assert planned.largest_share(planned.segments) < planned.largest_share(planned.balanced)
+    assert kernel.SegmentSet.from_ids(map(int, planned.segments_option.split(","))) == planned.segments
+    sampled = plan(spark.createDataFrame(table), key="user", workers=8, key_group_bits=6, sample=0.5)
+    assert sampled.sample == 0.5 and abs(sampled.total - 20_000) < 1_000
+    assert sampled.hottest[0][0] == "hot"
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"key": "nope"}, "no column 'nope'"),
+    ({"key": "user", "workers": 0}, "workers must be a positive int"),
+    ({"key": "user", "top": True}, "top must be a positive int"),
+    ({"key": "user", "sample": 0}, r"sample must be a fraction in \(0, 1\]"),
+    ({"key": "user", "sample": 1.5}, r"sample must be a fraction in \(0, 1\]"),
+    ({"key": "user", "key_group_bits": 17}, "key_group_bits must be an int in 0..16"),
+])
+def test_plan_refuses_bad_settings(spark, options, match):
+    from segack.spark_adapter.planning import plan
+
+    with pytest.raises(ValueError, match=match):
+        plan(spark.createDataFrame(_skewed(10, 0.5, seed=2)), **options)
+
+
+def test_a_replay_over_auto_segments_plans_them_first_and_keeps_each_keys_order(spark, tmp_path):
+    from segack.spark_adapter.planning import plan
+
+    table = _skewed(3000, 0.3, seed=3)
+    frame = spark.createDataFrame(table)
+    log = str(tmp_path / "log.jsonl")
+    result = replay(frame, key="user", order="ts", handler=Recorder(log), checkpoint=str(tmp_path / "c"),
+                    segments="auto")
+    workers = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    expected_set = plan(frame, key="user", workers=workers).segments
+    assert CheckpointStore(str(tmp_path / "c")).load().settings["segments"] == list(expected_set.ids)
+    assert result.complete and result.segments == len(expected_set)
+    assert_each_key_in_order(read_log(log), table)
+    with pytest.raises(ValueError, match="segments must be a positive int, a SegmentSet or 'auto'"):
+        replay(frame, key="user", order="ts", handler=Recorder(log), checkpoint=str(tmp_path / "d"),
+               segments="planned")

@@ -6,9 +6,18 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from segack._shared import HASHES, SEQUENCING_POLICIES
 from segack.kernel import SegmentSet, java_hash, spark_hash
+
+if TYPE_CHECKING:
+    from segack.spark_adapter.checkpoint import CheckpointStore
+
+
+def _replay_segments(text: str) -> SegmentSet | str:
+    """What ``segack replay --segments`` takes: as :func:`_segment_set`, or ``auto``."""
+    return text if text == "auto" else _segment_set(text)
 
 
 def _segment_set(text: str) -> SegmentSet:
@@ -68,22 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a local directory or a pyarrow.fs URI")
     replay.add_argument("--format", choices=["parquet", "csv", "json"], default="parquet",
                         help="the input format (default: parquet; csv needs a header line)")
-    replay.add_argument("--segments", type=_segment_set, default=None, metavar="N|ID,ID,...",
-                        help="a balanced set of N segments, or the live segment ids (default: the last "
-                        "run's, else spark.sql.shuffle.partitions)")
+    replay.add_argument("--segments", type=_replay_segments, default=None, metavar="N|ID,ID,...|auto",
+                        help="a balanced set of N segments, the live segment ids, or auto: planned from "
+                        "the events' load for the session's parallelism, as `segack plan` does (default: "
+                        "the last run's, else spark.sql.shuffle.partitions)")
     replay.add_argument("--hash", choices=HASHES, default="spark",
                         help="spark: Spark's hash(), in the JVM; java: Axon's hashCode (default: spark)")
     replay.add_argument("--key-group-bits", type=int, default=None, metavar="K",
                         help="cut hashes into 2**K key groups, fixed by a checkpoint's first run; no segment "
                         "may be finer (default: 12, at most 16)")
-    where = replay.add_mutually_exclusive_group()
-    where.add_argument("--master", default=None, metavar="URL",
-                       help="the Spark master: local[N], local-cluster[...], spark://..., yarn, k8s://... "
-                       "(default: local[2])")
-    where.add_argument("--remote", default=None, metavar="sc://HOST:PORT",
-                       help="a Spark Connect server to run on instead of a master")
-    replay.add_argument("--conf", action="append", type=_conf, default=[], metavar="KEY=VALUE",
-                        help="a Spark setting, as spark-submit takes it (repeatable)")
+    _add_session_options(replay)
     replay.add_argument("--py-files", default="", metavar="FILE,FILE,...",
                         help=".py, .zip or .egg files the handler imports, sent to the executors (the "
                         "handler's own module is sent without asking)")
@@ -116,8 +119,36 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--on-error", choices=("stop", "dead-letter"), default="stop",
                         help="after a call's last retry: stop the run (default), or set the event and its "
                         "key's later events aside in CHECKPOINT/dead-letters/ and go on with other keys")
-    replay.add_argument("--verbose", action="store_true",
-                        help="let Spark's driver log as it would by default (its banner, warnings)")
+    replay.add_argument("--retry-dead-letters", action="store_true",
+                        help="first handle the checkpoint's dead letters again, each key's in order; those "
+                        "that fail again stay, and their keys' newer events are set aside behind them")
+    replay.add_argument("--claim-timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="another run may take the checkpoint over once this run's claim has gone "
+                        "unextended this long (default: 60)")
+
+    plan = commands.add_parser(
+        "plan", help="plan segments from the events' load, and show the limit the hottest key sets",
+        description="Count INPUT's events per key group and its hottest keys (two Spark jobs), then "
+        "print the set of at most N segments, made by splitting the root, whose largest load is "
+        "smallest, beside a balanced set of N, and the speed-up the hottest key allows at most.",
+    )
+    plan.add_argument("input", metavar="INPUT", help="a file or directory Spark can read")
+    plan.add_argument("--key", required=True, metavar="COL", help="the sequencing key column")
+    plan.add_argument("--order", default=None, metavar="COL",
+                      help="the order column, checked to exist (the plan does not depend on it)")
+    plan.add_argument("--format", choices=["parquet", "csv", "json"], default="parquet",
+                      help="the input format (default: parquet; csv needs a header line)")
+    plan.add_argument("--hash", choices=HASHES, default="spark",
+                      help="spark: Spark's hash(); java: Axon's hashCode (default: spark)")
+    plan.add_argument("--workers", type=_positive, default=None, metavar="N",
+                      help="plan for N workers (default: the session's spark.sql.shuffle.partitions)")
+    plan.add_argument("--key-group-bits", type=int, default=12, metavar="K",
+                      help="the key-group resolution of the checkpoint you will use (default: 12)")
+    plan.add_argument("--sample", type=float, default=None, metavar="FRACTION",
+                      help="count this fraction of the events, for a faster estimate (default: all)")
+    plan.add_argument("--top", type=_positive, default=5, metavar="N",
+                      help="hottest keys to show (default: 5)")
+    _add_session_options(plan)
 
     status = commands.add_parser(
         "status", help="show a checkpoint",
@@ -134,6 +165,16 @@ def build_parser() -> argparse.ArgumentParser:
     dead.add_argument("checkpoint", metavar="CHECKPOINT", help="a local directory or a pyarrow.fs URI")
     dead.add_argument("--top", type=_positive, default=20, metavar="N", help="keys to list (default: 20)")
 
+    release = commands.add_parser(
+        "release", help="release a checkpoint's claim whose owner is gone",
+        description="Release the claim a run holds on a checkpoint, for an operator who knows the run "
+        "is gone (its machine lost, say) and will not wait for the claim to expire. Should the run come "
+        "back, it is fenced: it stops without saving anything more.",
+    )
+    release.add_argument("checkpoint", metavar="CHECKPOINT", help="a local directory or a pyarrow.fs URI")
+    release.add_argument("--force", action="store_true", required=True,
+                         help="required: say that the owner is gone")
+
     demo = commands.add_parser(
         "demo", help="replay a generated event log into SQLite, crash it, resume it, check it",
         description="Generate a skewed event log, replay it into a SQLite database through an "
@@ -145,6 +186,20 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workdir", default=None, metavar="DIR",
                       help="where to put the log, checkpoint and databases (default: a temporary directory)")
     return parser
+
+
+def _add_session_options(command: argparse.ArgumentParser) -> None:
+    """Where a command's Spark session runs, and how it logs."""
+    where = command.add_mutually_exclusive_group()
+    where.add_argument("--master", default=None, metavar="URL",
+                       help="the Spark master: local[N], local-cluster[...], spark://..., yarn, k8s://... "
+                       "(default: local[2])")
+    where.add_argument("--remote", default=None, metavar="sc://HOST:PORT",
+                       help="a Spark Connect server to run on instead of a master")
+    command.add_argument("--conf", action="append", type=_conf, default=[], metavar="KEY=VALUE",
+                         help="a Spark setting, as spark-submit takes it (repeatable)")
+    command.add_argument("--verbose", action="store_true",
+                         help="let Spark's driver log as it would by default (its banner, warnings)")
 
 
 def _int_at_least(least: int, what: str) -> Callable[[str], int]:
@@ -215,11 +270,16 @@ def _status(args: argparse.Namespace) -> int:
             width = len(f"{int(max(tokens.count.max(initial=0), per_group.max(initial=0))):,}")
             for position, member in enumerate(segments):
                 mine = owners == position
-                events = f"{int(tokens.count[mine].sum()):>{width},}" if tokens.counted else "?".rjust(width)
+                load = int(tokens.count[mine].sum())
+                # A segment's share of the events is its share of the run's time: the largest
+                # holds the run back (`segack plan` proposes a set that evens them out).
+                events = (f"{load:>{width},} events {load / max(tokens.total or 0, 1):6.1%}" if tokens.counted
+                          else f"{'?':>{width}} events {'':6}")
                 print(f"  #{position:<3} id {member.segment_id:<6} mask {member.mask:<6} "
-                      f"{events} events  {int(per_group[mine].sum()):>{width},} done  "
+                      f"{events}  {int(per_group[mine].sum()):>{width},} done  "
                       f"{int(mine.sum()):,} key groups")
-    print(f"{'size':<15} {store.size_bytes():,} bytes (checkpoint.json and {len(files)} progress files)")
+    print(f"{'size':<15} {store.size_bytes():,} bytes (its state and {len(files)} progress files)")
+    print(f"{'claim':<15} {_claim_line(store)}")
     letters = store.read_dead_letters()
     if letters is not None:
         print(f"{'dead letters':<15} {letters.num_rows:,} events set aside "
@@ -227,6 +287,48 @@ def _status(args: argparse.Namespace) -> int:
     for name in ("source", "key", "order", "hash", "runs", "flush_every", "flush_interval"):
         if name in settings:
             print(f"{name:<15} {settings[name]}")
+    return 0
+
+
+def _claim_line(store: CheckpointStore) -> str:
+    """The checkpoint's claim, as ``segack status`` shows it."""
+    import time
+
+    from segack.spark_adapter.claims import latest_claim
+
+    claim = latest_claim(store)
+    atomic = "" if store.claims_are_atomic else (
+        " (this store cannot create a file exclusively: two runs starting at the same moment could "
+        "both claim it)")
+    if claim is None:
+        return f"never claimed{atomic}"
+    now = time.time()
+    if claim.released:
+        by = f" by {claim.released_by}" if claim.released_by else ""
+        return f"free: {claim.owner()} released it{by} {now - claim.extended_at:,.0f} s ago{atomic}"
+    state = "held" if claim.live(now) else (
+        "expired (its owner is gone)" if claim.owner_gone() else "expired")
+    return (f"{state}: {claim.owner()}, claim {claim.number}, extended {now - claim.extended_at:,.1f} s ago, "
+            f"timeout {claim.timeout:g} s{atomic}")
+
+
+def _release(args: argparse.Namespace) -> int:
+    from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore
+    from segack.spark_adapter.claims import force_release
+
+    try:
+        store = CheckpointStore(args.checkpoint)
+        if not store.exists():
+            print(f"segack release: no checkpoint at {args.checkpoint}", file=sys.stderr)
+            return 1
+        released = force_release(store, f"segack release --force (pid {os.getpid()})")
+    except (CheckpointError, ValueError, OSError) as error:
+        print(f"segack release: {error}", file=sys.stderr)
+        return 1
+    if released is None:
+        print(f"segack release: {store.location} is not claimed; nothing to do")
+    else:
+        print(f"segack release: released the claim of {released.owner()}; should it come back, it is fenced")
     return 0
 
 
@@ -292,10 +394,14 @@ def _run(args: argparse.Namespace) -> int:
         return _status(args)
     if args.command == "dead-letters":
         return _dead_letters(args)
+    if args.command == "release":
+        return _release(args)
     from segack import spark_cli
 
     if args.command == "replay":
         return spark_cli.replay_command(args)
+    if args.command == "plan":
+        return spark_cli.plan_command(args)
     if args.command == "demo":
         return spark_cli.demo_command(args)
     raise AssertionError(f"unhandled command {args.command}")  # pragma: no cover

@@ -1,4 +1,5 @@
-"""The ``segack replay`` and ``segack demo`` commands: the parts of the CLI that start Spark."""
+"""The ``segack replay``, ``segack plan`` and ``segack demo`` commands: the parts of the CLI that
+start Spark."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from segack.spark_adapter.replay import Progress, load_handler, replay, worker_e
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["ProgressPrinter", "demo_command", "replay_command"]
+__all__ = ["ProgressPrinter", "demo_command", "plan_command", "replay_command"]
 
 
 class ProgressPrinter:
@@ -39,6 +40,8 @@ class ProgressPrinter:
             share = progress.done / max(progress.total, 1)
             done = f"{progress.done:,} of {progress.total:,} events done ({share:.1%})"
         line = f"{done}, {rate:,.0f}/s, {progress.segments} segments"
+        if progress.in_flight or progress.pending:
+            line += f", {progress.in_flight:,} calls in flight, {progress.pending:,} rows pending"
         if self.terminal:
             self.stream.write("\r" + line + "\033[K")
         elif progress.handled and time.monotonic() - self._last >= self.every:
@@ -102,6 +105,7 @@ def replay_command(args: argparse.Namespace) -> int:
             source=args.input, shared_local_checkpoint=args.shared_local_checkpoint,
             concurrency=args.concurrency, max_pending=args.max_pending, policy=args.policy,
             retries=args.retries, retry_delay=args.retry_delay, timeout=args.timeout, on_error=args.on_error,
+            retry_dead_letters=args.retry_dead_letters, claim_timeout=args.claim_timeout,
         )
     except (HandlerFailedError, ReplayError, CheckpointError, ValueError, OSError) as error:
         printer.close()
@@ -122,12 +126,69 @@ def replay_command(args: argparse.Namespace) -> int:
     print(f"segack replay: {result.handled:,} events handled, {result.already_done:,} already done, "
           f"{result.total:,} in all, over {result.segments} segments and {2**result.key_group_bits:,} "
           f"key groups in {result.seconds:.1f} s")
+    if args.retry_dead_letters:
+        stay = f"; {result.retry_failed:,} failed again and stay" if result.retry_failed else ""
+        print(f"segack replay: {result.retried:,} dead letters handled again{stay}")
     if result.dead_letters:
         print(f"segack replay: {result.dead_letters:,} events set aside as dead letters (they or an earlier "
               f"event of their key failed); `segack dead-letters {args.checkpoint}` lists them")
     if not result.complete:
         print(f"segack replay: incomplete: {result.done:,} of {result.total:,} events done", file=sys.stderr)
         return 1
+    return 0
+
+
+def _share(fraction: float) -> str:
+    """A share as a percentage, with a second decimal where one would show nothing."""
+    return f"{fraction:.2%}" if 0 < fraction < 0.01 else f"{fraction:.1%}"
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    """``segack plan``: count the load, print the planned set beside a balanced one, and the floor."""
+    from segack.kernel import SegmentSet
+    from segack.spark_adapter.planning import plan
+    from segack.spark_adapter.session import spark_session
+
+    master = None if args.remote else (args.master or "local[2]")
+    spark = None
+    try:
+        spark = spark_session(master=master, remote=args.remote, conf=dict(args.conf), quiet=not args.verbose)
+        events = _read(spark, args.input, args.format)
+        if args.order is not None and args.order not in events.columns:
+            raise SegackValueError(f"no column {args.order!r}; the columns are {events.columns}")
+        result = plan(events, key=args.key, hash=args.hash, workers=args.workers,
+                      key_group_bits=args.key_group_bits, sample=args.sample, top=args.top)
+    except (ValueError, OSError) as error:
+        print(f"segack plan: {error}", file=sys.stderr)
+        return 1
+    except Exception as error:
+        print(f"segack plan: {worker_error(error)}", file=sys.stderr)
+        return 1
+    finally:
+        if spark is not None and not (master is not None and _is_embedded_local(master)):
+            spark.stop()
+    sampled = f" (estimated from a {result.sample:.0%} sample)" if result.sample else ""
+    print(f"{result.total:,} events{sampled}, {2**result.key_group_bits:,} key groups "
+          f"({result.key_group_bits} bits), planned for {result.workers} workers")
+    if result.hottest:
+        width = max(len(str(value)) for value, _ in result.hottest)
+        print(f"hottest keys ({args.key}):")
+        for value, count in result.hottest:
+            print(f"  {value!s:<{width}}  {count:>12,}  {_share(count / max(result.total, 1)):>7}")
+        print(f"the hottest key holds {_share(result.hottest_share)} of the events: with per-key order, no "
+              f"set of segments makes a run more than {result.floor:.1f}x faster than one worker")
+    balanced: SegmentSet = result.balanced
+    print(f"{'':<26}{'segments':>9}{'largest':>10}{'speed-up':>10}")
+    for name, segments in ((f"planned for {result.workers}", result.segments),
+                           (f"balanced({len(balanced)})", balanced)):
+        print(f"{name:<26}{len(segments):>9}{result.largest_share(segments):>10.1%}"
+              f"{result.speedup(segments):>9.1f}x")
+    loads = result.loads(result.segments)
+    print("the planned segments:")
+    for position, member in enumerate(result.segments):
+        print(f"  #{position:<3} id {member.segment_id:<6} mask {member.mask:<6} "
+              f"{int(loads[position]):>12,} events  {loads[position] / max(result.total, 1):6.1%}")
+    print(f"--segments {result.segments_option}")
     return 0
 
 

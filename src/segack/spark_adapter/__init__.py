@@ -1,4 +1,5 @@
-"""PySpark integration: segment columns, key groups, ordered replay, checkpoints, sessions."""
+"""PySpark integration: segment columns, key groups, ordered replay, planning, checkpoints, claims,
+sessions."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from segack.spark_adapter import errors as _errors
 from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore, resolve_location
 from segack.spark_adapter.columns import hash_column, member_index_column, segment_column
 from segack.spark_adapter.errors import HandlerFailedError, ReplayError
+from segack.spark_adapter.planning import Plan, plan
 from segack.spark_adapter.replay import (
     Progress,
     ReplayResult,
@@ -29,6 +31,7 @@ __all__ = [
     "CheckpointStore",
     "HandlerFailedError",
     "KeyGroupTokens",
+    "Plan",
     "Progress",
     "ReplayError",
     "ReplayResult",
@@ -38,6 +41,7 @@ __all__ = [
     "load_handler",
     "local_session",
     "member_index_column",
+    "plan",
     "replay",
     "resolve_location",
     "segment_column",

@@ -3,11 +3,16 @@
 A checkpoint is a directory, a local path or any URI :mod:`pyarrow.fs` opens
 (``hdfs://``, ``s3://``, ``gs://``, ``file://`` ...)::
 
-    CHECKPOINT/checkpoint.json           the committed state, rewritten atomically
+    CHECKPOINT/checkpoint-N.json         the committed state, rewritten atomically (N: the claim)
     CHECKPOINT/progress/RUN-sN-aN.sgku   what each running task has finished (its updates)
     CHECKPOINT/progress/RUN.stop         asks the run's tasks to stop at their next flush
+    CHECKPOINT/claims/N.json             who runs on the checkpoint (:mod:`~segack.spark_adapter.claims`)
+    CHECKPOINT/dead-letters/*.parquet    events set aside (:mod:`~segack.spark_adapter.dead_letters`)
 
-``checkpoint.json`` is one JSON object: ``format``, ``version``, ``segack`` (the
+The state file is named after the claim number of the run that wrote it
+(:mod:`~segack.spark_adapter.claims`); the newest is the checkpoint, and older ones are deleted
+once it is written, so a run fenced by a newer claim cannot bring its state back by saving late.
+It is one JSON object: ``format``, ``version``, ``segack`` (the
 version that wrote it), ``settings`` (the input's key, order, hash, column types,
 key-group resolution, segments, flush policy, status), ``tokens`` (the
 :class:`~segack.spark_adapter.tokens.KeyGroupTokens`, sealed and base64) and
@@ -45,17 +50,24 @@ FORMAT = "segack-checkpoint"
 VERSION = 2
 #: The segack release that wrote each older format, for a clear refusal.
 _WRITTEN_BY = {1: "0.1.0"}
-STATE_FILE = "checkpoint.json"
+#: The state file is ``checkpoint-N.json``, N the claim number of the run that wrote it.
+STATE_PREFIX = "checkpoint-"
+STATE_SUFFIX = ".json"
 PROGRESS_DIR = "progress"
 PROGRESS_SUFFIX = ".sgku"
 STOP_SUFFIX = ".stop"
 #: Where tasks write the events they did not handle (``on_error="dead-letter"``), as Parquet:
 #: the event's columns and these.
 DEAD_LETTERS_DIR = "dead-letters"
+#: Where runs claim the checkpoint (:mod:`segack.spark_adapter.claims`).
+CLAIMS_DIR = "claims"
 DEAD_ERROR = "__segack_error"
 DEAD_ATTEMPTS = "__segack_attempts"
 DEAD_KEY_GROUP = "__segack_key_group"
 DEAD_POSITION = "__segack_position"
+# A progress file's schema metadata: its task's calls in flight and rows pending, as decimal text.
+_IN_FLIGHT = b"segack.in_flight"
+_PENDING = b"segack.pending"
 
 
 class CheckpointError(SegackValueError):
@@ -241,26 +253,59 @@ class CheckpointStore:
 
     # ---------------------------------------------------------- the state
 
+    def _state_files(self) -> list[tuple[int, str, int]]:
+        """``(claim number, path, size)`` of each state file present now, newest last."""
+        found = []
+        for path, size in self._list(self.root.rstrip("/")):
+            name = path.rsplit("/", 1)[-1]
+            if name.startswith(STATE_PREFIX) and name.endswith(STATE_SUFFIX):
+                number = name[len(STATE_PREFIX):-len(STATE_SUFFIX)]
+                if number.isdigit():
+                    found.append((int(number), path, size))
+        return sorted(found)
+
+    def state_file(self) -> str | None:
+        """The path of the newest state file (the one :meth:`load` reads), ``None`` if there is none."""
+        files = self._state_files()
+        return files[-1][1] if files else None
+
     def exists(self) -> bool:
         """Whether a checkpoint has been written here."""
-        return self._exists(self._path(STATE_FILE))
+        return self.state_file() is not None
 
     def load(self) -> Checkpoint | None:
-        """The stored checkpoint, ``None`` if there is none; damage is a :class:`CheckpointError`."""
-        data = self._read(self._path(STATE_FILE))
-        if data is None:
-            return None
-        return Checkpoint.from_bytes(data, where=f"checkpoint {self.location}")
+        """The stored checkpoint, ``None`` if there is none; damage is a :class:`CheckpointError`.
 
-    def save(self, checkpoint: Checkpoint) -> None:
-        """Write ``checkpoint`` atomically and durably."""
-        self.write_atomic(self._path(STATE_FILE), checkpoint.to_bytes())
+        That is the newest state file: the one written under the highest claim number, so a run
+        fenced by a newer claim cannot bring back its older state by saving late.
+        """
+        for _ in range(10):
+            path = self.state_file()
+            if path is None:
+                return None
+            data = self._read(path)
+            if data is not None:
+                return Checkpoint.from_bytes(data, where=f"checkpoint {self.location}")
+            # Pruned after a newer one was written: look again.
+        raise CheckpointError(f"checkpoint {self.location}: its state files keep changing under the reader")
+
+    def save(self, checkpoint: Checkpoint, claim_number: int | None = None) -> None:
+        """Write ``checkpoint`` atomically and durably, as the state of claim ``claim_number``
+        (``None``: in place of the newest state file, for tools that edit a checkpoint no run
+        holds); older claims' states go."""
+        if claim_number is None:
+            files = self._state_files()
+            claim_number = files[-1][0] if files else 0
+        path = self._path(f"{STATE_PREFIX}{claim_number:012d}{STATE_SUFFIX}")
+        self.write_atomic(path, checkpoint.to_bytes())
+        for number, older, _ in self._state_files():
+            if number < claim_number:
+                self._delete(older)
 
     def size_bytes(self) -> int:
-        """Bytes the checkpoint takes now: ``checkpoint.json`` and the progress files."""
-        state = self._read(self._path(STATE_FILE))
-        return (0 if state is None else len(state)) + sum(
-            size for _, size in self._list(self._path(PROGRESS_DIR)))
+        """Bytes the checkpoint takes now: its state file and the progress files."""
+        files = self._state_files()
+        return (files[-1][2] if files else 0) + sum(size for _, size in self._list(self._path(PROGRESS_DIR)))
 
     # ------------------------------------------------------- dead letters
 
@@ -273,18 +318,41 @@ class CheckpointStore:
         self._makedirs(self._path(DEAD_LETTERS_DIR))
         self.write_atomic(self._path(DEAD_LETTERS_DIR, f"{name}.parquet"), sink.getvalue().to_pybytes())
 
-    def read_dead_letters(self) -> pa.Table | None:
-        """Every dead letter recorded, one row per event (an event a retried task attempt wrote
-        again counts once), or ``None`` when there are none."""
+    def dead_letter_files(self, prefix: str = "") -> list[str]:
+        """The dead-letter files present now whose names start with ``prefix``, sorted."""
+        start = self._path(DEAD_LETTERS_DIR, prefix)
+        return sorted(path for path, _ in self._list(self._path(DEAD_LETTERS_DIR))
+                      if path.endswith(".parquet") and path.startswith(start))
+
+    def _dead_letter_file(self, path: str, columns: list[str] | None, schema_only: bool) -> Any:
         import pyarrow.parquet as pq
 
-        listed = self._list(self._path(DEAD_LETTERS_DIR))
-        paths = sorted(path for path, _ in listed if path.endswith(".parquet"))
-        tables = []
-        for path in paths:
-            data = self._read(path)
-            if data is not None:
-                tables.append(pq.read_table(pa.BufferReader(data)))
+        try:
+            source = path if self.is_local else self._filesystem.open_input_file(path)
+            if schema_only:
+                return pq.read_schema(source)
+            return pq.read_table(source, columns=columns)
+        except FileNotFoundError:
+            return None
+        except (pa.ArrowException, KeyError) as error:
+            raise CheckpointError(f"dead-letter file {path} cannot be read: {error}") from None
+
+    def read_dead_letter_file(self, path: str, columns: list[str] | None = None) -> pa.Table | None:
+        """One dead-letter file (only ``columns``, if given); ``None`` if it has gone. A file
+        that is not Parquet, or lacks a column, is a :class:`CheckpointError`."""
+        table: pa.Table | None = self._dead_letter_file(path, columns, schema_only=False)
+        return table
+
+    def dead_letter_schema(self, path: str) -> pa.Schema | None:
+        """The schema of one dead-letter file, read from its footer; ``None`` if it has gone."""
+        schema: pa.Schema | None = self._dead_letter_file(path, None, schema_only=True)
+        return schema
+
+    def read_dead_letters(self) -> pa.Table | None:
+        """Every dead letter recorded, one row per event (an event written again, by a retried
+        task attempt or an interrupted retry, counts once), or ``None`` when there are none."""
+        tables = [table for table in map(self.read_dead_letter_file, self.dead_letter_files())
+                  if table is not None]
         if not tables:
             return None
         letters = pa.concat_tables(tables, promote_options="permissive")
@@ -293,6 +361,82 @@ class CheckpointStore:
         first = {place: row for row, place in reversed(list(enumerate(places)))}
         return letters.take(sorted(first.values()))
 
+    def dead_letter_keys(self, key: str) -> frozenset[Any]:
+        """The keys that have dead letters (their later events wait behind them)."""
+        keys: set[Any] = set()
+        for path in self.dead_letter_files():
+            table = self.read_dead_letter_file(path, columns=[key])
+            if table is not None:
+                keys.update(table.column(key).to_pylist())
+        return frozenset(keys)
+
+    def delete_dead_letters(self, paths: list[str]) -> None:
+        """Remove dead-letter files whose events are handled, or recorded again elsewhere."""
+        for path in paths:
+            self._delete(path)
+
+    # ------------------------------------------------------------- claims
+
+    @property
+    def claims_are_atomic(self) -> bool:
+        """Whether two runs claiming at once cannot both win: true on local disks (and NFS) and
+        HDFS, whose rename refuses to replace a file; elsewhere a claim is made by looking first."""
+        return self.is_local or self._filesystem.type_name == "hdfs"
+
+    def claim_numbers(self) -> list[int]:
+        """The numbers of the claim files present now, ascending."""
+        numbers = []
+        for path, _ in self._list(self._path(CLAIMS_DIR)):
+            name = path.rsplit("/", 1)[-1]
+            if name.endswith(".json") and name[:-5].isdigit():
+                numbers.append(int(name[:-5]))
+        return sorted(numbers)
+
+    def _claim_path(self, number: int) -> str:
+        return self._path(CLAIMS_DIR, f"{number:012d}.json")
+
+    def read_claim_file(self, number: int) -> bytes | None:
+        """The bytes of claim ``number``, or ``None`` if it has gone."""
+        return self._read(self._claim_path(number))
+
+    def create_claim_file(self, number: int, data: bytes) -> bool:
+        """Create claim ``number`` unless it exists: ``False`` if it did (another run won)."""
+        path = self._claim_path(number)
+        self._makedirs(self._path(CLAIMS_DIR))
+        temporary = f"{path}.{uuid.uuid4().hex}.tmp"
+        if self.is_local:
+            with open(temporary, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            try:
+                os.link(temporary, path)  # fails if the path exists, also on NFS
+            except FileExistsError:
+                return False
+            finally:
+                os.remove(temporary)
+            return True
+        if self._exists(path):
+            return False
+        with self._filesystem.open_output_stream(temporary) as stream:
+            stream.write(data)
+        try:
+            self._filesystem.move(temporary, path)  # HDFS refuses to replace; others replace
+        except OSError:
+            self._delete(temporary)
+            if self._exists(path):
+                return False
+            raise
+        return True
+
+    def write_claim_file(self, number: int, data: bytes) -> None:
+        """Rewrite claim ``number`` (its owner extends or releases it)."""
+        self.write_atomic(self._claim_path(number), data)
+
+    def delete_claim_files(self, numbers: list[int]) -> None:
+        for number in numbers:
+            self._delete(self._claim_path(number))
+
     # ------------------------------------------------------- task progress
 
     @staticmethod
@@ -300,9 +444,12 @@ class CheckpointStore:
         """The progress file name of one task attempt."""
         return f"{run_id}-s{segment:05d}-a{attempt}"
 
-    def write_progress(self, name: str, updates: pa.Table) -> None:
-        """Record, atomically, what one task attempt has finished so far (its update table)."""
-        self.write_atomic(self._path(PROGRESS_DIR, f"{name}{PROGRESS_SUFFIX}"), encode_updates(updates))
+    def write_progress(self, name: str, updates: pa.Table, in_flight: int = 0, pending: int = 0) -> None:
+        """Record, atomically, what one task attempt has finished so far (its update table), and
+        how many of its calls run now and rows wait uncommitted (for the progress line)."""
+        load = {_IN_FLIGHT: str(in_flight).encode("ascii"), _PENDING: str(pending).encode("ascii")}
+        self.write_atomic(self._path(PROGRESS_DIR, f"{name}{PROGRESS_SUFFIX}"),
+                          encode_updates(updates.replace_schema_metadata(load)))
 
     def progress_files(self, prefix: str = "") -> list[str]:
         """The progress files present now whose names start with ``prefix``, sorted."""
@@ -320,6 +467,16 @@ class CheckpointStore:
                 yield path, decode_updates(data, what=f"progress file {path}")
             except TokenError as error:
                 raise CheckpointError(str(error)) from None
+
+    @staticmethod
+    def task_load(updates: pa.Table) -> tuple[int, int]:
+        """The calls in flight and rows pending a progress file reported (0, 0 if it did not)."""
+        metadata = updates.schema.metadata or {}
+        counts = []
+        for name in (_IN_FLIGHT, _PENDING):
+            text = metadata.get(name, b"0")
+            counts.append(int(text) if text.isdigit() and len(text) < 19 else 0)
+        return counts[0], counts[1]
 
     def delete_progress(self, paths: list[str]) -> None:
         """Remove progress files already merged into a durable checkpoint."""

@@ -20,10 +20,13 @@ finish, and :attr:`Dispatcher.failure` holds the failing row, event and error. T
 is never done, so the committed point stops before it. With ``on_error="dead-letter"`` a failure
 stops only its key instead: the event and every later event of the same sequencing value become
 *dead letters* (taken with :meth:`Dispatcher.take_dead_letters`, never handled in this run, done
-for now), so a key's order is never broken, and the other keys go on.
+for now), so a key's order is never broken, and the other keys go on. Keys *parked* by dead
+letters of earlier runs (``parked``) are stopped from the start: each of their events is a dead
+letter at once, whatever ``on_error`` says, unless the policy is ``concurrent`` (no order to keep).
 
 A dispatcher is not itself a thread: ``offer`` and the waits are called by the task's thread.
-A plain ``def`` handler runs on a pool of ``concurrency`` threads; an ``async def`` handler runs
+A plain ``def`` handler runs on a pool of ``concurrency`` threads (at concurrency 1 with no
+timeout, in the caller's thread, inside ``offer``); an ``async def`` handler runs
 as up to ``concurrency`` tasks on one event loop, in a thread of its own. Passing ``start`` (which
 receives each call as a function of no arguments) lets a test run plain calls in any order.
 """
@@ -38,7 +41,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Collection, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -47,10 +50,13 @@ from segack._shared import SEQUENCING_POLICIES
 from segack.errors import SegackValueError
 from segack.kernel import OffsetAcker
 
-__all__ = ["ON_ERROR", "POLICIES", "DeadLetter", "Dispatcher", "Failure", "Handling", "is_async"]
+__all__ = ["ON_ERROR", "PARKED", "POLICIES", "DeadLetter", "Dispatcher", "Failure", "Handling", "is_async"]
 
 #: What a failure (after its retries) stops: the run, or only its key (its events become dead letters).
 ON_ERROR = ("stop", "dead-letter")
+
+#: The error a dead letter records when its key was parked by dead letters of an earlier run.
+PARKED = "waits behind its key's dead letters from an earlier run"
 
 #: How the sequencing value of an event is chosen: its key, one value for all (one event in
 #: flight), or the row itself (no order between any two events).
@@ -62,6 +68,10 @@ def is_async(handler: Callable[..., Any]) -> bool:
     object whose ``__call__`` is one)."""
     return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
         getattr(handler, "__call__", None))  # noqa: B004  (the method itself, not callable())
+
+
+def _call_now(call: Callable[[], None]) -> None:
+    call()
 
 
 @dataclass(frozen=True)
@@ -160,9 +170,12 @@ class Dispatcher:
         retry_delay: float = 0.1,
         timeout: float | None = None,
         on_error: str = "stop",
+        parked: Collection[Hashable] = frozenset(),
     ) -> None:
         Handling(concurrency, max_pending, policy, retries, retry_delay, timeout, on_error)  # checks them
         self.on_error = on_error
+        # Keys with dead letters from earlier runs: their events wait behind those, as dead letters.
+        self.parked = frozenset(parked) if policy != "concurrent" else frozenset()
         # Keys whose event failed (dead-letter mode), with that failure's text; and the dead
         # letters not yet taken by the task.
         self._poisoned: dict[Hashable, str] = {}
@@ -184,6 +197,9 @@ class Dispatcher:
             self._loop_thread = threading.Thread(target=self._loop.run_forever, name="segack-handler-loop",
                                                  daemon=True)
             self._loop_thread.start()
+        elif start is None and concurrency == 1 and timeout is None:
+            # One call at a time, never abandoned: the caller's thread makes it, inside offer.
+            start = _call_now
         elif start is None:
             self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="segack-handler")
             start = self._pool.submit
@@ -241,7 +257,9 @@ class Dispatcher:
             self._rows_read += 1
             self.peak_pending = max(self.peak_pending, self._rows_read - self._acker.next_index)
             key = self._sequencing_value(row, event)
-            if key in self._poisoned:
+            if self.parked and self.key_of(event) in self.parked:
+                self._dead_letter(row, event, PARKED, 0)
+            elif key in self._poisoned:
                 self._dead_letter(row, event, self._poisoned[key], 0)
             elif key in self._held:
                 self._held[key].append((row, event))

@@ -7,7 +7,7 @@ from typing import Any
 
 from segack.errors import SegackError
 
-__all__ = ["HandlerFailedError", "ReplayError"]
+__all__ = ["HandlerFailedError", "ReplayError", "worker_error"]
 
 
 class HandlerFailedError(SegackError, RuntimeError):
@@ -40,6 +40,24 @@ class ReplayError(SegackError, RuntimeError):
     The message names the cause as the worker reported it (for example
     ``ModuleNotFoundError: No module named 'h'``); progress up to the failure was saved.
     """
+
+
+def worker_error(error: BaseException) -> str:
+    """The exception a Spark task raised, as ``"Type: message"``, read out of Spark's wrapping.
+
+    Spark reports a Python worker's failure as text: its traceback inside one
+    or more Java exceptions. The last traceback's closing line is the
+    exception itself; failing that, the first line of ``error``.
+    """
+    text = str(error)
+    marker = "Traceback (most recent call last):"
+    if marker in text:
+        lines = text[text.rindex(marker) + len(marker):].splitlines()
+        closing = [line.strip() for line in lines if line.strip() and not line.startswith((" ", "\t"))]
+        if closing:
+            return closing[0]
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 def __getattr__(name: str) -> Any:

@@ -19,7 +19,7 @@ How a run goes (:ref:`replay-at-scale` explains key groups and tokens):
    checkpoint's ``progress/`` as they go; each returns its final updates in the
    job's result too.
 5. **The driver** merges progress files into the checkpoint on a timer (an
-   atomic rewrite of ``checkpoint.json``), and the job's results at the end. A
+   atomic rewrite of its state file), and the job's results at the end. A
    crash loses at most what tasks did since their last flush: those events run
    again (at least once), never out of order. A run that ends without a
    failure has seen every event, so its committed points count the input.
@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,9 +44,18 @@ import pyarrow as pa
 from segack.errors import SegackTypeError, SegackValueError
 from segack.kernel import SegmentSet
 from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore
+from segack.spark_adapter.claims import (
+    DEFAULT_CLAIM_TIMEOUT,
+    ClaimKeeper,
+    acquire,
+    check_claim_timeout,
+    previous_run,
+)
 from segack.spark_adapter.columns import hash_column, member_index_column
+from segack.spark_adapter.dead_letters import RetryOutcome, retry_dead_letters
 from segack.spark_adapter.dispatch import Handling
-from segack.spark_adapter.errors import HandlerFailedError, ReplayError
+from segack.spark_adapter.errors import HandlerFailedError, ReplayError, worker_error
+from segack.spark_adapter.planning import plan
 from segack.spark_adapter.session import default_segment_count, executors_share_local_disk, setting
 from segack.spark_adapter.task import KG, RESULT_SCHEMA, TIE, TaskPlan, run_task
 from segack.spark_adapter.tokens import DEFAULT_KEY_GROUP_BITS, KeyGroupTokens, TokenError, decode_updates
@@ -86,6 +95,10 @@ class Progress:
     total: int | None
     segments: int
     seconds: float
+    #: Handler calls running now, over all tasks (as of their last progress files).
+    in_flight: int = 0
+    #: Rows read but not yet committed, over all tasks (as of their last progress files).
+    pending: int = 0
 
 
 @dataclass(frozen=True)
@@ -101,9 +114,14 @@ class ReplayResult:
     seconds: float
     #: The most rows any task held read but not committed (0 when the handler ran one call at a time).
     peak_pending: int = 0
-    #: Events not handled because they or an earlier event of their key failed
-    #: (``on_error="dead-letter"``); ``done`` counts them, ``handled`` does not.
+    #: Events set aside as dead letters in this run: they or an earlier event of their key failed
+    #: (``on_error="dead-letter"``), or their key had dead letters already; ``done`` counts them,
+    #: ``handled`` does not.
     dead_letters: int = 0
+    #: Dead letters of earlier runs handled this time (``retry_dead_letters=True``).
+    retried: int = 0
+    #: Dead letters retried that failed again, or wait behind one of their key that did: they stay.
+    retry_failed: int = 0
 
     @property
     def complete(self) -> bool:
@@ -126,24 +144,6 @@ def load_handler(spec: str) -> Callable[[dict[str, Any]], Any]:
     if not callable(handler):
         raise SegackValueError(f"{module_name!r} has no function {function_name!r}")
     return handler  # type: ignore[no-any-return]
-
-
-def worker_error(error: BaseException) -> str:
-    """The exception a Spark task raised, as ``"Type: message"``, read out of Spark's wrapping.
-
-    Spark reports a Python worker's failure as text: its traceback inside one
-    or more Java exceptions. The last traceback's closing line is the
-    exception itself; failing that, the first line of ``error``.
-    """
-    text = str(error)
-    marker = "Traceback (most recent call last):"
-    if marker in text:
-        lines = text[text.rindex(marker) + len(marker):].splitlines()
-        closing = [line.strip() for line in lines if line.strip() and not line.startswith((" ", "\t"))]
-        if closing:
-            return closing[0]
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 def check_session(spark: SparkSession) -> None:
@@ -171,11 +171,11 @@ def check_location(spark: SparkSession, store: CheckpointStore, shared_local_che
     )
 
 
-def _segment_set(segments: int | SegmentSet) -> SegmentSet:
+def _segment_set(segments: Any) -> SegmentSet:
     if isinstance(segments, SegmentSet):
         return segments
     if isinstance(segments, bool) or not isinstance(segments, int) or segments < 1:
-        raise SegackValueError(f"segments must be a positive int or a SegmentSet, not {segments!r}")
+        raise SegackValueError(f"segments must be a positive int, a SegmentSet or 'auto', not {segments!r}")
     return SegmentSet.balanced(segments)
 
 
@@ -360,9 +360,11 @@ class _Merger:
     """
 
     def __init__(self, spark: SparkSession, store: CheckpointStore, state: Checkpoint, run_id: str, tag: str,
-                 segments: int, interval: float, progress: Callable[[Progress], None] | None) -> None:
+                 segments: int, interval: float, progress: Callable[[Progress], None] | None,
+                 keeper: ClaimKeeper) -> None:
         assert state.tokens is not None
         self.spark, self.store, self.state, self.run_id, self.tag = spark, store, state, run_id, tag
+        self.keeper = keeper
         self.segments = segments
         self.already_done = state.tokens.done
         self.interval = interval
@@ -373,26 +375,34 @@ class _Merger:
         self._thread = threading.Thread(target=self._run, name="segack-merger", daemon=True)
         self.error: BaseException | None = None
 
-    def merge(self, results: Sequence[pa.Table] = ()) -> None:
-        """Fold this run's progress files (and the job's results) into the checkpoint, and save it."""
+    def merge(self, results: Sequence[pa.Table] | None = None) -> None:
+        """Fold this run's progress files (and, once the job has ended, its results) into the
+        checkpoint, and save it."""
         with self._lock:
             tokens = self.state.tokens
             assert tokens is not None
+            in_flight = pending = 0
             for _, updates in self.store.read_progress(self.store.progress_files(self.run_id)):
                 tokens.apply(updates)
-            for updates in results:
-                tokens.apply(updates)
+                calls, rows = CheckpointStore.task_load(updates)
+                in_flight, pending = in_flight + calls, pending + rows
+            if results is not None:
+                in_flight = pending = 0  # the job has ended
+                for updates in results:
+                    tokens.apply(updates)
             self.state.settings["updated_at"] = time.time()
-            self.store.save(self.state)
-            self.report()
+            self.keeper.check()
+            self.store.save(self.state, self.keeper.claim.number)
+            self.report(in_flight, pending)
 
-    def report(self) -> None:
+    def report(self, in_flight: int, pending: int) -> None:
         if self.progress is not None:
             tokens = self.state.tokens
             assert tokens is not None
             done = tokens.done
             self.progress(Progress(done=done, handled=done - self.already_done, total=tokens.total,
-                                   segments=self.segments, seconds=time.monotonic() - self.began))
+                                   segments=self.segments, seconds=time.monotonic() - self.began,
+                                   in_flight=in_flight, pending=pending))
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -412,26 +422,43 @@ class _Merger:
         self._thread.join()
 
 
+@dataclass(frozen=True)
+class _RunCounts:
+    """What :func:`_execute` tells its caller."""
+
+    #: Events done before the job started.
+    already_done: int
+    #: The tasks' peak of pending rows.
+    peak_pending: int = 0
+    #: Dead letters the tasks wrote.
+    dead_letters: int = 0
+    retry: RetryOutcome = field(default_factory=RetryOutcome)
+
+
 def _execute(
     events: EventInput, state: Checkpoint, store: CheckpointStore, *, run_id: str,
     handler: Callable[[dict[str, Any]], Any], segments: SegmentSet, flush_every: int, flush_interval: float,
-    progress: Callable[[Progress], None] | None, handling: Handling,
-) -> tuple[int, int, int]:
+    progress: Callable[[Progress], None] | None, handling: Handling, keeper: ClaimKeeper, retry: bool = False,
+) -> _RunCounts:
     """Handle the events the checkpoint lacks; leaves ``state`` final and saved.
 
     Folds in progress a crashed run left behind, then verifies the done events
     against the input, before writing anything: another input is a
     :class:`~segack.spark_adapter.checkpoint.CheckpointError` and changes
-    nothing. Returns how many events were done before the job started, the tasks' peak of
-    pending rows, and how many dead letters they wrote. Raises
+    nothing. With ``retry``, handles the dead letters again first
+    (:mod:`~segack.spark_adapter.dead_letters`); keys that still have some are parked. Raises
     :class:`HandlerFailedError` (the first failure, with any later merge error
-    attached as a note) or :class:`ReplayError`.
+    attached as a note) or :class:`ReplayError` (:class:`ClaimLostError` once another run took
+    the checkpoint over: nothing more is saved).
     """
     tokens = state.tokens
     assert tokens is not None
     leftovers = store.progress_files()
+    # Only the previous owner's progress is merged; an older run's was written after it was fenced.
+    previous = previous_run(store, keeper.claim)
+    merged = [path for path in leftovers if previous is None or path.rsplit("/", 1)[-1].startswith(previous)]
     try:
-        for _, leftover in store.read_progress(leftovers):
+        for _, leftover in store.read_progress(merged):
             tokens.apply(leftover)
     except TokenError as error:
         raise CheckpointError(f"checkpoint {store.location}: {error}") from None
@@ -444,23 +471,30 @@ def _execute(
                                   f"events than were done; use a new checkpoint location") from None
     if tokens.counted:
         state.settings["total"] = tokens.total
-    store.save(state)
+    keeper.check()
+    store.save(state, keeper.claim.number)
     store.delete_progress(leftovers)
     already_done = tokens.done
+    spark = events.df.sparkSession
+    retried = RetryOutcome()
+    if retry:
+        retried = retry_dead_letters(spark, store, run_id=run_id, handler=handler, key=events.key,
+                                     segments=segments, handling=handling, keeper=keeper)
     if tokens.complete:
         state.settings.update(status="complete", updated_at=time.time())
-        store.save(state)
-        return already_done, 0, 0
+        keeper.check()
+        store.save(state, keeper.claim.number)
+        return _RunCounts(already_done, retry=retried)
     plan = TaskPlan(
         run_id=run_id, store=store, handler=handler, columns=tuple(events.df.columns), key=events.key,
         order=events.order, committed=tokens.committed.copy(), done_xor=tokens.done_xor.copy(),
         done_sum=tokens.done_sum.copy(), first_positions=tokens.first_kept_positions(),
         extras={group: frozenset(positions) for group, positions in tokens.extras.items()},
         flush_every=flush_every, flush_interval=flush_interval, handling=handling,
+        parked=store.dead_letter_keys(events.key), claim_number=keeper.claim.number,
     )
-    spark = events.df.sparkSession
-    tag = f"segack-{run_id}"
-    merger = _Merger(spark, store, state, run_id, tag, len(segments), flush_interval, progress)
+    tag = run_tag(run_id)
+    merger = _Merger(spark, store, state, run_id, tag, len(segments), flush_interval, progress, keeper)
     results: pa.Table | None = None
     job_error: BaseException | None = None
     spark.addTag(tag)
@@ -497,11 +531,14 @@ def _execute(
     state.settings.update(status=("complete" if tokens.complete else "incomplete") if finished else "failed",
                           updated_at=time.time())
     try:
-        store.save(state)
+        keeper.check()
+        store.save(state, keeper.claim.number)
         store.delete_progress(store.progress_files(run_id))
         store.clear_stop(run_id)
     except Exception as error:
         merge_error = merge_error or error
+    if keeper.lost is not None:
+        raise keeper.lost
     if failures:
         failure = failures[0]
         if merge_error is not None:
@@ -511,7 +548,12 @@ def _execute(
         raise ReplayError(f"saving progress failed: {merge_error}") from merge_error
     if job_error is not None:
         raise ReplayError(f"a Spark task failed: {worker_error(job_error)}") from job_error
-    return already_done, peak_pending, dead_letters
+    return _RunCounts(already_done, peak_pending, dead_letters, retried)
+
+
+def run_tag(run_id: str) -> str:
+    """The Spark job tag of a run's jobs (interrupting it stops them)."""
+    return f"segack-{run_id}"
 
 
 def _resolution(previous: dict[str, Any], key_group_bits: int | None) -> int:
@@ -525,6 +567,26 @@ def _resolution(previous: dict[str, Any], key_group_bits: int | None) -> int:
     return key_group_bits
 
 
+class _Setup:
+    """A replay's checkpoint and input, checked against each other: its state, key-group
+    resolution, events and segments. Raises as :func:`replay` does, and writes nothing."""
+
+    def __init__(self, df: DataFrame, store: CheckpointStore, key: str, order: str, hash: str, method: str,
+                 key_group_bits: int | None, chosen: SegmentSet | None) -> None:
+        state = store.load() or Checkpoint()
+        previous = state.settings
+        self.bits = _resolution(previous, key_group_bits)
+        self.events = EventInput(df, key, order, hash, method, self.bits)
+        if chosen is None:
+            chosen = (SegmentSet.from_ids(previous["segments"]) if previous.get("segments")
+                      else SegmentSet.balanced(min(default_segment_count(df.sparkSession), 1 << self.bits)))
+        chosen.key_group_owners(self.bits)  # a set finer than the key groups is a ValueError here
+        check_same_setup(previous, self.events, hash, f"checkpoint {store.location}")
+        if state.tokens is None:
+            state.tokens = KeyGroupTokens.empty(self.bits, pa.null(), pa.null())
+        self.state, self.segments = state, chosen
+
+
 def replay(
     df: DataFrame,
     *,
@@ -532,7 +594,7 @@ def replay(
     order: str,
     handler: Callable[[dict[str, Any]], Any],
     checkpoint: str | CheckpointStore,
-    segments: int | SegmentSet | None = None,
+    segments: int | SegmentSet | str | None = None,
     hash: str = "spark",
     key_group_bits: int | None = None,
     method: str = "auto",
@@ -548,6 +610,8 @@ def replay(
     retry_delay: float = 0.1,
     timeout: float | None = None,
     on_error: str = "stop",
+    retry_dead_letters: bool = False,
+    claim_timeout: float = DEFAULT_CLAIM_TIMEOUT,
 ) -> ReplayResult:
     """Call ``handler(event)`` once per not-yet-done event of ``df``, in order per key.
 
@@ -556,7 +620,9 @@ def replay(
     ``segments`` (a count or a :class:`~segack.SegmentSet`; default: the last
     run's, else ``spark.sql.shuffle.partitions``) may differ from the last run's,
     as long as no segment is finer than the checkpoint's ``2**key_group_bits``
-    key groups (default 12 bits, at most 16, fixed by the first run).
+    key groups (default 12 bits, at most 16, fixed by the first run). ``segments="auto"`` plans
+    the set from the events' load for the session's default segment count first
+    (:func:`~segack.spark_adapter.plan`: two more Spark jobs).
     ``progress`` receives a :class:`Progress` at each merge.
 
     ``concurrency`` handler calls run at once in each task (on a thread pool; an ``async def``
@@ -570,54 +636,70 @@ def replay(
     stopped, so a plain one fails the run at once. With ``on_error="dead-letter"`` a failure
     stops only its key: the event and its key's later events in this run are not handled but
     written to the checkpoint's ``dead-letters/`` (Parquet, with the error, the attempts, the key
-    group and position) and count as done for now; the other keys go on.
+    group and position) and count as done for now; the other keys go on. A key with dead letters
+    stays parked: its later events, in later runs too, are set aside behind them (whatever
+    ``on_error``), until ``retry_dead_letters=True`` handles them again, each key's in order and
+    before any newer event (:mod:`~segack.spark_adapter.dead_letters`).
+
+    One run at a time: the run claims the checkpoint before it reads or writes progress, extends
+    the claim while it lives and releases it at the end. A claim unextended for
+    ``claim_timeout`` seconds may be taken over by another run, which fences this one
+    (:mod:`~segack.spark_adapter.claims`).
 
     Raises, before anything is written: ``ValueError`` for a missing or
     unsortable column, a bad setting, speculation on, or a local checkpoint
     path that executors on other machines could not reach (unless
     ``shared_local_checkpoint``); :class:`~segack.spark_adapter.checkpoint.CheckpointError`
     for a damaged checkpoint, one of another version or one written for other
-    input. After saving progress: :class:`HandlerFailedError` when the handler
-    raises, :class:`ReplayError` when a Spark task or the merging fails.
+    input, :class:`~segack.spark_adapter.claims.CheckpointClaimedError` when another run holds
+    it. After saving progress: :class:`HandlerFailedError` when the handler
+    raises, :class:`ReplayError` when a Spark task or the merging fails. Without saving:
+    :class:`~segack.spark_adapter.claims.ClaimLostError` when another run took the claim over.
     """
     if not callable(handler):
         raise SegackTypeError("handler must be callable")
     _check_positive("flush_every", flush_every, int)
     _check_positive("flush_interval", flush_interval, float)
     handling = Handling(concurrency, max_pending, policy, retries, retry_delay, timeout, on_error)
-    chosen = None if segments is None else _segment_set(segments)
+    if not isinstance(retry_dead_letters, bool):
+        raise SegackValueError(f"retry_dead_letters must be True or False, not {retry_dead_letters!r}")
+    claim_timeout = check_claim_timeout(claim_timeout)
+    planned = segments == "auto"
+    chosen = None if segments is None or planned else _segment_set(segments)
     spark = df.sparkSession
     check_session(spark)
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
     check_location(spark, store, shared_local_checkpoint)
     began = time.monotonic()
-    state = store.load() or Checkpoint()
-    previous = state.settings
-    bits = _resolution(previous, key_group_bits)
-    events = EventInput(df, key, order, hash, method, bits)
-    if chosen is None:
-        chosen = (SegmentSet.from_ids(previous["segments"]) if previous.get("segments")
-                  else SegmentSet.balanced(min(default_segment_count(spark), 1 << bits)))
-    chosen.key_group_owners(bits)  # a set finer than the key groups is a ValueError here
-    check_same_setup(previous, events, hash, f"checkpoint {store.location}")
-    if state.tokens is None:
-        state.tokens = KeyGroupTokens.empty(bits, pa.null(), pa.null())
+    setup = _Setup(df, store, key, order, hash, method, key_group_bits, chosen)  # refuses bad input
+    if planned:
+        chosen = plan(df, key=key, hash=hash, workers=default_segment_count(spark), key_group_bits=setup.bits,
+                      method=method).segments
     run_id = uuid.uuid4().hex[:12]
-    state.settings = {
-        **previous, "source": source if source is not None else previous.get("source"),
-        "key": key, "order": order, "hash": hash, **events.column_types, "key_group_bits": bits,
-        "segments": list(chosen.ids), "runs": int(previous.get("runs", 0)) + 1,
-        "run_id": run_id, "flush_every": flush_every, "flush_interval": flush_interval,
-        "started_at": time.time(), "updated_at": time.time(), "status": "running",
-    }
-    already_done, peak_pending, dead_letters = _execute(
-        events, state, store, run_id=run_id, handler=handler, segments=chosen, flush_every=flush_every,
-        flush_interval=flush_interval, progress=progress, handling=handling)
+    claim = acquire(store, run_id, claim_timeout)
+    with ClaimKeeper(store, claim, on_lost=functools.partial(spark.interruptTag, run_tag(run_id))) as keeper:
+        # Read again under the claim: the previous owner may have saved in between.
+        setup = _Setup(df, store, key, order, hash, method, key_group_bits, chosen)
+        state, events = setup.state, setup.events
+        previous = state.settings
+        state.settings = {
+            **previous, "source": source if source is not None else previous.get("source"),
+            "key": key, "order": order, "hash": hash, **events.column_types, "key_group_bits": setup.bits,
+            "segments": list(setup.segments.ids), "runs": int(previous.get("runs", 0)) + 1,
+            "run_id": run_id, "flush_every": flush_every, "flush_interval": flush_interval,
+            "started_at": time.time(), "updated_at": time.time(), "status": "running",
+        }
+        counts = _execute(
+            events, state, store, run_id=run_id, handler=handler, segments=setup.segments,
+            flush_every=flush_every, flush_interval=flush_interval, progress=progress, handling=handling,
+            keeper=keeper, retry=retry_dead_letters)
     tokens = state.tokens
+    assert tokens is not None
     assert tokens.total is not None  # a run that ends without an error has counted its input
     return ReplayResult(
-        total=tokens.total, already_done=already_done, handled=tokens.done - already_done - dead_letters,
-        done=tokens.done,
-        segments=len(chosen), key_group_bits=bits, seconds=time.monotonic() - began,
-        peak_pending=peak_pending, dead_letters=dead_letters,
+        total=tokens.total, already_done=counts.already_done,
+        handled=tokens.done - counts.already_done - counts.dead_letters, done=tokens.done,
+        segments=len(setup.segments), key_group_bits=setup.bits, seconds=time.monotonic() - began,
+        peak_pending=counts.peak_pending, dead_letters=counts.dead_letters,
+        retried=counts.retry.handled, retry_failed=counts.retry.kept,
     )

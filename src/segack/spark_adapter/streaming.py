@@ -11,6 +11,7 @@ completed is skipped.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Callable
@@ -19,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from segack.errors import SegackTypeError
+from segack.errors import SegackTypeError, SegackValueError
 from segack.kernel import SegmentSet
 from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore
+from segack.spark_adapter.claims import DEFAULT_CLAIM_TIMEOUT, ClaimKeeper, acquire, check_claim_timeout
 from segack.spark_adapter.dispatch import Handling
 from segack.spark_adapter.replay import (
     EventInput,
@@ -33,6 +35,7 @@ from segack.spark_adapter.replay import (
     check_location,
     check_same_setup,
     check_session,
+    run_tag,
 )
 from segack.spark_adapter.tokens import KeyGroupTokens
 
@@ -62,14 +65,19 @@ def foreach_batch(
     retry_delay: float = 0.1,
     timeout: float | None = None,
     on_error: str = "stop",
+    claim_timeout: float = DEFAULT_CLAIM_TIMEOUT,
+    retry_dead_letters: bool = False,
 ) -> Callable[[DataFrame, int], None]:
     """A function for ``DataStreamWriter.foreachBatch`` that replays each micro-batch.
 
     Within a batch, each key's events run in ``order``; across batches, a batch
     starts once the previous one is complete. ``concurrency``, ``max_pending``, ``policy``,
     ``retries``, ``retry_delay``, ``timeout`` and ``on_error`` work as in
-    :func:`~segack.spark_adapter.replay`. Settings are checked at once (``ValueError``/``TypeError`` as for
-    :func:`~segack.spark_adapter.replay`); each batch raises as
+    :func:`~segack.spark_adapter.replay`. Each batch claims the checkpoint for its run, as a
+    replay does (``claim_timeout``), and releases it at its end. With ``retry_dead_letters``, the
+    first batch this function processes handles the checkpoint's dead letters again before its
+    own events (restart the query with it once the cause is fixed). Settings are checked at once
+    (``ValueError``/``TypeError`` as for :func:`~segack.spark_adapter.replay`); each batch raises as
     :func:`~segack.spark_adapter.replay` does.
     """
     if not callable(handler):
@@ -77,6 +85,10 @@ def foreach_batch(
     _check_positive("flush_every", flush_every, int)
     _check_positive("flush_interval", flush_interval, float)
     handling = Handling(concurrency, max_pending, policy, retries, retry_delay, timeout, on_error)
+    claim_timeout = check_claim_timeout(claim_timeout)
+    if not isinstance(retry_dead_letters, bool):
+        raise SegackValueError(f"retry_dead_letters must be True or False, not {retry_dead_letters!r}")
+    retry_pending = retry_dead_letters  # until a batch has retried them
     chosen = _segment_set(segments)
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
 
@@ -84,6 +96,14 @@ def foreach_batch(
         spark = batch.sparkSession
         check_session(spark)
         check_location(spark, store, shared_local_checkpoint)
+        run_id = f"b{batch_id}-{uuid.uuid4().hex[:8]}"
+        claim = acquire(store, run_id, claim_timeout)
+        stop = functools.partial(spark.interruptTag, run_tag(run_id))
+        with ClaimKeeper(store, claim, on_lost=stop) as keeper:
+            _process(batch, batch_id, run_id, keeper)
+
+    def _process(batch: DataFrame, batch_id: int, run_id: str, keeper: ClaimKeeper) -> None:
+        nonlocal retry_pending
         state = store.load() or Checkpoint()
         bits = _resolution(state.settings, key_group_bits)
         chosen.key_group_owners(bits)
@@ -109,12 +129,14 @@ def foreach_batch(
             "updated_at": time.time(), "status": "running",
             "stream": {"completed_batch": stream["completed_batch"], "batch": current},
         })
-        _execute(events, state, store, run_id=f"b{batch_id}-{uuid.uuid4().hex[:8]}", handler=handler,
-                 segments=chosen, flush_every=flush_every, flush_interval=flush_interval, progress=None,
-                 handling=handling)
+        _execute(events, state, store, run_id=run_id, handler=handler, segments=chosen,
+                 flush_every=flush_every, flush_interval=flush_interval, progress=None, handling=handling,
+                 keeper=keeper, retry=retry_pending)
+        retry_pending = False
         if not state.tokens.complete:
             raise ReplayError(f"batch {batch_id} ended with events not done")
         state.settings["stream"] = {"completed_batch": batch_id, "batch": None}
-        store.save(state)
+        keeper.check()
+        store.save(state, keeper.claim.number)
 
     return process_batch

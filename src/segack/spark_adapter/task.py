@@ -11,6 +11,9 @@ seconds it writes its updates (one row per key group it moved, cumulative) to
 its progress file, and checks whether the run was asked to stop. Committing
 also folds each newly done event's tie into its key group's prefix digest.
 
+Before each flush it looks at the checkpoint's newest claim: once it is not its run's, another
+run has taken the checkpoint over, and the task stops and writes nothing more.
+
 When the handler raises, the task commits everything before the failing
 event, writes its progress, asks the run's other tasks to stop, and returns
 the failure as a :class:`~segack.spark_adapter.errors.HandlerFailedError` in its
@@ -44,6 +47,7 @@ from segack.spark_adapter.checkpoint import (
     DEAD_POSITION,
     CheckpointStore,
 )
+from segack.spark_adapter.claims import latest_claim_number
 from segack.spark_adapter.dispatch import DeadLetter, Dispatcher, Handling, is_async
 from segack.spark_adapter.errors import HandlerFailedError
 from segack.spark_adapter.tokens import encode_updates, update_schema
@@ -77,6 +81,10 @@ class TaskPlan:
     flush_interval: float
     #: How the handler is called: concurrency, pending bound, sequencing policy.
     handling: Handling
+    #: Keys with dead letters from earlier runs: their events are set aside behind them.
+    parked: frozenset[Any] = frozenset()
+    #: The run's claim number: a newer claim fences the run, and its tasks stop writing.
+    claim_number: int = 0
 
 
 #: What each task returns: one row, its updates sealed as bytes (their types are the data's).
@@ -112,6 +120,8 @@ class _SegmentTask:
         self.rows_at_flush = 0
         self.last_flush = time.monotonic()
         self.stopped = False
+        #: Another run took the checkpoint over: this task writes nothing more.
+        self.fenced = False
         # The last row of the previous batch: its sort key and the position its run started at.
         self.last_key: tuple[Any, Any, int] | None = None
         self.last_run_start = 0
@@ -121,14 +131,15 @@ class _SegmentTask:
         self.dead_pending: list[pa.Table] = []
         self.dead_letters = 0
         self.dead_files = 0
-        # An async handler always goes through the dispatcher: its calls must be awaited on a loop.
-        if plan.handling.dispatched or is_async(plan.handler):
+        # An async handler always goes through the dispatcher (its calls must be awaited on a
+        # loop), and so do parked keys (their events become dead letters).
+        if plan.handling.dispatched or plan.parked or is_async(plan.handler):
             handling = plan.handling
             self.dispatcher = Dispatcher(plan.handler, operator.itemgetter(plan.key),
                                          concurrency=handling.concurrency, max_pending=handling.pending_bound,
                                          policy=handling.policy, retries=handling.retries,
                                          retry_delay=handling.retry_delay, timeout=handling.timeout,
-                                         on_error=handling.on_error)
+                                         on_error=handling.on_error, parked=plan.parked)
         if attempt > 0:
             self._adopt_earlier_attempts(partition, attempt)
         # Events below these points are in the prefix digests already; those above are added once.
@@ -374,11 +385,16 @@ class _SegmentTask:
         return self.sent
 
     def _flush(self, rows_seen: int) -> None:
+        if self.fenced or latest_claim_number(self.plan.store) > self.plan.claim_number:
+            self.fenced = self.stopped = True
+            return
         # Dead letters first: once progress calls their rows done, they must be on record.
         self.write_dead_letters()
         updates = self._updates()
         if updates is not None:
-            self.plan.store.write_progress(self.name, updates)
+            dispatcher = self.dispatcher
+            self.plan.store.write_progress(self.name, updates, *(
+                (0, 0) if dispatcher is None else (dispatcher.in_flight, dispatcher.pending)))
         self.rows_at_flush = rows_seen
         self.last_flush = time.monotonic()
         if self.plan.store.stop_requested(self.plan.run_id):
@@ -432,8 +448,10 @@ def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         failure = task.finish_dispatch()
     if failure is not None:
         task._flush(task.rows_seen)
-        plan.store.request_stop(plan.run_id, f"the handler failed in segment {partition}")
+        if not task.fenced:
+            plan.store.request_stop(plan.run_id, f"the handler failed in segment {partition}")
     elif not task.stopped:
         task._flush(task.rows_seen)
-    task.write_dead_letters()
+    if not task.fenced:
+        task.write_dead_letters()
     yield task.result(failure)

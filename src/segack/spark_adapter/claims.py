@@ -1,0 +1,268 @@
+"""One owner per checkpoint: claims, their extension, take-over and fencing.
+
+The rules:
+
+1. **A run claims the checkpoint before it reads or writes progress.** A claim is a file
+   ``CHECKPOINT/claims/NNNNNNNNNNNN.json`` whose number is one more than the last claim's: the
+   run's *fencing number*. It names the owner (run id, host, pid), when it was claimed and when it
+   was last extended. It is created exclusively (a hard link on local disks and NFS, a rename
+   that refuses to replace on HDFS), so of two runs that claim at once, one wins.
+2. **A live claim refuses every other run**, before it starts a Spark job and without changing
+   anything. A claim is live until it is released or goes unextended for ``claim_timeout``
+   seconds; the owner extends it every few seconds while it lives and releases it when it ends.
+   A claim whose owner ran on this machine and has died (a crash) is not live either.
+3. **An expired claim may be taken over.** The new claim's higher number fences the old owner:
+   its tasks look at the newest claim number at every flush and stop, writing nothing more,
+   once it is not theirs; its driver checks before every save and stops with
+   :class:`ClaimLostError`, naming the new owner.
+4. **Nothing a fenced run writes counts.** A new owner merges the progress files the previous
+   claim's run left (a crash's progress is kept); files of any older run were written after it
+   lost its claim, and are deleted unread. State files are named after their writer's claim
+   number, and the newest is the checkpoint.
+
+On a store that offers neither an exclusive create nor a rename that refuses to replace (S3,
+GCS, ...), a claim is created by looking first: two runs that start within the same moment could
+both believe they hold it. :attr:`~segack.spark_adapter.checkpoint.CheckpointStore.claims_are_atomic`
+says which, and ``segack status`` shows it. A driver paused between its check and its save
+writes the state file of its own, older claim number, which the checkpoint ignores
+(:meth:`~segack.spark_adapter.checkpoint.CheckpointStore.load` reads the newest).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from segack.errors import SegackValueError
+from segack.spark_adapter.checkpoint import CheckpointError
+from segack.spark_adapter.errors import ReplayError
+
+if TYPE_CHECKING:
+    from segack.spark_adapter.checkpoint import CheckpointStore
+
+__all__ = ["DEFAULT_CLAIM_TIMEOUT", "CheckpointClaimedError", "Claim", "ClaimKeeper", "ClaimLostError",
+           "acquire", "check_claim_timeout", "force_release", "latest_claim", "latest_claim_number",
+           "previous_run"]
+
+#: Seconds a claim lives without being extended, unless a run says otherwise.
+DEFAULT_CLAIM_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of a checkpoint (rule 1), as its file records it."""
+
+    #: The fencing number: one more than the claim before it.
+    number: int
+    run_id: str
+    host: str
+    pid: int
+    claimed_at: float
+    extended_at: float
+    #: The claim's timeout, as its owner set it.
+    timeout: float
+    released: bool = False
+    #: Who released it, when not its owner (``segack release --force``).
+    released_by: str | None = None
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode("utf-8") + b"\n"
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> Claim:
+        """A claim file's claim; anything else is a
+        :class:`~segack.spark_adapter.checkpoint.CheckpointError`."""
+        try:
+            body = json.loads(data.decode("utf-8"))
+            claim = cls(**body)
+        except (UnicodeDecodeError, ValueError, TypeError) as error:
+            raise CheckpointError(f"{where} is not a segack claim: {error}") from None
+        numbers = (claim.number, claim.pid, claim.claimed_at, claim.extended_at, claim.timeout)
+        if not all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in numbers):
+            raise CheckpointError(f"{where} is not a segack claim: a number is not a number")
+        return claim
+
+    def live(self, now: float) -> bool:
+        """Whether the claim still refuses other runs (rule 2): it is neither released nor expired,
+        and its owner, if it ran on this machine, is still running."""
+        return not self.released and now - self.extended_at < self.timeout and not self.owner_gone()
+
+    def owner_gone(self) -> bool:
+        """Whether the owner ran on this machine and its process has ended (a crash): then its
+        claim need not wait for the timeout. A process elsewhere cannot be looked at."""
+        if self.host != socket.gethostname() or self.pid == os.getpid():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    def owner(self) -> str:
+        return f"run {self.run_id} (pid {self.pid} on {self.host})"
+
+
+class CheckpointClaimedError(CheckpointError):
+    """Another run holds the checkpoint's claim; nothing was changed."""
+
+    def __init__(self, location: str, claim: Claim, now: float) -> None:
+        super().__init__(
+            f"checkpoint {location} is claimed by {claim.owner()}, last extended "
+            f"{max(0.0, now - claim.extended_at):.1f} s ago. Only one run may use a checkpoint at a time: "
+            f"wait for that run to end, or, if it is gone, for its claim to expire ({claim.timeout:g} s "
+            f"unextended) or for `segack release {location} --force`")
+        self.claim = claim
+
+
+class ClaimLostError(ReplayError):
+    """This run's claim was taken over by another run: it stopped, and saved nothing more."""
+
+    def __init__(self, location: str, mine: Claim, newer: Claim | None) -> None:
+        by = "was released by an operator" if newer is not None and newer.released_by else (
+            f"was taken over by {newer.owner()}" if newer is not None else "is gone")
+        super().__init__(f"run {mine.run_id} lost its claim on checkpoint {location}: it {by}; this "
+                         f"run stopped and saved nothing more")
+        self.newer = newer
+
+
+def check_claim_timeout(value: Any) -> float:
+    """``value`` as a claim timeout; a ``ValueError`` unless it is a positive number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise SegackValueError(f"claim_timeout must be a positive number of seconds, not {value!r}")
+    return float(value)
+
+
+def latest_claim(store: CheckpointStore) -> Claim | None:
+    """The newest claim of ``store`` (``None``: never claimed); a damaged one is a
+    :class:`~segack.spark_adapter.checkpoint.CheckpointError`."""
+    for number in reversed(store.claim_numbers()):
+        data = store.read_claim_file(number)
+        if data is not None:
+            claim = Claim.from_bytes(data, f"claim {number} of checkpoint {store.location}")
+            if claim.number != number:
+                raise CheckpointError(f"claim {number} of checkpoint {store.location} says it is claim "
+                                      f"{claim.number}")
+            return claim
+    return None
+
+
+def latest_claim_number(store: CheckpointStore) -> int:
+    """The newest claim's number (0: never claimed): what a task compares with its own. Only a
+    higher number fences the task's run; a lower one means the task cannot see the claims (an
+    in-process store), and stopping it would help no one."""
+    numbers = store.claim_numbers()
+    return numbers[-1] if numbers else 0
+
+
+def previous_run(store: CheckpointStore, claim: Claim) -> str | None:
+    """The run id of the claim before ``claim`` (``None``: there was none): rule 4 merges its
+    progress files, and only those."""
+    if claim.number <= 1:
+        return None
+    data = store.read_claim_file(claim.number - 1)
+    return None if data is None else Claim.from_bytes(data, "the previous claim").run_id
+
+
+def _prune(store: CheckpointStore, number: int) -> None:
+    """Keep claim ``number`` and the one before it (rule 4 reads it); older ones are history."""
+    store.delete_claim_files([older for older in store.claim_numbers() if older < number - 1])
+
+
+def acquire(store: CheckpointStore, run_id: str, timeout: float) -> Claim:
+    """Claim ``store`` for ``run_id`` (rules 1-3); :class:`CheckpointClaimedError` if a live claim
+    holds it, or if another run claimed it in the same moment."""
+    now = time.time()
+    latest = latest_claim(store)
+    if latest is not None and latest.live(now):
+        raise CheckpointClaimedError(store.location, latest, now)
+    claim = Claim(number=1 if latest is None else latest.number + 1, run_id=run_id, host=socket.gethostname(),
+                  pid=os.getpid(), claimed_at=now, extended_at=now, timeout=timeout)
+    if not store.create_claim_file(claim.number, claim.to_bytes()):
+        winner = latest_claim(store)
+        assert winner is not None
+        raise CheckpointClaimedError(store.location, winner, time.time())
+    _prune(store, claim.number)
+    return claim
+
+
+def force_release(store: CheckpointStore, by: str) -> Claim | None:
+    """Release the newest claim, live or not, for an operator who knows its owner is gone.
+
+    A new claim number, released at once, fences the old owner should it come back; its
+    progress stays mergeable by the next run. Returns the claim released (``None``: there was
+    none, or it was released already).
+    """
+    latest = latest_claim(store)
+    if latest is None or latest.released:
+        return None
+    released = replace(latest, number=latest.number + 1, extended_at=time.time(), released=True,
+                       released_by=by)
+    if not store.create_claim_file(released.number, released.to_bytes()):
+        raise CheckpointError(f"checkpoint {store.location} was claimed again while it was being released")
+    _prune(store, released.number)
+    return latest
+
+
+class ClaimKeeper:
+    """Extends a run's claim on a timer while the run lives, and releases it at the end.
+
+    When the claim turns out lost, it records :class:`ClaimLostError` in ``lost`` and calls
+    ``on_lost`` (which stops the run's job). :meth:`check` raises it: the driver calls it before
+    every save.
+    """
+
+    def __init__(self, store: CheckpointStore, claim: Claim,
+                 on_lost: Callable[[], object] | None = None) -> None:
+        self.store, self.claim, self.on_lost = store, claim, on_lost
+        self.interval = min(claim.timeout / 4, 5.0)
+        self.lost: ClaimLostError | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="segack-claim", daemon=True)
+
+    def check(self) -> None:
+        """Raise :class:`ClaimLostError` unless this run still holds the newest claim."""
+        if self.lost is None:
+            latest = latest_claim(self.store)
+            if latest is None or latest.number != self.claim.number or latest.released:
+                self.lost = ClaimLostError(self.store.location, self.claim, latest)
+        if self.lost is not None:
+            raise self.lost
+
+    def extend(self) -> None:
+        self.check()
+        self.claim = replace(self.claim, extended_at=time.time())
+        self.store.write_claim_file(self.claim.number, self.claim.to_bytes())
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.extend()
+            except ClaimLostError:
+                if self.on_lost is not None:
+                    self.on_lost()
+                return
+            except OSError:
+                continue  # the store is unreachable for a moment; the claim holds until it expires
+
+    def __enter__(self) -> ClaimKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self.lost is None:
+            try:
+                self.check()
+                released = replace(self.claim, extended_at=time.time(), released=True)
+                self.store.write_claim_file(released.number, released.to_bytes())
+            except (ClaimLostError, OSError):
+                pass  # a lost claim is another run's now; an unreachable store lets it expire

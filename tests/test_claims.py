@@ -1,0 +1,225 @@
+"""Claims on real checkpoint directories (no Spark): one owner at a time, take-over, fencing."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from segack.cli import main
+from segack.errors import SegackValueError
+from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore
+from segack.spark_adapter.claims import (
+    CheckpointClaimedError,
+    Claim,
+    ClaimKeeper,
+    ClaimLostError,
+    acquire,
+    check_claim_timeout,
+    force_release,
+    latest_claim,
+    latest_claim_number,
+    previous_run,
+)
+
+
+@pytest.fixture
+def store(tmp_path):
+    return CheckpointStore(str(tmp_path / "checkpoint"))
+
+
+def _files(path):
+    return sorted((entry.relative_to(path), entry.read_bytes())
+                  for entry in path.rglob("*") if entry.is_file())
+
+
+def _dead_pid():
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_a_live_claim_refuses_another_run_naming_its_owner_and_changes_nothing(store, tmp_path):
+    first = acquire(store, "first", 60)
+    before = _files(tmp_path)
+    with pytest.raises(CheckpointClaimedError) as refused:
+        acquire(store, "second", 60)
+    assert f"claimed by run first (pid {first.pid} on {first.host}), last extended" in str(refused.value)
+    assert refused.value.claim == first
+    assert _files(tmp_path) == before
+
+
+def test_claim_numbers_grow_and_a_released_claim_lets_the_next_run_in(store):
+    first = acquire(store, "first", 60)
+    with ClaimKeeper(store, first):
+        pass
+    assert latest_claim(store).released
+    second = acquire(store, "second", 60)
+    assert (first.number, second.number) == (1, 2)
+    assert previous_run(store, second) == "first" and previous_run(store, first) is None
+    third_keeper = ClaimKeeper(store, second)
+    with third_keeper:
+        pass
+    third = acquire(store, "third", 60)
+    # Claims older than the one before the newest are history, and go.
+    assert store.claim_numbers() == [2, 3] and latest_claim_number(store) == 3
+    assert previous_run(store, third) == "second"
+
+
+def test_an_expired_claim_is_taken_over_and_the_old_owner_is_fenced(store):
+    old = acquire(store, "old", 0.2)
+    keeper = ClaimKeeper(store, old)
+    keeper.extend()  # extending a claim one holds is fine
+    with pytest.raises(CheckpointClaimedError):
+        acquire(store, "new", 0.2)
+    time.sleep(0.3)
+    new = acquire(store, "new", 60)
+    assert new.number == old.number + 1
+    with pytest.raises(ClaimLostError) as lost:
+        keeper.extend()
+    assert f"run old lost its claim on checkpoint {store.location}: it was taken over by run new" in str(
+        lost.value)
+    with pytest.raises(ClaimLostError):
+        keeper.check()  # and it stays lost
+    # The fenced owner's end does not release the new owner's claim.
+    with keeper:
+        pass
+    assert latest_claim(store) == new
+
+
+def test_a_claim_whose_owner_died_on_this_machine_is_taken_over_at_once(store):
+    crashed = acquire(store, "crashed", 3600)
+    store.write_claim_file(crashed.number, dataclasses.replace(crashed, pid=_dead_pid()).to_bytes())
+    assert latest_claim(store).owner_gone()
+    assert acquire(store, "next", 60).number == 2
+    # Another machine's process cannot be looked at: its claim holds until it expires.
+    elsewhere = dataclasses.replace(latest_claim(store), host="elsewhere", pid=_dead_pid())
+    store.write_claim_file(elsewhere.number, elsewhere.to_bytes())
+    with pytest.raises(CheckpointClaimedError):
+        acquire(store, "third", 60)
+
+
+def test_a_keeper_extends_its_claim_while_the_run_lives(store):
+    claim = acquire(store, "run", 0.4)
+    with ClaimKeeper(store, claim):
+        time.sleep(1.0)  # more than twice the timeout
+        with pytest.raises(CheckpointClaimedError):
+            acquire(store, "other", 60)
+    assert latest_claim(store).released and latest_claim(store).extended_at > claim.extended_at + 0.5
+
+
+def test_a_keeper_that_finds_its_claim_lost_stops_the_run(store):
+    claim = acquire(store, "run", 0.4)
+    stopped = threading.Event()
+    with ClaimKeeper(store, claim, on_lost=stopped.set) as keeper:
+        force_release(store, "an operator")
+        assert stopped.wait(5)
+        assert isinstance(keeper.lost, ClaimLostError) and "released by an operator" in str(keeper.lost)
+
+
+def test_force_release_fences_the_owner_and_keeps_its_progress_mergeable(store, tmp_path, capsys):
+    assert main(["release", str(tmp_path / "nothing"), "--force"]) == 1
+    assert "no checkpoint at" in capsys.readouterr().err
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "checkpoint-000000000000.json").write_text("{}")
+    owner = acquire(store, "owner", 3600)
+    assert main(["release", store.location, "--force"]) == 0
+    assert f"released the claim of run owner (pid {owner.pid}" in capsys.readouterr().out
+    released = latest_claim(store)
+    assert released.released and released.released_by.startswith("segack release --force")
+    assert released.number == owner.number + 1 and released.run_id == "owner"
+    with pytest.raises(ClaimLostError):
+        ClaimKeeper(store, owner).check()
+    after = acquire(store, "after", 60)
+    assert previous_run(store, after) == "owner"
+    with ClaimKeeper(store, after):
+        pass
+    assert main(["release", store.location, "--force"]) == 0
+    assert "is not claimed; nothing to do" in capsys.readouterr().out
+
+
+def test_of_many_runs_claiming_at_once_exactly_one_wins(store):
+    winners, refused = [], []
+    barrier = threading.Barrier(16)
+
+    def claim(name):
+        barrier.wait()
+        try:
+            winners.append(acquire(store, name, 60))
+        except CheckpointClaimedError as error:
+            refused.append(error)
+
+    threads = [threading.Thread(target=claim, args=(f"run{n}",)) for n in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(winners) == 1 and len(refused) == 15
+    assert all(error.claim.run_id == winners[0].run_id for error in refused)
+    assert store.claim_numbers() == [1]
+
+
+@pytest.mark.parametrize("data", [b"", b"\xff", b"[]", b'{"number": 1}', b'{"number": "1", "run_id": "r", '
+                                  b'"host": "h", "pid": 1, "claimed_at": 0, "extended_at": 0, "timeout": 1}'])
+def test_a_damaged_claim_is_a_checkpoint_error(store, data):
+    store.write_claim_file(1, data)
+    with pytest.raises(CheckpointError, match="is not a segack claim"):
+        acquire(store, "run", 60)
+
+
+def test_a_claim_file_under_another_number_is_refused(store):
+    claim = acquire(store, "run", 60)
+    store.write_claim_file(7, claim.to_bytes())
+    with pytest.raises(CheckpointError, match="says it is claim 1"):
+        latest_claim(store)
+
+
+@pytest.mark.parametrize("value", [0, -1, True, "60", None, float("nan")])
+def test_the_claim_timeout_must_be_a_positive_number(value):
+    with pytest.raises(SegackValueError, match="claim_timeout must be a positive number"):
+        check_claim_timeout(value)
+
+
+def test_a_claim_round_trips_through_its_file():
+    claim = Claim(3, "run", "host", 12, 1.5, 2.5, 60.0)
+    assert Claim.from_bytes(claim.to_bytes(), "here") == claim
+
+
+def _task_input(rows):
+    import numpy as np
+    import pyarrow as pa
+
+    from segack.spark_adapter.task import KG, TIE
+
+    return pa.RecordBatch.from_pydict({"user": [f"u{n % 3}" for n in range(rows)], "ts": list(range(rows)),
+                                       KG: np.zeros(rows, np.int32), TIE: np.arange(rows, dtype=np.int64)})
+
+
+@pytest.mark.parametrize("newer", [False, True], ids=["holding", "fenced"])
+def test_a_task_whose_run_was_fenced_stops_at_its_next_flush_and_writes_nothing(store, newer):
+    import numpy as np
+
+    from segack.spark_adapter.dispatch import Handling
+    from segack.spark_adapter.task import TaskPlan, run_task
+
+    claim = acquire(store, "run", 60)
+    if newer:
+        force_release(store, "an operator")
+    calls = []
+    zeros = np.zeros(1, np.int64)
+    plan = TaskPlan(run_id="run", store=store, handler=calls.append, columns=("user", "ts"), key="user",
+                    order="ts", committed=zeros, done_xor=zeros, done_sum=zeros, first_positions=zeros,
+                    extras={}, flush_every=1, flush_interval=60.0, handling=Handling(),
+                    claim_number=claim.number)
+    batches = [_task_input(100), _task_input(100)]
+    [result] = run_task(plan, iter(batches))
+    if newer:
+        # The first flush (after 64 rows) sees the newer claim: no progress file, no more calls.
+        assert store.progress_files() == [] and len(calls) == 64
+    else:
+        assert len(store.progress_files()) == 1 and len(calls) == 200
+    assert result.column("handled")[0].as_py() == len(calls)
