@@ -50,7 +50,8 @@ from segack._shared import SEQUENCING_POLICIES
 from segack.errors import SegackValueError
 from segack.kernel import OffsetAcker
 
-__all__ = ["ON_ERROR", "PARKED", "POLICIES", "DeadLetter", "Dispatcher", "Failure", "Handling", "is_async"]
+__all__ = ["ON_ERROR", "PARKED", "POLICIES", "DeadLetter", "Dispatcher", "Failure", "Handling", "is_async",
+           "retry_after_failure", "sequencing_value"]
 
 #: What a failure (after its retries) stops: the run, or only its key (its events become dead letters).
 ON_ERROR = ("stop", "dead-letter")
@@ -72,6 +73,36 @@ def is_async(handler: Callable[..., Any]) -> bool:
 
 def _call_now(call: Callable[[], None]) -> None:
     call()
+
+
+def sequencing_value(policy: str, row: int, key: Hashable) -> Hashable:
+    """What orders an event under ``policy``: its key, one value for all, or its own row."""
+    if policy == "per-key":
+        return ("key", key)
+    if policy == "sequential":
+        return ("all",)
+    return ("row", row)
+
+
+def retry_after_failure(
+    handler: Callable[[dict[str, Any]], Any], event: dict[str, Any], error: BaseException, retry_delay: float,
+    gives_up: Callable[[int], bool],
+) -> tuple[BaseException | None, str, int]:
+    """Call ``handler(event)`` again after its first call raised ``error`` (being handled now),
+    the n-th retry after ``retry_delay * 2**(n - 1)`` seconds, until a call succeeds or
+    ``gives_up(attempts made)``. Returns the last error (``None``: a retry succeeded), its
+    traceback and the attempts made."""
+    text, attempt = traceback.format_exc(), 1
+    while not gives_up(attempt):
+        time.sleep(retry_delay * 2 ** (attempt - 1))
+        attempt += 1
+        try:
+            handler(event)
+        except Exception as again:
+            error, text = again, traceback.format_exc()
+        else:
+            return None, "", attempt
+    return error, text, attempt
 
 
 @dataclass(frozen=True)
@@ -121,9 +152,10 @@ class Handling:
 
     @property
     def dispatched(self) -> bool:
-        """Whether calls go through a :class:`Dispatcher` (else: one at a time, in order)."""
-        return (self.concurrency > 1 or self.policy != "per-key" or self.retries > 0
-                or self.timeout is not None or self.on_error != "stop")
+        """Whether calls go through a :class:`Dispatcher`: more than one at a time, or a timeout
+        (a watchdog thread). Otherwise the task calls the handler itself, one event after the
+        other, with the same retries, dead letters and parked keys."""
+        return self.concurrency > 1 or self.timeout is not None
 
 
 @dataclass(frozen=True)
@@ -316,11 +348,7 @@ class Dispatcher:
     # ------------------------------------------------------------ inside
 
     def _sequencing_value(self, row: int, event: dict[str, Any]) -> Hashable:
-        if self.policy == "per-key":
-            return ("key", self.key_of(event))
-        if self.policy == "sequential":
-            return ("all",)
-        return ("row", row)
+        return sequencing_value(self.policy, row, self.key_of(event))
 
     def _idle(self) -> bool:
         return (self._in_flight == 0 or self._abandoned) and (self.failure is not None or not self._ready)
@@ -370,17 +398,13 @@ class Dispatcher:
         return attempt > self.retries or self.failure is not None
 
     def _call(self, row: int, key: Hashable, event: dict[str, Any]) -> None:
-        for attempt in range(1, self.retries + 2):
-            try:
-                self.handler(event)
-            except Exception as error:
-                if self._gives_up(attempt):
-                    self._finished(row, key, event, error, traceback.format_exc(), attempt)
-                    return
-                time.sleep(self.retry_delay * 2 ** (attempt - 1))
-            else:
-                self._finished(row, key, event, None, "", attempt)
-                return
+        try:
+            self.handler(event)
+        except Exception as error:
+            self._finished(row, key, event, *retry_after_failure(
+                self.handler, event, error, self.retry_delay, self._gives_up))
+        else:
+            self._finished(row, key, event, None, "", 1)
 
     def _spawn(self, row: int, key: Hashable, event: dict[str, Any]) -> None:
         """Start an async call on the loop (its thread); the loop itself keeps tasks only weakly."""

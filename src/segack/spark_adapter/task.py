@@ -31,9 +31,8 @@ import math
 import operator
 import pickle
 import time
-import traceback
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +47,15 @@ from segack.spark_adapter.checkpoint import (
     CheckpointStore,
 )
 from segack.spark_adapter.claims import latest_claim_number
-from segack.spark_adapter.dispatch import DeadLetter, Dispatcher, Handling, is_async
+from segack.spark_adapter.dispatch import (
+    PARKED,
+    DeadLetter,
+    Dispatcher,
+    Handling,
+    is_async,
+    retry_after_failure,
+    sequencing_value,
+)
 from segack.spark_adapter.errors import HandlerFailedError
 from segack.spark_adapter.tokens import encode_updates, update_schema
 
@@ -131,9 +138,15 @@ class _SegmentTask:
         self.dead_pending: list[pa.Table] = []
         self.dead_letters = 0
         self.dead_files = 0
-        # An async handler always goes through the dispatcher (its calls must be awaited on a
-        # loop), and so do parked keys (their events become dead letters).
-        if plan.handling.dispatched or plan.parked or is_async(plan.handler):
+        # One call at a time, in the task's thread: the keys it sets aside (parked by earlier
+        # runs' dead letters, or stopped by a failure here), with why, and the dead letters
+        # not yet held for a flush.
+        self.parked = plan.parked if plan.handling.policy != "concurrent" else frozenset()
+        self.poisoned: dict[Hashable, str] = {}
+        self.watch_keys = bool(self.parked)
+        self.letters: list[DeadLetter] = []
+        # An async handler always goes through the dispatcher: its calls must be awaited on a loop.
+        if plan.handling.dispatched or is_async(plan.handler):
             handling = plan.handling
             self.dispatcher = Dispatcher(plan.handler, operator.itemgetter(plan.key),
                                          concurrency=handling.concurrency, max_pending=handling.pending_bound,
@@ -229,29 +242,69 @@ class _SegmentTask:
         for row, event in enumerate(events):
             if skip is not None and skip[row]:
                 continue
-            try:
-                handler(event)
-            except Exception as error:
-                self._commit(current, row)
-                self.rows_seen += row
-                return HandlerFailedError(
-                    event.get(self.plan.key), event.get(self.plan.order), int(positions[row]),
-                    int(groups[row]), f"{type(error).__name__}: {error}", traceback.format_exc(),
-                )
+            if not (self.watch_keys and self._set_aside(row, event)):
+                try:
+                    handler(event)
+                except Exception as error:
+                    failure = self._failed(current, row, event, error)
+                    if failure is not None:
+                        self._commit_in_order(current, row)
+                        self.rows_seen += row
+                        return failure
             if row % _CHECK_EVERY == _CHECK_EVERY - 1 and (
                 self.rows_seen + row + 1 - self.rows_at_flush >= flush_every
                 or time.monotonic() - self.last_flush >= self.plan.flush_interval
             ):
-                self._commit(current, row + 1)
+                self._commit_in_order(current, row + 1)
                 self._flush(self.rows_seen + row + 1)
                 if self.stopped:
                     return None
-        self._commit(current, len(events))
+        self._commit_in_order(current, len(events))
         self.rows_seen += len(events)
         if (self.rows_seen - self.rows_at_flush >= flush_every
                 or time.monotonic() - self.last_flush >= self.plan.flush_interval):
             self._flush(self.rows_seen)
         return None
+
+    # ------------------------------------------- one call at a time, in order
+
+    def _set_aside(self, row: int, event: dict[str, Any]) -> bool:
+        """Whether ``event`` waits behind dead letters (its key is parked, or an earlier event
+        of its sequencing value failed in this task); if so, it is one too."""
+        key = event[self.plan.key]
+        reason = PARKED if key in self.parked else self.poisoned.get(
+            sequencing_value(self.plan.handling.policy, self.rows_seen + row, key))
+        if reason is None:
+            return False
+        self.letters.append(DeadLetter(self.rows_seen + row, event, reason, 0))
+        return True
+
+    def _failed(self, current: _Batch, row: int, event: dict[str, Any], error: Exception,
+                ) -> HandlerFailedError | None:
+        """The call for ``row`` raised ``error``: retry it as the handling says, then either
+        set the event aside and stop its key (``None``), or return the run's failure."""
+        handling = self.plan.handling
+        last, text, attempts = retry_after_failure(self.plan.handler, event, error, handling.retry_delay,
+                                                   lambda attempt: attempt > handling.retries)
+        if last is None:
+            return None
+        reason = f"{type(last).__name__}: {last}"
+        if handling.on_error == "dead-letter":
+            value = sequencing_value(handling.policy, self.rows_seen + row, event[self.plan.key])
+            self.poisoned[value] = reason
+            self.watch_keys = True
+            self.letters.append(DeadLetter(self.rows_seen + row, event, reason, attempts))
+            return None
+        tries = f" (after {attempts} attempts)" if attempts > 1 else ""
+        return HandlerFailedError(event.get(self.plan.key), event.get(self.plan.order),
+                                  int(current.positions[row]), int(current.groups[row]), reason + tries, text)
+
+    def _commit_in_order(self, current: _Batch, upto: int) -> None:
+        """:meth:`_commit`, after holding the dead letters set aside so far for the next flush."""
+        if self.letters:
+            self._keep_dead_letters(self.letters, [current])
+            self.letters = []
+        self._commit(current, upto)
 
     def _dispatch(self, current: _Batch, events: list[dict[str, Any]]) -> HandlerFailedError | None:
         """Hand one batch to the dispatcher: many calls in flight, each key's in order. Commits
@@ -309,7 +362,7 @@ class _SegmentTask:
         assert self.dispatcher is not None
         committed = self.dispatcher.committed_rows
         # Taken after the committed point is read: every dead letter it covers is among them.
-        self._keep_dead_letters(self.dispatcher.take_dead_letters())
+        self._keep_dead_letters(self.dispatcher.take_dead_letters(), self.open_batches)
         while self.open_batches:
             batch = self.open_batches[0]
             self._commit(batch, min(committed - batch.base, len(batch.groups)))
@@ -317,9 +370,9 @@ class _SegmentTask:
                 break
             self.open_batches.popleft()
 
-    def _keep_dead_letters(self, letters: list[DeadLetter]) -> None:
-        """Hold dead letters (as rows of their batches, with why) until the next flush writes them."""
-        for batch in self.open_batches:
+    def _keep_dead_letters(self, letters: list[DeadLetter], batches: Iterable[_Batch]) -> None:
+        """Hold dead letters (as rows of their ``batches``, with why) until the next flush writes them."""
+        for batch in batches:
             mine = [letter for letter in letters if batch.base <= letter.row < batch.base + len(batch.groups)]
             if not mine:
                 continue
