@@ -203,25 +203,36 @@ class CheckpointStore:
 
         return bool(self._filesystem.get_file_info(path).type != fs.FileType.NotFound)
 
-    def write_atomic(self, path: str, data: bytes) -> None:
-        """Replace ``path`` with ``data`` so that a reader sees the old bytes or the new ones."""
-        directory = path.rsplit("/", 1)[0]
-        self._makedirs(directory)
+    def _write_temporary(self, path: str, data: bytes) -> str:
+        """Write ``data`` durably to a new temporary file beside ``path``; returns its path."""
+        self._makedirs(path.rsplit("/", 1)[0])
         temporary = f"{path}.{uuid.uuid4().hex}.tmp"
         if self.is_local:
             with open(temporary, "wb") as handle:
                 handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.replace(temporary, path)
-            descriptor = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
         else:
             with self._filesystem.open_output_stream(temporary) as stream:
                 stream.write(data)
+        return temporary
+
+    @staticmethod
+    def _fsync_directory(directory: str) -> None:
+        """Make a rename or link in a local ``directory`` durable."""
+        descriptor = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Replace ``path`` with ``data`` so that a reader sees the old bytes or the new ones."""
+        temporary = self._write_temporary(path, data)
+        if self.is_local:
+            os.replace(temporary, path)
+            self._fsync_directory(path.rsplit("/", 1)[0])
+        else:
             self._filesystem.move(temporary, path)
 
     def _delete(self, path: str) -> None:
@@ -402,24 +413,18 @@ class CheckpointStore:
     def create_claim_file(self, number: int, data: bytes) -> bool:
         """Create claim ``number`` unless it exists: ``False`` if it did (another run won)."""
         path = self._claim_path(number)
-        self._makedirs(self._path(CLAIMS_DIR))
-        temporary = f"{path}.{uuid.uuid4().hex}.tmp"
+        if not self.is_local and self._exists(path):
+            return False
+        temporary = self._write_temporary(path, data)
         if self.is_local:
-            with open(temporary, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
             try:
                 os.link(temporary, path)  # fails if the path exists, also on NFS
             except FileExistsError:
                 return False
             finally:
                 os.remove(temporary)
+            self._fsync_directory(self._path(CLAIMS_DIR))
             return True
-        if self._exists(path):
-            return False
-        with self._filesystem.open_output_stream(temporary) as stream:
-            stream.write(data)
         try:
             self._filesystem.move(temporary, path)  # HDFS refuses to replace; others replace
         except OSError:
