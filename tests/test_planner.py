@@ -59,6 +59,22 @@ def test_a_hot_key_group_sets_the_floor_and_the_rest_is_spread_over_the_other_wo
     assert _largest_load(balanced, counts) == 107
 
 
+@pytest.mark.parametrize(("counts", "workers", "ids"), [
+    ([4, 0, 4, 0], 4, (0, 1, 2)),      # the empty half (1, 1) stays whole
+    ([10, 1, 0, 0], 4, (0, 1)),        # splitting (0, 1) would only add an empty (2, 3)
+    ([10, 1, 1, 1], 4, (0, 1, 2, 3)),  # every split lowers a largest load
+    ([0, 0, 0, 0], 4, (0,)),
+])
+def test_a_node_splits_only_when_that_lowers_its_largest_load(counts, workers, ids):
+    assert plan_segments(counts, workers) == ids
+
+
+def test_the_finest_resolution_is_accepted():
+    counts = np.zeros(1 << 16, dtype=np.int64)
+    counts[[3, 70_000 % (1 << 16)]] = 5
+    assert _largest_load(plan_segments(counts, 4), counts) == 5
+
+
 def test_workers_beyond_the_key_groups_leave_each_key_group_alone():
     assert plan_segments([3, 1, 4, 1], 64) == (0, 1, 2, 3)
     assert plan_segments([7], 5) == (0,)
@@ -72,8 +88,8 @@ def test_workers_beyond_the_key_groups_leave_each_key_group_alone():
     ([1, 2], 0, SegackValueError, "workers must be at least 1"),
     ([1.5, 2], 1, SegackTypeError, "a count must be an integer"),
     ([1, 2], "2", SegackTypeError, "workers must be an integer"),
-    ("ab", 1, SegackTypeError, "counts must be a sequence"),
-    (7, 1, SegackTypeError, "counts must be a sequence"),
+    ("ab", 1, SegackTypeError, "counts must be a sequence of integers, not str"),
+    (7, 1, SegackTypeError, "counts must be a sequence of integers, not int"),
 ])
 def test_bad_input_is_refused(counts, workers, error, match):
     with pytest.raises(error, match=match):

@@ -17,9 +17,10 @@ programming, from the leaves up:
 - ``best(node, n)`` for ``n >= 2`` is the smaller of the node's load and, if the node can split,
   ``max(best(left, a), best(right, n - a))`` over ``a = 1 .. n - 1``.
 
-Ties go to the split, so the plan uses its workers for slack when one key group holds the
-largest load anyway. No plan can make a key group lighter: a key group's load, and above all the
-hottest key's share of the events, is the floor of the largest load.
+A node splits only when that lowers its largest load. A split that ties the whole node leaves
+one child empty (a child's load is at most its parent's, and both are non-negative), so it would
+only add a segment with nothing to do. No plan can make a key group lighter: a key group's load,
+and above all the hottest key's share of the events, is the floor of the largest load.
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ def plan_segments(counts: Sequence[int] | np.ndarray, workers: int) -> tuple[int
                     for share in range(1, leaves):
                         candidate = max(left[min(share, len(left)) - 1],
                                         right[min(leaves - share, len(right)) - 1])
-                        # A split that ties the whole node wins; among splits, the first best.
-                        if candidate < value or (candidate == value and left_share == 0):
+                        # Only a strictly better split counts; among splits, the first best.
+                        if candidate < value:
                             value, left_share = candidate, share
                 row.append(value)
                 choice.append(left_share)
