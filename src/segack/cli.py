@@ -282,12 +282,17 @@ def _status(args: argparse.Namespace) -> int:
     print(f"{'claim':<15} {_claim_line(store)}")
     letters = store.read_dead_letters()
     if letters is not None:
-        print(f"{'dead letters':<15} {letters.num_rows:,} events set aside "
+        print(f"{'dead letters':<15} {_count(letters.num_rows, 'event')} set aside "
               f"(`segack dead-letters {args.checkpoint}` lists them)")
     for name in ("source", "key", "order", "hash", "runs", "flush_every", "flush_interval"):
         if name in settings:
             print(f"{name:<15} {settings[name]}")
     return 0
+
+
+def _count(number: int, noun: str) -> str:
+    """``1 event``, ``2 events``."""
+    return f"{number:,} {noun}" + ("" if number == 1 else "s")
 
 
 def _claim_line(store: CheckpointStore) -> str:
@@ -364,7 +369,7 @@ def _dead_letters(args: argparse.Namespace) -> int:
         counts[value] = counts.get(value, 0) + 1
         if value not in first or position < first[value][0]:
             first[value] = (position, reason, attempts)
-    print(f"{'dead letters':<15} {letters.num_rows:,} events of {len(counts):,} keys")
+    print(f"{'dead letters':<15} {_count(letters.num_rows, 'event')} of {_count(len(counts), 'key')}")
     ranked = sorted(counts, key=lambda value: (-counts[value], str(value)))
     width = max(len(str(value)) for value in ranked[:args.top])
     print(f"{key:<{width}}  {'events':>8}  first error")

@@ -44,7 +44,7 @@ from segack.spark_adapter.checkpoint import (
 )
 from segack.spark_adapter.claims import ClaimKeeper, latest_claim_number
 from segack.spark_adapter.columns import member_index_column
-from segack.spark_adapter.dispatch import DeadLetter, Dispatcher, Handling
+from segack.spark_adapter.dispatch import Dispatcher, Handling
 from segack.spark_adapter.errors import HandlerFailedError, ReplayError, worker_error
 
 if TYPE_CHECKING:
@@ -134,10 +134,14 @@ class _RetryTask:
                     self.dispatcher.wait_for_room()
             self.last_place = place
             self.rows += 1
-            self._keep(self.dispatcher.take_dead_letters())
+            self._keep()
 
-    def _keep(self, letters: list[DeadLetter]) -> None:
-        """The rows of ``letters`` with their new error and attempts; release batches behind us."""
+    def _keep(self) -> None:
+        """Hold the dead letters so far (their rows, with their new error and attempts), and
+        release the batches the committed point has passed."""
+        committed = self.dispatcher.committed_rows
+        # Taken after the committed point is read: every letter it covers is among them.
+        letters = self.dispatcher.take_dead_letters()
         if letters:
             for base, batch in self.open:
                 mine = [letter for letter in letters if base <= letter.row < base + batch.num_rows]
@@ -150,14 +154,13 @@ class _RetryTask:
                                          pa.array([letter.attempts for letter in mine], pa.int32()))
                 self.kept.append(table.cast(self.plan.schema))
                 self.kept_count += len(mine)
-        committed = self.dispatcher.committed_rows
         while self.open and self.open[0][0] + self.open[0][1].num_rows <= committed:
             self.open.popleft()
 
     def finish(self) -> HandlerFailedError | None:
         """Wait for the calls in flight; record what stays; the failure that stops the run, if any."""
         self.dispatcher.close()
-        self._keep(self.dispatcher.take_dead_letters())
+        self._keep()
         failure = self.dispatcher.failure
         if failure is not None:
             base, batch = next((base, batch) for base, batch in self.open
