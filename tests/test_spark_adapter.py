@@ -110,13 +110,6 @@ def test_segment_partitioner_puts_each_segment_in_its_partition(spark, impl, has
     assert sorted(key for pairs in placed for key, _ in pairs) == sorted(keys)
 
 
-def test_segment_partitioner_rejects_bad_settings(impl):
-    with pytest.raises(TypeError, match="SegmentSet"):
-        impl.SegmentPartitioner([0, 1])
-    with pytest.raises(ValueError, match="hash must be"):
-        impl.SegmentPartitioner(impl.SegmentSet.balanced(2), hash="md5")
-
-
 # ---------------------------------------------------------------- replay
 
 
