@@ -32,3 +32,24 @@ def unordered_pool(rows: Iterator[Any]) -> None:
     with ThreadPoolExecutor(64) as pool:
         for _ in pool.map(lambda row: wait(row.asDict()), rows):
             pass
+
+
+#: The rescale bench's log: the first call each worker process makes in each Spark stage.
+STAGE_LOG = "SEGACK_BENCH_STAGE_LOG"
+_stages_noted: set[int] = set()
+
+
+def wait_noting_stages(event: dict[str, Any]) -> None:
+    """Waits 1 ms, and notes when this process first handled an event of each Spark stage (one
+    stage per job, so per segment set): the rescale bench reads when the new set's first event ran."""
+    import os
+
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    stage = context.stageId() if context is not None else -1
+    if stage not in _stages_noted:
+        _stages_noted.add(stage)
+        with open(os.environ[STAGE_LOG], "a") as log:
+            log.write(f"{stage} {time.time()}\n")
+    time.sleep(SECONDS / 2)

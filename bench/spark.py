@@ -241,6 +241,190 @@ def _planning(rows: list[dict[str, Any]], count: int) -> None:
     spark.stop()
 
 
+def _rescaling(rows: list[dict[str, Any]]) -> None:
+    """Seconds from a change of segments to the first event handled over the new set: segack's
+    live change (a split while a replay runs; a scale between a stream's micro-batches) against
+    what Spark offers otherwise (cancel the job, or stop the query, and start again over the new
+    set), in one session. A 1 ms handler, 2 -> 3 segments; the median of three of each."""
+    import statistics
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from bench.sleepy import STAGE_LOG, wait_noting_stages
+    from segack.spark_adapter import (
+        CheckpointStore,
+        ReplayError,
+        foreach_batch,
+        local_session,
+        replay,
+        scale,
+        split,
+    )
+
+    workdir = tempfile.mkdtemp(prefix="segack-bench-rescale-")
+    stage_log = os.path.join(workdir, "stages.log")
+    os.environ[STAGE_LOG] = stage_log  # before the session: its Python workers inherit it
+    spark = local_session("segack-bench-rescale", master="local[4]")
+    count = 20_000
+    keys = np.random.default_rng(3).integers(0, 5000, count)
+    table = pa.table({"user": [f"user-{key}" for key in keys.tolist()], "ts": np.arange(count)})
+    frame = spark.createDataFrame(table).repartition(4).cache()
+    frame.count()
+
+    def latency(checkpoint: str, asked_at: float) -> float:
+        """From ``asked_at`` to the first event of a Spark stage that began once the new set was
+        recorded."""
+        recorded = CheckpointStore(checkpoint).load().settings["segment_history"][-1]["at"]
+        since = max(asked_at, recorded)
+        firsts: dict[int, float] = {}
+        with open(stage_log) as log:
+            for line in log:
+                stage, at = line.split()
+                firsts[int(stage)] = min(firsts.get(int(stage), float("inf")), float(at))
+        return min(at for at in firsts.values() if at >= since) - asked_at
+
+    def replay_in_background(checkpoint: str, segments: int) -> tuple[threading.Thread, threading.Event]:
+        started = threading.Event()
+
+        def run() -> None:
+            with contextlib.suppress(ReplayError):
+                replay(frame, key="user", order="ts", handler=wait_noting_stages, checkpoint=checkpoint,
+                       segments=segments, flush_interval=0.5,
+                       progress=lambda progress: progress.done > 2000 and started.set())
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread, started
+
+    def live_replay(number: int) -> float:
+        checkpoint = os.path.join(workdir, f"replay-live-{number}")
+        thread, started = replay_in_background(checkpoint, 2)
+        started.wait()
+        asked_at = time.time()
+        split(checkpoint, 0)
+        thread.join()
+        return latency(checkpoint, asked_at)
+
+    def restarted_replay(number: int) -> float:
+        checkpoint = os.path.join(workdir, f"replay-restart-{number}")
+        thread, started = replay_in_background(checkpoint, 2)
+        started.wait()
+        asked_at = time.time()
+        spark.sparkContext.cancelAllJobs()
+        thread.join()
+        replay(frame, key="user", order="ts", handler=wait_noting_stages, checkpoint=checkpoint, segments=3,
+               flush_interval=0.5)
+        return latency(checkpoint, asked_at)
+
+    source = os.path.join(workdir, "source")
+    os.makedirs(source)
+    for number in range(40):
+        path = os.path.join(source, f"part-{number:02d}.parquet")
+        pq.write_table(table.slice(number * 500, 500), path)
+        os.utime(path, (1_700_000_000 + number * 100,) * 2)
+
+    def stream_query(name: str, segments: int) -> Any:
+        process = foreach_batch(wait_noting_stages, key="user", order="ts", segments=segments,
+                                checkpoint=os.path.join(workdir, name), flush_interval=0.5)
+        stream = spark.readStream.schema(frame.schema).option("maxFilesPerTrigger", 1).parquet(source)
+        return (stream.writeStream.foreachBatch(process)
+                .option("checkpointLocation", os.path.join(workdir, f"{name}-q")).start())
+
+    def batches_done(name: str) -> int:
+        state = CheckpointStore(os.path.join(workdir, name)).load()
+        return -1 if state is None else state.settings["stream"]["completed_batch"]
+
+    def wait_until(condition: Any) -> None:
+        while not condition():
+            time.sleep(0.05)
+
+    def live_stream(number: int) -> float:
+        name = f"stream-live-{number}"
+        query = stream_query(name, 2)
+        wait_until(lambda: batches_done(name) >= 2)
+        asked_at = time.time()
+        scale(os.path.join(workdir, name), 3)
+        wait_until(lambda: batches_done(name) >= 8)
+        query.stop()
+        return latency(os.path.join(workdir, name), asked_at)
+
+    def restarted_stream(number: int) -> float:
+        name = f"stream-restart-{number}"
+        query = stream_query(name, 2)
+        wait_until(lambda: batches_done(name) >= 2)
+        asked_at = time.time()
+        query.stop()
+        query = stream_query(name, 3)
+        wait_until(lambda: batches_done(name) >= 8)
+        query.stop()
+        return latency(os.path.join(workdir, name), asked_at)
+
+    try:
+        measured = {}
+        for what, function in (("replay, split while it runs", live_replay),
+                               ("replay, cancel the job and start again", restarted_replay),
+                               ("stream, scale while it runs", live_stream),
+                               ("stream, stop the query and start again", restarted_stream)):
+            measured[what] = statistics.median(function(number) for number in range(3))
+    finally:
+        spark.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    for mine, theirs in (("replay, split while it runs", "replay, cancel the job and start again"),
+                         ("stream, scale while it runs", "stream, stop the query and start again")):
+        for what in (mine, theirs):
+            rows.append({"workload": "20,000 events, 1 ms handler, 2 -> 3 segments", "change": what,
+                         "seconds to the first event over the new set": f"{measured[what]:.2f}",
+                         "vs segack live": f"{measured[what] / measured[mine]:.1f}x"})
+
+
+def _claim_cost(rows: list[dict[str, Any]]) -> None:
+    """What claims cost a 1M-event no-op replay: each claim operation timed on a real checkpoint,
+    times how often a run makes it (a task looks at the claims at every flush, the driver before
+    every save, the keeper extends every few seconds), as a share of the run's time."""
+    import numpy as np
+    import pyarrow as pa
+
+    from bench.sleepy import nothing
+    from segack.spark_adapter import local_session, replay
+    from segack.spark_adapter.checkpoint import CheckpointStore
+    from segack.spark_adapter.claims import ClaimKeeper, acquire, latest_claim_number
+
+    spark = local_session("segack-bench-claims")
+    count, segments, flush_every, flush_interval = 1_000_000, 8, 10_000, 5.0
+    keys = np.random.default_rng(5).integers(0, 50_000, count)
+    frame = spark.createDataFrame(pa.table({"user": [f"user-{key}" for key in keys.tolist()],
+                                            "ts": np.arange(count)})).repartition(2).cache()
+    frame.count()
+    with tempfile.TemporaryDirectory() as checkpoint:
+        replay(frame, key="user", order="ts", handler=nothing, checkpoint=checkpoint, segments=segments)
+    with tempfile.TemporaryDirectory() as checkpoint:
+        began = time.perf_counter()
+        replay(frame, key="user", order="ts", handler=nothing, checkpoint=checkpoint, segments=segments,
+               flush_every=flush_every, flush_interval=flush_interval)
+        seconds = time.perf_counter() - began
+        store = CheckpointStore(checkpoint)
+        task_check = best_of(lambda: [latest_claim_number(store) for _ in range(1000)]) / 1000
+        acquired_once = best_of(lambda: ClaimKeeper(store, acquire(store, "bench", 60)).__exit__(), 20)
+        keeper = ClaimKeeper(store, acquire(store, "bench-extend", 60))
+        extend = best_of(lambda: [keeper.extend() for _ in range(100)]) / 100
+        driver_check = best_of(lambda: [keeper.check() for _ in range(100)]) / 100
+    spark.stop()
+    flushes = count / flush_every + segments * seconds / flush_interval
+    saves = seconds / flush_interval + 3
+    extends = seconds / keeper.interval
+    # The tasks' checks run in parallel with each other; counted here as if one after another.
+    spent = flushes * task_check + saves * driver_check + extends * extend + acquired_once
+    rows.append({"workload": "1,000,000 events, no-op handler, 8 segments",
+                 "run": f"{seconds:.2f} s",
+                 "claim operations": f"{flushes:,.0f} task checks x {task_check * 1e6:,.0f} us, "
+                                     f"{saves:,.0f} driver checks x {driver_check * 1e6:,.0f} us, "
+                                     f"{extends:,.0f} extends x {extend * 1e6:,.0f} us, "
+                                     f"claim + release {acquired_once * 1e3:.1f} ms",
+                 "claims' share of the run": f"{spent / seconds:.3%}"})
+
+
 def _columns(rows: list[dict[str, Any]]) -> None:
     from pyspark.sql import functions as F
 
@@ -297,6 +481,15 @@ def run() -> None:
     print_table("Planned segments vs SegmentSet.balanced(N): largest segment's share of events, and a no-op "
                 "replay over each for N = 8 (local[2])", planning_rows, list(planning_rows[0]))
     save("spark-planning", planning_rows)
+    rescale_rows: list[dict[str, Any]] = []
+    _rescaling(rescale_rows)
+    print_table("A change of segments while a run goes on, against stopping and starting again",
+                rescale_rows, list(rescale_rows[0]))
+    save("spark-rescale", rescale_rows)
+    claim_rows: list[dict[str, Any]] = []
+    _claim_cost(claim_rows)
+    print_table("What claims cost a replay (goal: lost in the noise)", claim_rows, list(claim_rows[0]))
+    save("spark-claims", claim_rows)
     replay_rows: list[dict[str, Any]] = []
     size_rows: list[dict[str, Any]] = []
     resume_rows: list[dict[str, Any]] = []

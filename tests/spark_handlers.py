@@ -161,6 +161,41 @@ def record_when(event: dict[str, Any]) -> None:
     time.sleep(0.002)
 
 
+def record_with_task(event: dict[str, Any]) -> None:
+    """The rescale tests' handler: log the event with the Spark stage and partition that handled
+    it, then pause a little."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    line = json.dumps({"user": event["user"], "seq": event["seq"], "at": time.time(),
+                       "stage": context.stageId() if context else None,
+                       "partition": context.partitionId() if context else None})
+    with open(os.environ[LOG_ENV], "a") as log:
+        log.write(line + "\n")
+    time.sleep(0.002)
+
+
+class ScalesOnce(Recorder):
+    """A :class:`Recorder` whose first call, in whichever worker makes it, asks for a new
+    segment count on ``checkpoint`` (while the batch holds its claim: a request)."""
+
+    def __init__(self, path: str, checkpoint: str, segments: int) -> None:
+        super().__init__(path)
+        self.checkpoint, self.segments = checkpoint, segments
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        from segack.spark_adapter import scale
+
+        try:
+            with open(self.path + ".asked", "x"):
+                pass
+        except FileExistsError:
+            pass
+        else:
+            scale(self.checkpoint, self.segments)
+        super().__call__(event)
+
+
 def record_refusing_tenth_until_fixed(event: dict[str, Any]) -> None:
     """Refuses the tenth event of user u1 unless the run is called "fixed"; logs every other event."""
     if event["user"] == "u1" and event["seq"] == 10 and os.environ.get("SEGACK_TEST_RUN") != "fixed":

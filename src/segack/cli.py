@@ -175,6 +175,38 @@ def build_parser() -> argparse.ArgumentParser:
     release.add_argument("--force", action="store_true", required=True,
                          help="required: say that the owner is gone")
 
+    rescale_note = ("On a checkpoint no run holds, the change is recorded at once and the next run "
+                    "starts over the new set. On one a live run holds, it is asked of that run, which "
+                    "applies it within seconds without exiting (a stream: at its next micro-batch); "
+                    "the command does not wait.")
+    split = commands.add_parser(
+        "split", help="split one segment of a checkpoint, now or in its live run",
+        description=f"Split live segment SEGMENT_ID of CHECKPOINT in two. {rescale_note}",
+    )
+    merge = commands.add_parser(
+        "merge", help="merge one segment of a checkpoint with its sibling, now or in its live run",
+        description="Merge live segment SEGMENT_ID of CHECKPOINT with its sibling (as Axon's "
+        f"mergeSegment), which must be live too. {rescale_note}",
+    )
+    for command in (split, merge):
+        command.add_argument("checkpoint", metavar="CHECKPOINT", help="a local directory or a pyarrow.fs URI")
+        command.add_argument("segment_id", type=_non_negative, metavar="SEGMENT_ID",
+                             help="a live segment's id (`segack status` lists them)")
+    scale = commands.add_parser(
+        "scale", help="give a checkpoint a whole new segment set, now or in its live run",
+        description=f"Give CHECKPOINT a new set of segments. {rescale_note}",
+    )
+    scale.add_argument("checkpoint", metavar="CHECKPOINT", help="a local directory or a pyarrow.fs URI")
+    scale.add_argument("--segments", type=_replay_segments, required=True, metavar="N|ID,ID,...|auto",
+                       help="a balanced set of N segments, the live segment ids, or auto: planned from the "
+                       "load of each key group measured so far")
+    scale.add_argument("--workers", type=_positive, default=None, metavar="N",
+                       help="with --segments auto: plan for N workers (default: the current count)")
+    for command in (split, merge, scale):
+        command.add_argument("--claim-timeout", type=float, default=60.0, metavar="SECONDS",
+                             help="the claim the change takes on a checkpoint no run holds expires after "
+                             "this long unextended (default: 60)")
+
     demo = commands.add_parser(
         "demo", help="replay a generated event log into SQLite, crash it, resume it, check it",
         description="Generate a skewed event log, replay it into a SQLite database through an "
@@ -266,7 +298,7 @@ def _status(args: argparse.Namespace) -> int:
         if settings.get("segments"):
             segments = SegmentSet.from_ids(settings["segments"])
             owners = segments.key_group_owners(tokens.bits)
-            print(f"{'segments':<15} {len(segments)} in the last run")
+            print(f"{'segments':<15} {len(segments)} now")
             width = len(f"{int(max(tokens.count.max(initial=0), per_group.max(initial=0))):,}")
             for position, member in enumerate(segments):
                 mine = owners == position
@@ -278,6 +310,14 @@ def _status(args: argparse.Namespace) -> int:
                 print(f"  #{position:<3} id {member.segment_id:<6} mask {member.mask:<6} "
                       f"{events}  {int(per_group[mine].sum()):>{width},} done  "
                       f"{int(mine.sum()):,} key groups")
+    history = settings.get("segment_history", [])
+    if history:
+        print(f"{'segment sets':<15} {_count(len(history), 'set')}, newest last")
+        for entry in history[-10:]:
+            print(f"  {_when(entry['at'])}  {len(entry['segments']):>4} segments  {entry['why']}")
+    pending = _pending_line(store)
+    if pending:
+        print(f"{'requested':<15} {pending}")
     print(f"{'size':<15} {store.size_bytes():,} bytes (its state and {len(files)} progress files)")
     print(f"{'claim':<15} {_claim_line(store)}")
     letters = store.read_dead_letters()
@@ -288,6 +328,28 @@ def _status(args: argparse.Namespace) -> int:
         if name in settings:
             print(f"{name:<15} {settings[name]}")
     return 0
+
+
+def _when(at: float) -> str:
+    """A time as ``segack status`` shows it: local, to the second."""
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+def _pending_line(store: CheckpointStore) -> str | None:
+    """The change of segments waiting for a run, as ``segack status`` shows it."""
+    from segack.spark_adapter.checkpoint import CheckpointError
+    from segack.spark_adapter.rescale import pending_change
+
+    try:
+        change = pending_change(store)
+    except CheckpointError as error:
+        return str(error)
+    if change is None:
+        return None
+    return (f"{change.why} -> {len(change.segments)} segments, asked {_when(change.requested_at)} by "
+            f"{change.by}; the run applies it within seconds")
 
 
 def _count(number: int, noun: str) -> str:
@@ -334,6 +396,35 @@ def _release(args: argparse.Namespace) -> int:
         print(f"segack release: {store.location} is not claimed; nothing to do")
     else:
         print(f"segack release: released the claim of {released.owner()}; should it come back, it is fenced")
+    return 0
+
+
+def _rescale(args: argparse.Namespace) -> int:
+    from segack.spark_adapter import rescale
+    from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore
+
+    command = f"segack {args.command}"
+    try:
+        store = CheckpointStore(args.checkpoint)
+        if args.command == "split":
+            outcome = rescale.split(store, args.segment_id, claim_timeout=args.claim_timeout)
+        elif args.command == "merge":
+            outcome = rescale.merge(store, args.segment_id, claim_timeout=args.claim_timeout)
+        else:
+            outcome = rescale.scale(store, args.segments, workers=args.workers,
+                                    claim_timeout=args.claim_timeout)
+    except (CheckpointError, ValueError, OSError) as error:
+        print(f"{command}: {error}", file=sys.stderr)
+        return 1
+    ids = ",".join(map(str, outcome.segments.ids))
+    if outcome.segments == outcome.before:
+        print(f"{command}: the segments are {ids} already; nothing to do")
+    elif outcome.applied:
+        print(f"{command}: {len(outcome.before)} -> {len(outcome.segments)} segments ({ids}); the next run "
+              f"starts over them")
+    else:
+        print(f"{command}: asked {outcome.run} to change {len(outcome.before)} -> {len(outcome.segments)} "
+              f"segments ({ids}); it applies them within seconds (a stream: at its next micro-batch)")
     return 0
 
 
@@ -401,6 +492,8 @@ def _run(args: argparse.Namespace) -> int:
         return _dead_letters(args)
     if args.command == "release":
         return _release(args)
+    if args.command in ("split", "merge", "scale"):
+        return _rescale(args)
     from segack import spark_cli
 
     if args.command == "replay":

@@ -1,10 +1,11 @@
 """PySpark integration: segment columns, key groups, ordered replay, planning, checkpoints, claims,
-sessions."""
+segments changed while a run goes on, sessions."""
 
 from __future__ import annotations
 
 from segack.spark_adapter import errors as _errors
 from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore, resolve_location
+from segack.spark_adapter.claims import CheckpointClaimedError, ClaimLostError
 from segack.spark_adapter.columns import hash_column, member_index_column, segment_column
 from segack.spark_adapter.errors import HandlerFailedError, ReplayError
 from segack.spark_adapter.planning import Plan, plan
@@ -15,6 +16,7 @@ from segack.spark_adapter.replay import (
     replay,
     worker_error,
 )
+from segack.spark_adapter.rescale import Rescale, merge, scale, split
 from segack.spark_adapter.session import (
     local_session,
     ship_module,
@@ -27,27 +29,33 @@ from segack.spark_adapter.tokens import DEFAULT_KEY_GROUP_BITS, KeyGroupTokens, 
 __all__ = [
     "DEFAULT_KEY_GROUP_BITS",
     "Checkpoint",
+    "CheckpointClaimedError",
     "CheckpointError",
     "CheckpointStore",
+    "ClaimLostError",
     "HandlerFailedError",
     "KeyGroupTokens",
     "Plan",
     "Progress",
     "ReplayError",
     "ReplayResult",
+    "Rescale",
     "TokenError",
     "foreach_batch",
     "hash_column",
     "load_handler",
     "local_session",
     "member_index_column",
+    "merge",
     "plan",
     "replay",
     "resolve_location",
+    "scale",
     "segment_column",
     "ship_module",
     "ship_py_files",
     "spark_session",
+    "split",
     "worker_error",
 ]
 

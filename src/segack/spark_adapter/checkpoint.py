@@ -8,6 +8,7 @@ A checkpoint is a directory, a local path or any URI :mod:`pyarrow.fs` opens
     CHECKPOINT/progress/RUN.stop         asks the run's tasks to stop at their next flush
     CHECKPOINT/claims/N.json             who runs on the checkpoint (:mod:`~segack.spark_adapter.claims`)
     CHECKPOINT/dead-letters/*.parquet    events set aside (:mod:`~segack.spark_adapter.dead_letters`)
+    CHECKPOINT/segments-request.json     segments asked of the live run (:mod:`~segack.spark_adapter.rescale`)
 
 The state file is named after the claim number of the run that wrote it
 (:mod:`~segack.spark_adapter.claims`); the newest is the checkpoint, and older ones are deleted
@@ -61,6 +62,8 @@ STOP_SUFFIX = ".stop"
 DEAD_LETTERS_DIR = "dead-letters"
 #: Where runs claim the checkpoint (:mod:`segack.spark_adapter.claims`).
 CLAIMS_DIR = "claims"
+#: A change of segments asked of the run that holds the checkpoint (:mod:`segack.spark_adapter.rescale`).
+SEGMENTS_REQUEST = "segments-request.json"
 DEAD_ERROR = "__segack_error"
 DEAD_ATTEMPTS = "__segack_attempts"
 DEAD_KEY_GROUP = "__segack_key_group"
@@ -441,6 +444,20 @@ class CheckpointStore:
     def delete_claim_files(self, numbers: list[int]) -> None:
         for number in numbers:
             self._delete(self._claim_path(number))
+
+    # ---------------------------------------------------- segment requests
+
+    def read_segments_request(self) -> bytes | None:
+        """The pending change of segments, or ``None``."""
+        return self._read(self._path(SEGMENTS_REQUEST))
+
+    def write_segments_request(self, data: bytes) -> None:
+        """Record, atomically, a change of segments for the run that holds the checkpoint."""
+        self.write_atomic(self._path(SEGMENTS_REQUEST), data)
+
+    def delete_segments_request(self) -> None:
+        """Remove the pending change of segments, once applied."""
+        self._delete(self._path(SEGMENTS_REQUEST))
 
     # ------------------------------------------------------- task progress
 

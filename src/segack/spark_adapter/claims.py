@@ -70,6 +70,9 @@ class Claim:
     released: bool = False
     #: Who released it, when not its owner (``segack release --force``).
     released_by: str | None = None
+    #: The run whose progress files the next owner merges (rule 4), when not this claim's own: a
+    #: command that handles no events (``segack split``, ...) passes its predecessor's on.
+    progress_of: str | None = None
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode("utf-8") + b"\n"
@@ -168,7 +171,10 @@ def previous_run(store: CheckpointStore, claim: Claim) -> str | None:
     if claim.number <= 1:
         return None
     data = store.read_claim_file(claim.number - 1)
-    return None if data is None else Claim.from_bytes(data, "the previous claim").run_id
+    if data is None:
+        return None
+    before = Claim.from_bytes(data, "the previous claim")
+    return before.progress_of or before.run_id
 
 
 def _prune(store: CheckpointStore, number: int) -> None:
@@ -176,15 +182,17 @@ def _prune(store: CheckpointStore, number: int) -> None:
     store.delete_claim_files([older for older in store.claim_numbers() if older < number - 1])
 
 
-def acquire(store: CheckpointStore, run_id: str, timeout: float) -> Claim:
+def acquire(store: CheckpointStore, run_id: str, timeout: float, *, handles_events: bool = True) -> Claim:
     """Claim ``store`` for ``run_id`` (rules 1-3); :class:`CheckpointClaimedError` if a live claim
-    holds it, or if another run claimed it in the same moment."""
+    holds it, or if another run claimed it in the same moment. A claimant that ``handles_events``
+    not (a command changing the segments) leaves the previous run's progress to the next run."""
     now = time.time()
     latest = latest_claim(store)
     if latest is not None and latest.live(now):
         raise CheckpointClaimedError(store.location, latest, now)
+    passed_on = None if handles_events or latest is None else latest.progress_of or latest.run_id
     claim = Claim(number=1 if latest is None else latest.number + 1, run_id=run_id, host=socket.gethostname(),
-                  pid=os.getpid(), claimed_at=now, extended_at=now, timeout=timeout)
+                  pid=os.getpid(), claimed_at=now, extended_at=now, timeout=timeout, progress_of=passed_on)
     if not store.create_claim_file(claim.number, claim.to_bytes()):
         winner = latest_claim(store)
         assert winner is not None

@@ -29,6 +29,7 @@ State on both sides is one entry per key group: it does not grow with events.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import pickle
 import threading
@@ -56,6 +57,7 @@ from segack.spark_adapter.dead_letters import RetryOutcome, retry_dead_letters
 from segack.spark_adapter.dispatch import Handling
 from segack.spark_adapter.errors import HandlerFailedError, ReplayError, worker_error
 from segack.spark_adapter.planning import plan
+from segack.spark_adapter.rescale import RequestWatcher, SegmentChange, pending_change, record_segments
 from segack.spark_adapter.session import default_segment_count, executors_share_local_disk, setting
 from segack.spark_adapter.task import KG, RESULT_SCHEMA, TIE, TaskPlan, run_task
 from segack.spark_adapter.tokens import DEFAULT_KEY_GROUP_BITS, KeyGroupTokens, TokenError, decode_updates
@@ -122,6 +124,8 @@ class ReplayResult:
     retried: int = 0
     #: Dead letters retried that failed again, or wait behind one of their key that did: they stay.
     retry_failed: int = 0
+    #: Times the segments changed while the run went on (``segments`` counts the last set).
+    segment_changes: int = 0
 
     @property
     def complete(self) -> bool:
@@ -361,15 +365,15 @@ class _Merger:
 
     def __init__(self, spark: SparkSession, store: CheckpointStore, state: Checkpoint, run_id: str, tag: str,
                  segments: int, interval: float, progress: Callable[[Progress], None] | None,
-                 keeper: ClaimKeeper) -> None:
+                 keeper: ClaimKeeper, already_done: int, began: float) -> None:
         assert state.tokens is not None
         self.spark, self.store, self.state, self.run_id, self.tag = spark, store, state, run_id, tag
         self.keeper = keeper
         self.segments = segments
-        self.already_done = state.tokens.done
+        self.already_done = already_done
         self.interval = interval
         self.progress = progress
-        self.began = time.monotonic()
+        self.began = began
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="segack-merger", daemon=True)
@@ -433,20 +437,28 @@ class _RunCounts:
     #: Dead letters the tasks wrote.
     dead_letters: int = 0
     retry: RetryOutcome = field(default_factory=RetryOutcome)
+    #: The segments the run ended over, when they changed while it ran.
+    segments: SegmentSet | None = None
+    #: How many times they changed.
+    segment_changes: int = 0
 
 
 def _execute(
     events: EventInput, state: Checkpoint, store: CheckpointStore, *, run_id: str,
     handler: Callable[[dict[str, Any]], Any], segments: SegmentSet, flush_every: int, flush_interval: float,
     progress: Callable[[Progress], None] | None, handling: Handling, keeper: ClaimKeeper, retry: bool = False,
+    watch_requests: bool = False, consumed: SegmentChange | None = None,
 ) -> _RunCounts:
     """Handle the events the checkpoint lacks; leaves ``state`` final and saved.
 
     Folds in progress a crashed run left behind, then verifies the done events
     against the input, before writing anything: another input is a
     :class:`~segack.spark_adapter.checkpoint.CheckpointError` and changes
-    nothing. With ``retry``, handles the dead letters again first
-    (:mod:`~segack.spark_adapter.dead_letters`); keys that still have some are parked. Raises
+    nothing; then removes the segment request ``consumed`` (the caller chose the set with it in
+    view), unless a newer one replaced it. With ``retry``, handles the dead letters again first
+    (:mod:`~segack.spark_adapter.dead_letters`); keys that still have some are parked. With
+    ``watch_requests``, a change of segments asked while the job runs ends it and starts a new
+    one over the new set (:mod:`~segack.spark_adapter.rescale`). Raises
     :class:`HandlerFailedError` (the first failure, with any later merge error
     attached as a note) or :class:`ReplayError` (:class:`ClaimLostError` once another run took
     the checkpoint over: nothing more is saved).
@@ -474,81 +486,138 @@ def _execute(
     keeper.check()
     store.save(state, keeper.claim.number)
     store.delete_progress(leftovers)
+    if consumed is not None and pending_change(store) == consumed:
+        store.delete_segments_request()  # saved as the set: applied, or overruled by the caller
     already_done = tokens.done
     spark = events.df.sparkSession
     retried = RetryOutcome()
     if retry:
         retried = retry_dead_letters(spark, store, run_id=run_id, handler=handler, key=events.key,
                                      segments=segments, handling=handling, keeper=keeper)
-    if tokens.complete:
+    job = _Job(events, state, store, run_id, handler, flush_every, flush_interval, progress, handling, keeper,
+               already_done, time.monotonic())
+    peak_pending = dead_letters = 0
+    number = 1
+    while not tokens.complete:
+        outcome = job.run(run_id if number == 1 else f"{run_id}-{number}", segments, watch_requests)
+        peak_pending = max(peak_pending, outcome.peak_pending)
+        dead_letters += outcome.dead_letters
+        if outcome.change is None:
+            break
+        # Every task stopped at a flush with its calls finished, and the driver merged them: the
+        # events left resume in a new job over the new set, each key group where it stood.
+        segments = outcome.change.segment_set
+        record_segments(state, segments, f"{outcome.change.why} (by {outcome.change.by})")
+        keeper.check()
+        store.save(state, keeper.claim.number)
+        store.delete_segments_request()
+        number += 1
+    else:
         state.settings.update(status="complete", updated_at=time.time())
         keeper.check()
         store.save(state, keeper.claim.number)
-        return _RunCounts(already_done, retry=retried)
-    plan = TaskPlan(
-        run_id=run_id, store=store, handler=handler, columns=tuple(events.df.columns), key=events.key,
-        order=events.order, committed=tokens.committed.copy(), done_xor=tokens.done_xor.copy(),
-        done_sum=tokens.done_sum.copy(), first_positions=tokens.first_kept_positions(),
-        extras={group: frozenset(positions) for group, positions in tokens.extras.items()},
-        flush_every=flush_every, flush_interval=flush_interval, handling=handling,
-        parked=store.dead_letter_keys(events.key), claim_number=keeper.claim.number,
-    )
-    tag = run_tag(run_id)
-    merger = _Merger(spark, store, state, run_id, tag, len(segments), flush_interval, progress, keeper)
-    results: pa.Table | None = None
-    job_error: BaseException | None = None
-    spark.addTag(tag)
-    try:
-        with merger:
-            try:
-                results = events.job(tokens, segments, plan).toArrow()
-            except Exception as error:
-                job_error = error
-    finally:
-        spark.removeTag(tag)
-    failures: list[HandlerFailedError] = []
-    updates: list[pa.Table] = []
-    peak_pending = dead_letters = 0
-    merge_error: BaseException | None = merger.error
-    if results is not None:
-        failures = [pickle.loads(blob) for blob in results.column("failure").to_pylist() if blob is not None]
-        peak_pending = max(results.column("peak_pending").to_pylist(), default=0)
-        dead_letters = sum(results.column("dead_letters").to_pylist())
+    return _RunCounts(already_done, peak_pending, dead_letters, retried, segments, number - 1)
+
+
+class _Job:
+    """One Spark job of a run over one segment set; a run has more than one when its segments
+    change while it goes on (:mod:`~segack.spark_adapter.rescale`)."""
+
+    def __init__(self, events: EventInput, state: Checkpoint, store: CheckpointStore, run_id: str,
+                 handler: Callable[[dict[str, Any]], Any], flush_every: int, flush_interval: float,
+                 progress: Callable[[Progress], None] | None, handling: Handling, keeper: ClaimKeeper,
+                 already_done: int, began: float) -> None:
+        self.events, self.state, self.store, self.run_id, self.handler = events, state, store, run_id, handler
+        self.flush_every, self.flush_interval, self.progress = flush_every, flush_interval, progress
+        self.handling, self.keeper, self.already_done, self.began = handling, keeper, already_done, began
+
+    def run(self, job_id: str, segments: SegmentSet, watch_requests: bool) -> _JobOutcome:
+        """Handle the remaining events over ``segments``; leaves the state saved. Stops early, with
+        the change, when ``watch_requests`` and a change of segments is asked for. Raises as
+        :func:`_execute` says."""
+        events, state, store, keeper = self.events, self.state, self.store, self.keeper
+        tokens = state.tokens
+        assert tokens is not None
+        spark = events.df.sparkSession
+        plan = TaskPlan(
+            run_id=job_id, store=store, handler=self.handler, columns=tuple(events.df.columns),
+            key=events.key, order=events.order, committed=tokens.committed.copy(),
+            done_xor=tokens.done_xor.copy(), done_sum=tokens.done_sum.copy(),
+            first_positions=tokens.first_kept_positions(),
+            extras={group: frozenset(positions) for group, positions in tokens.extras.items()},
+            flush_every=self.flush_every, flush_interval=self.flush_interval, handling=self.handling,
+            parked=store.dead_letter_keys(events.key), claim_number=keeper.claim.number,
+        )
+        tag = run_tag(self.run_id)
+        merger = _Merger(spark, store, state, job_id, tag, len(segments), self.flush_interval, self.progress,
+                         keeper, self.already_done, self.began)
+        watcher = RequestWatcher(store, segments, lambda change: store.request_stop(
+            job_id, f"segments change: {change.why}")) if watch_requests else None
+        results: pa.Table | None = None
+        job_error: BaseException | None = None
+        spark.addTag(tag)
         try:
-            updates = [decode_updates(blob, "a task's result")
-                       for blob in results.column("updates").to_pylist() if blob is not None]
-        except TokenError as error:
+            with merger, watcher or contextlib.nullcontext():
+                try:
+                    results = events.job(tokens, segments, plan).toArrow()
+                except Exception as error:
+                    job_error = error
+        finally:
+            spark.removeTag(tag)
+        change = None if watcher is None else watcher.change
+        failures: list[HandlerFailedError] = []
+        updates: list[pa.Table] = []
+        peak_pending = dead_letters = 0
+        merge_error: BaseException | None = merger.error
+        if results is not None:
+            failures = [pickle.loads(blob) for blob in results.column("failure").to_pylist()
+                        if blob is not None]
+            peak_pending = max(results.column("peak_pending").to_pylist(), default=0)
+            dead_letters = sum(results.column("dead_letters").to_pylist())
+            try:
+                updates = [decode_updates(blob, "a task's result")
+                           for blob in results.column("updates").to_pylist() if blob is not None]
+            except TokenError as error:
+                merge_error = merge_error or error
+        try:
+            merger.merge(updates)
+        except Exception as error:
             merge_error = merge_error or error
-    try:
-        merger.merge(updates)
-    except Exception as error:
-        merge_error = merge_error or error
-    finished = merge_error is None and job_error is None and not failures
-    if finished and not tokens.counted:
-        # Every task read all of its events: each key group's committed point is its count.
-        tokens.count_from_committed()
-        state.settings["total"] = tokens.total
-    state.settings.update(status=("complete" if tokens.complete else "incomplete") if finished else "failed",
-                          updated_at=time.time())
-    try:
-        keeper.check()
-        store.save(state, keeper.claim.number)
-        store.delete_progress(store.progress_files(run_id))
-        store.clear_stop(run_id)
-    except Exception as error:
-        merge_error = merge_error or error
-    if keeper.lost is not None:
-        raise keeper.lost
-    if failures:
-        failure = failures[0]
+        finished = merge_error is None and job_error is None and not failures
+        if finished and change is None and not tokens.counted:
+            # Every task read all of its events: each key group's committed point is its count.
+            tokens.count_from_committed()
+            state.settings["total"] = tokens.total
+        status = ("running" if change is not None else "complete" if tokens.complete else "incomplete"
+                  ) if finished else "failed"
+        state.settings.update(status=status, updated_at=time.time())
+        try:
+            keeper.check()
+            store.save(state, keeper.claim.number)
+            store.delete_progress(store.progress_files(job_id))
+            store.clear_stop(job_id)
+        except Exception as error:
+            merge_error = merge_error or error
+        if keeper.lost is not None:
+            raise keeper.lost
+        if failures:
+            failure = failures[0]
+            if merge_error is not None:
+                failure.add_note(f"saving progress afterwards failed too: {merge_error!r}")
+            raise failure
         if merge_error is not None:
-            failure.add_note(f"saving progress afterwards failed too: {merge_error!r}")
-        raise failure
-    if merge_error is not None:
-        raise ReplayError(f"saving progress failed: {merge_error}") from merge_error
-    if job_error is not None:
-        raise ReplayError(f"a Spark task failed: {worker_error(job_error)}") from job_error
-    return _RunCounts(already_done, peak_pending, dead_letters, retried)
+            raise ReplayError(f"saving progress failed: {merge_error}") from merge_error
+        if job_error is not None:
+            raise ReplayError(f"a Spark task failed: {worker_error(job_error)}") from job_error
+        return _JobOutcome(peak_pending, dead_letters, change)
+
+
+@dataclass(frozen=True)
+class _JobOutcome:
+    peak_pending: int
+    dead_letters: int
+    #: The change of segments the job stopped for (``None``: it ran to its end).
+    change: SegmentChange | None
 
 
 def run_tag(run_id: str) -> str:
@@ -678,28 +747,36 @@ def replay(
     run_id = uuid.uuid4().hex[:12]
     claim = acquire(store, run_id, claim_timeout)
     with ClaimKeeper(store, claim, on_lost=functools.partial(spark.interruptTag, run_tag(run_id))) as keeper:
+        # A change of segments asked of an earlier run that ended first is this run's to apply,
+        # unless it names its own segments.
+        pending = pending_change(store)
+        applied = pending if chosen is None else None
         # Read again under the claim: the previous owner may have saved in between.
-        setup = _Setup(df, store, key, order, hash, method, key_group_bits, chosen)
+        setup = _Setup(df, store, key, order, hash, method, key_group_bits,
+                       chosen if applied is None else applied.segment_set)
         state, events = setup.state, setup.events
         previous = state.settings
         state.settings = {
             **previous, "source": source if source is not None else previous.get("source"),
             "key": key, "order": order, "hash": hash, **events.column_types, "key_group_bits": setup.bits,
-            "segments": list(setup.segments.ids), "runs": int(previous.get("runs", 0)) + 1,
+            "runs": int(previous.get("runs", 0)) + 1,
             "run_id": run_id, "flush_every": flush_every, "flush_interval": flush_interval,
             "started_at": time.time(), "updated_at": time.time(), "status": "running",
         }
+        record_segments(state, setup.segments, f"start of run {run_id}" if applied is None else
+                        f"{applied.why} (by {applied.by}), at the start of run {run_id}")
         counts = _execute(
             events, state, store, run_id=run_id, handler=handler, segments=setup.segments,
             flush_every=flush_every, flush_interval=flush_interval, progress=progress, handling=handling,
-            keeper=keeper, retry=retry_dead_letters)
+            keeper=keeper, retry=retry_dead_letters, watch_requests=True, consumed=pending)
     tokens = state.tokens
     assert tokens is not None
     assert tokens.total is not None  # a run that ends without an error has counted its input
     return ReplayResult(
         total=tokens.total, already_done=counts.already_done,
         handled=tokens.done - counts.already_done - counts.dead_letters, done=tokens.done,
-        segments=len(setup.segments), key_group_bits=setup.bits, seconds=time.monotonic() - began,
+        segments=len(counts.segments or setup.segments), key_group_bits=setup.bits,
+        seconds=time.monotonic() - began, segment_changes=counts.segment_changes,
         peak_pending=counts.peak_pending, dead_letters=counts.dead_letters,
         retried=counts.retry.handled, retry_failed=counts.retry.kept,
     )

@@ -37,6 +37,14 @@ from segack.spark_adapter.replay import (
     check_session,
     run_tag,
 )
+from segack.spark_adapter.rescale import (
+    SegmentChange,
+    auto_change,
+    pending_change,
+    record_segments,
+    recorded_segments,
+)
+from segack.spark_adapter.session import default_segment_count
 from segack.spark_adapter.tokens import KeyGroupTokens
 
 if TYPE_CHECKING:
@@ -51,7 +59,7 @@ def foreach_batch(
     key: str,
     order: str,
     checkpoint: str | CheckpointStore,
-    segments: int | SegmentSet = 2,
+    segments: int | SegmentSet | str | None = None,
     hash: str = "spark",
     key_group_bits: int | None = None,
     method: str = "auto",
@@ -76,7 +84,17 @@ def foreach_batch(
     :func:`~segack.spark_adapter.replay`. Each batch claims the checkpoint for its run, as a
     replay does (``claim_timeout``), and releases it at its end. With ``retry_dead_letters``, the
     first batch this function processes handles the checkpoint's dead letters again before its
-    own events (restart the query with it once the cause is fixed). Settings are checked at once
+    own events (restart the query with it once the cause is fixed).
+
+    ``segments`` is the set of the first batch this function processes (a count or a
+    :class:`~segack.SegmentSet`; default: the checkpoint's set, else the session's default count).
+    Later batches keep the checkpoint's set, which :func:`~segack.spark_adapter.split`,
+    :func:`~segack.spark_adapter.merge` and :func:`~segack.spark_adapter.scale` change while the
+    query runs: a change asked during a batch applies at the next one
+    (:mod:`~segack.spark_adapter.rescale`). ``segments="auto"`` plans the set again before each
+    batch from the key groups' load measured so far, for the session's default count of
+    workers, and changes it only when the largest share drops by a clear margin (a fifth).
+    Settings are checked at once
     (``ValueError``/``TypeError`` as for :func:`~segack.spark_adapter.replay`); each batch raises as
     :func:`~segack.spark_adapter.replay` does.
     """
@@ -89,7 +107,9 @@ def foreach_batch(
     if not isinstance(retry_dead_letters, bool):
         raise SegackValueError(f"retry_dead_letters must be True or False, not {retry_dead_letters!r}")
     retry_pending = retry_dead_letters  # until a batch has retried them
-    chosen = _segment_set(segments)
+    auto = segments == "auto"
+    chosen = None if segments is None or auto else _segment_set(segments)
+    first_batch = True
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
 
     def process_batch(batch: DataFrame, batch_id: int) -> None:
@@ -102,11 +122,28 @@ def foreach_batch(
         with ClaimKeeper(store, claim, on_lost=stop) as keeper:
             _process(batch, batch_id, run_id, keeper)
 
+    def _segments(state: Checkpoint, bits: int, batch: DataFrame, batch_id: int,
+                  pending: SegmentChange | None) -> tuple[SegmentSet, str]:
+        """The batch's segments, and why (rule 3 of :mod:`~segack.spark_adapter.rescale`)."""
+        if chosen is not None and first_batch:
+            return chosen, f"start of the query, at batch {batch_id}"
+        if pending is not None:
+            return pending.segment_set, f"{pending.why} (by {pending.by}), at batch {batch_id}"
+        workers = default_segment_count(batch.sparkSession)
+        current = recorded_segments(state) or SegmentSet.balanced(min(workers, 1 << bits))
+        if auto and state.tokens is not None:
+            planned = auto_change(state.tokens, current, workers)
+            if planned is not None:
+                return planned[0], f"{planned[1]}, at batch {batch_id}"
+        return current, f"start of the query, at batch {batch_id}"
+
     def _process(batch: DataFrame, batch_id: int, run_id: str, keeper: ClaimKeeper) -> None:
-        nonlocal retry_pending
+        nonlocal retry_pending, first_batch
         state = store.load() or Checkpoint()
         bits = _resolution(state.settings, key_group_bits)
-        chosen.key_group_owners(bits)
+        pending = pending_change(store)
+        segments, why = _segments(state, bits, batch, batch_id, pending)
+        segments.key_group_owners(bits)
         events = EventInput(batch, key, order, hash, method, bits)
         stream = state.settings.get("stream", {"completed_batch": -1, "batch": None})
         if batch_id <= stream["completed_batch"]:
@@ -125,14 +162,15 @@ def foreach_batch(
             current = {"id": batch_id}
         state.settings.update({
             "key": key, "order": order, "hash": hash, **events.column_types, "key_group_bits": bits,
-            "segments": list(chosen.ids), "flush_every": flush_every, "flush_interval": flush_interval,
+            "flush_every": flush_every, "flush_interval": flush_interval,
             "updated_at": time.time(), "status": "running",
             "stream": {"completed_batch": stream["completed_batch"], "batch": current},
         })
-        _execute(events, state, store, run_id=run_id, handler=handler, segments=chosen,
+        record_segments(state, segments, why)
+        _execute(events, state, store, run_id=run_id, handler=handler, segments=segments,
                  flush_every=flush_every, flush_interval=flush_interval, progress=None, handling=handling,
-                 keeper=keeper, retry=retry_pending)
-        retry_pending = False
+                 keeper=keeper, retry=retry_pending, consumed=pending)
+        retry_pending = first_batch = False
         if not state.tokens.complete:
             raise ReplayError(f"batch {batch_id} ended with events not done")
         state.settings["stream"] = {"completed_batch": batch_id, "batch": None}

@@ -493,7 +493,10 @@ def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     attempt = context.attemptNumber() if context else 0
     task = _SegmentTask(plan, partition, attempt)
     failure = None
-    for batch in batches:
+    # A task that starts after its run was asked to stop (a change of segments, a failure
+    # elsewhere) handles nothing: the next job, or run, has its events.
+    task.stopped = plan.store.stop_requested(plan.run_id)
+    for batch in () if task.stopped else batches:
         failure = task.handle(batch)
         if failure is not None or task.stopped:
             break
