@@ -1,4 +1,4 @@
-"""Sessions: tests, quick, sdist, fuzz, conformance, lint, docs, bench. ``nox -l`` lists them."""
+"""Sessions: tests, quick, sdist, fuzz, conformance, lint, docs, mutation, bench. ``nox -l`` lists them."""
 
 from __future__ import annotations
 
@@ -102,6 +102,18 @@ def docs(session: nox.Session) -> None:
     session.install(".", "sphinx>=8,<9", "furo>=2024.8", "matplotlib>=3.8")
     session.run("sphinx-build", "-W", "-n", "--keep-going", "-b", "html", "docs", "docs/_build/html")
     session.run("sphinx-build", "-W", "-n", "--keep-going", "-b", "doctest", "docs", "docs/_build/doctest")
+
+
+@nox.session
+def mutation(session: nox.Session) -> None:
+    """Mutate ``segack.specs`` (mutmut, two at a time, resumable in ``mutants/``) and run the tests
+    that need no Spark against each mutant; fails when one survives that
+    ``tests/mutation-equivalents.txt`` does not list, or the score is under 95 %. ``-- --sample``
+    tests a fixed tenth (CI)."""
+    session.install(".[test]", "mutmut==3.8.1", "setuptools>=77", "wheel")
+    # mutmut tests a copy of src/: the compiled kernel must be built inside it.
+    session.run("python", "setup.py", "-q", "build_ext", "--inplace")
+    session.run("python", "-m", "tests.mutation_check", *session.posargs)
 
 
 @nox.session

@@ -406,7 +406,11 @@ def _claim_cost(rows: list[dict[str, Any]]) -> None:
         seconds = time.perf_counter() - began
         store = CheckpointStore(checkpoint)
         task_check = best_of(lambda: [latest_claim_number(store) for _ in range(1000)]) / 1000
-        acquired_once = best_of(lambda: ClaimKeeper(store, acquire(store, "bench", 60)).__exit__(), 20)
+        def claim_and_release() -> None:
+            with ClaimKeeper(store, acquire(store, "bench", 60)):
+                pass
+
+        acquired_once = best_of(claim_and_release, 20)
         keeper = ClaimKeeper(store, acquire(store, "bench-extend", 60))
         extend = best_of(lambda: [keeper.extend() for _ in range(100)]) / 100
         driver_check = best_of(lambda: [keeper.check() for _ in range(100)]) / 100
@@ -420,7 +424,7 @@ def _claim_cost(rows: list[dict[str, Any]]) -> None:
                  "run": f"{seconds:.2f} s",
                  "claim operations": f"{flushes:,.0f} task checks x {task_check * 1e6:,.0f} us, "
                                      f"{saves:,.0f} driver checks x {driver_check * 1e6:,.0f} us, "
-                                     f"{extends:,.0f} extends x {extend * 1e6:,.0f} us, "
+                                     f"{extends:,.1f} extends x {extend * 1e6:,.0f} us, "
                                      f"claim + release {acquired_once * 1e3:.1f} ms",
                  "claims' share of the run": f"{spent / seconds:.3%}"})
 

@@ -14,7 +14,7 @@ new set resumes each key group where it stood. The rules:
    starts over the new set. The claim passes the progress of a crashed run on to the next run.
 3. **On a checkpoint a live run holds**, the change is recorded as a request
    (``CHECKPOINT/segments-request.json``) and the command returns at once: it never waits for the
-   run nor takes its claim. A replay notices the request within a second, asks its tasks to stop
+   run nor takes its claim. A replay notices the request within a fraction of a second, asks its tasks to stop
    at their next flush (they finish the calls in flight and write their progress), merges, records
    the new set and goes on with the remaining events in a new Spark job over it. A stream
    (:func:`~segack.spark_adapter.foreach_batch`) applies it at its next micro-batch. A request
@@ -57,7 +57,7 @@ __all__ = ["HISTORY_LENGTH", "Rescale", "SegmentChange", "merge", "scale", "spli
 #: Segment sets a checkpoint remembers (rule 4).
 HISTORY_LENGTH = 100
 #: How often a running replay looks for a request, in seconds.
-REQUEST_POLL_SECONDS = 0.5
+REQUEST_POLL_SECONDS = 0.2
 #: ``auto`` changes a stream's set only when the planned set's largest share is at most this
 #: fraction of the current set's: a smaller gain is not worth a new set, and the set must not flap.
 AUTO_MARGIN = 0.8

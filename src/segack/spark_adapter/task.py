@@ -67,6 +67,8 @@ KG = "__segack_kg"
 TIE = "__segack_tie"
 # How often (in events) the handler loop looks at the clock and the flush counter.
 _CHECK_EVERY = 64
+#: Seconds between looks for a stop request between flushes, on a local (or mounted) checkpoint.
+_STOP_LOOK_SECONDS = 0.1
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ class _SegmentTask:
         self.handled = 0
         self.rows_seen = 0
         self.rows_at_flush = 0
-        self.last_flush = time.monotonic()
+        self.last_flush = self.last_stop_look = time.monotonic()
         self.stopped = False
         #: Another run took the checkpoint over: this task writes nothing more.
         self.fenced = False
@@ -238,7 +240,6 @@ class _SegmentTask:
         if self.dispatcher is not None:
             return self._dispatch(current, events)
         handler = self.plan.handler
-        flush_every = self.plan.flush_every
         for row, event in enumerate(events):
             if skip is not None and skip[row]:
                 continue
@@ -251,18 +252,14 @@ class _SegmentTask:
                         self._commit_in_order(current, row)
                         self.rows_seen += row
                         return failure
-            if row % _CHECK_EVERY == _CHECK_EVERY - 1 and (
-                self.rows_seen + row + 1 - self.rows_at_flush >= flush_every
-                or time.monotonic() - self.last_flush >= self.plan.flush_interval
-            ):
+            if row % _CHECK_EVERY == _CHECK_EVERY - 1 and self._due(self.rows_seen + row + 1):
                 self._commit_in_order(current, row + 1)
                 self._flush(self.rows_seen + row + 1)
                 if self.stopped:
                     return None
         self._commit_in_order(current, len(events))
         self.rows_seen += len(events)
-        if (self.rows_seen - self.rows_at_flush >= flush_every
-                or time.monotonic() - self.last_flush >= self.plan.flush_interval):
+        if self._due(self.rows_seen):
             self._flush(self.rows_seen)
         return None
 
@@ -398,8 +395,17 @@ class _SegmentTask:
             self.dead_pending = []
 
     def _due(self, rows_seen: int) -> bool:
-        return (rows_seen - self.rows_at_flush >= self.plan.flush_every
-                or time.monotonic() - self.last_flush >= self.plan.flush_interval)
+        """Whether to flush now: the flush policy says so, or the run was asked to stop (a change
+        of segments waits for it), which is looked for more often than a flush where a look is a
+        local file's metadata; on an object store each look is a request, so only at a flush."""
+        now = time.monotonic()
+        if (rows_seen - self.rows_at_flush >= self.plan.flush_every
+                or now - self.last_flush >= self.plan.flush_interval):
+            return True
+        if self.plan.store.is_local and now - self.last_stop_look >= _STOP_LOOK_SECONDS:
+            self.last_stop_look = now
+            return self.plan.store.stop_requested(self.plan.run_id)
+        return False
 
     # ---------------------------------------------------- commits, flushes
 

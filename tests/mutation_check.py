@@ -1,0 +1,88 @@
+"""``nox -s mutation``: mutate ``segack.specs`` with mutmut, run the tests that need no Spark
+against each mutant, and check the outcome.
+
+Every mutant must be killed (a test fails, or the tests hang: a timeout), or be listed in
+``tests/mutation-equivalents.txt`` with the reason it cannot be killed (it behaves exactly as
+the original). The session fails when a mutant survives unlisted, or when the score (killed over
+mutants not listed) is below :data:`FLOOR`. mutmut keeps its results in ``mutants/``, so a second
+run only tests what changed.
+
+``python -m tests.mutation_check [--sample] [--children N]``: ``--sample`` tests a fixed tenth of
+the mutants (those whose number ends in 3), for CI; by default, all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EQUIVALENTS = ROOT / "tests" / "mutation-equivalents.txt"
+#: The least share of the non-equivalent mutants the tests must kill.
+FLOOR = 0.95
+#: A fixed tenth of the mutants: those whose number ends in 3.
+SAMPLE = "*__mutmut_*3"
+_RESULT = re.compile(r"^\s+(\S+): (.+)$")
+_KILLED = {"killed", "timeout"}
+_SURVIVED = {"survived", "no tests", "suspicious"}
+
+
+def equivalents(path: Path = EQUIVALENTS) -> dict[str, str]:
+    """The listed equivalent mutants: name -> why it cannot be killed. A line is ``NAME  REASON``;
+    ``#`` starts a comment. A line without a reason is an error."""
+    listed = {}
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        name, _, reason = text.partition(" ")
+        if not reason.strip():
+            raise SystemExit(f"{path}:{number}: {name} has no reason")
+        listed[name] = reason.strip()
+    return listed
+
+
+def results() -> dict[str, str]:
+    """mutmut's status of every mutant it has generated."""
+    out = subprocess.run(["mutmut", "results", "--all", "true"], cwd=ROOT, check=True, capture_output=True,
+                         text=True).stdout
+    return {match[1]: match[2].strip() for match in map(_RESULT.match, out.splitlines()) if match}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sample", action="store_true", help="test a fixed tenth of the mutants")
+    parser.add_argument("--children", type=int, default=2, help="mutants tested at once (default: 2)")
+    args = parser.parse_args(argv)
+    patterns = [SAMPLE] if args.sample else []
+    subprocess.run(["mutmut", "run", "--max-children", str(args.children), *patterns], cwd=ROOT, check=True)
+    statuses = results()
+    if args.sample:
+        statuses = {name: status for name, status in statuses.items() if re.search(r"__mutmut_\d*3$", name)}
+    listed = equivalents()
+    untested = sorted(name for name, status in statuses.items() if status not in _KILLED | _SURVIVED)
+    killed = [name for name, status in statuses.items() if status in _KILLED]
+    survived = sorted(name for name, status in statuses.items() if status in _SURVIVED)
+    unlisted = [name for name in survived if name not in listed]
+    stale = sorted(name for name in killed if name in listed)
+    scored = len(statuses) - len([name for name in survived if name in listed])
+    score = len(killed) / scored if scored else 1.0
+    print(f"mutants: {len(statuses)}; killed {len(killed)} (timeouts included); equivalent "
+          f"{len(survived) - len(unlisted)}; survived {len(unlisted)}; score {score:.1%} of {scored} "
+          f"(floor {FLOOR:.0%})")
+    for name in stale:
+        print(f"listed as equivalent but killed now (remove it from {EQUIVALENTS.name}): {name}")
+    for name in untested:
+        print(f"not tested ({statuses[name]}): {name}")
+    for name in unlisted:
+        print(f"\nsurvived, not listed as equivalent: {name} ({statuses[name]})")
+        diff = subprocess.run(["mutmut", "show", name], cwd=ROOT, capture_output=True, text=True).stdout
+        print(diff.rstrip())
+    return 1 if unlisted or untested or score < FLOOR else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
