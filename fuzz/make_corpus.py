@@ -1,4 +1,5 @@
-"""Write the seed corpus: valid tokens, progress files and checkpoints (run once; checked in)."""
+"""Write the seed corpus: valid tokens, progress files, checkpoints, claims and segment requests
+(run once; checked in)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pyarrow as pa
 import segack
 from segack.spark_adapter import tokens
 from segack.spark_adapter.checkpoint import Checkpoint
+from segack.spark_adapter.claims import Claim
+from segack.spark_adapter.rescale import SegmentChange
 
 HERE = Path(__file__).parent
 
@@ -34,6 +37,8 @@ def main() -> None:
     _save("checkpoint_bytes", Checkpoint({"key_group_bits": 12, "key": "user"}, state).to_bytes())
     updates = pa.table({"kg": pa.array([1, 7], pa.int32())})
     _save("checkpoint_bytes", tokens.encode_updates(updates)[9:])
+    _save("checkpoint_bytes", Claim(7, "3f2a9c81d0e4", "etl-7", 81233, 1.5e9, 1.5e9 + 4, 60.0).to_bytes())
+    _save("checkpoint_bytes", SegmentChange((0, 1, 3), "split segment 1", 1.5e9, "pid 1 on etl-7").to_bytes())
 
 
 if __name__ == "__main__":

@@ -120,6 +120,24 @@ def test_segments_hash_compare_and_pickle(impl):
     assert len({a, b, impl.Segment(1, 7)}) == 2
 
 
+@given(segments_by_splitting(), segments_by_splitting())
+def test_segments_order_by_id_then_mask_in_every_comparison(first, second):
+    for impl in (kernel, spec):
+        a, b = impl.Segment(*first), impl.Segment(*second)
+        assert (a < b, a <= b, a > b, a >= b, a == b, a != b) == (first < second, first <= second,
+                                                                    first > second, first >= second,
+                                                                    first == second, first != second)
+
+
+def test_segments_compare_with_nothing_else(impl):
+    segment = impl.Segment(1, 3)
+    assert segment != (1, 3) and not segment == (1, 3)  # noqa: SIM201
+    for compare in (lambda: segment < (1, 3), lambda: segment <= 1, lambda: segment > None,
+                    lambda: segment >= "x"):
+        with pytest.raises(TypeError):
+            compare()
+
+
 def test_compute_segments_recovers_masks(impl):
     ids = [0, 1, 2, 3, 5, 7]
     # Root -> 0,1 -> 0,2 / 1,3 -> 1,5 / 3,7.
