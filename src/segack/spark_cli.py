@@ -127,8 +127,8 @@ def replay_command(args: argparse.Namespace) -> int:
           f"{result.total:,} in all, over {result.segments} segments and {2**result.key_group_bits:,} "
           f"key groups in {result.seconds:.1f} s")
     if result.segment_changes:
-        print(f"segack replay: the segments changed {result.segment_changes} "
-              f"time{'s' if result.segment_changes > 1 else ''} while it ran; `segack status "
+        times = "once" if result.segment_changes == 1 else f"{result.segment_changes} times"
+        print(f"segack replay: the segments changed {times} while it ran; `segack status "
               f"{args.checkpoint}` shows each set")
     if args.retry_dead_letters:
         stay = f"; {result.retry_failed:,} failed again and stay" if result.retry_failed else ""
