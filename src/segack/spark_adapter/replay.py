@@ -510,7 +510,8 @@ def _execute(
         record_segments(state, segments, f"{outcome.change.why} (by {outcome.change.by})")
         keeper.check()
         store.save(state, keeper.claim.number)
-        store.delete_segments_request()
+        if pending_change(store) == outcome.change:
+            store.delete_segments_request()  # a newer request stays, for the next job's watcher
         number += 1
     else:
         state.settings.update(status="complete", updated_at=time.time())
