@@ -99,6 +99,8 @@ def test_sigkilled_replays_resume_rescale_and_finish(tmp_path):
     state = CheckpointStore(str(tmp_path / "checkpoint")).load()
     assert state.tokens.complete and state.settings["segments"] == list(range(4))
     assert "already done" in out
+    # The killed runs recorded the file they read; it has not changed, so nothing was checked again.
+    assert "were not read again" in out
 
 
 def test_handler_failure_exits_non_zero_with_one_line_naming_the_event(tmp_path):

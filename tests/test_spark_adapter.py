@@ -613,6 +613,7 @@ def test_a_crashed_first_run_then_other_input_is_refused(spark, tmp_path):
     ({"retry_delay": -1}, ValueError, "retry_delay"),
     ({"timeout": 0}, ValueError, "timeout"),
     ({"on_error": "skip"}, ValueError, "on_error"),
+    ({"verify": "never"}, ValueError, "verify must be one of"),
 ])
 def test_replay_rejects_bad_settings_before_writing_anything(spark, tmp_path, kwargs, error, message):
     frame = spark.createDataFrame(generate_events(50, seed=4))

@@ -29,6 +29,10 @@ SPARK_HASH_SEED = 42
 #: other keys, one event at a time, or any events.
 SEQUENCING_POLICIES = ("per-key", "sequential", "concurrent")
 
+#: When a resumed replay checks its done events against the input (see
+#: segack.spark_adapter.fingerprint): unless the input is unchanged, or always.
+VERIFY_CHOICES = ("auto", "always")
+
 # ------------------------------------------------------------------ the acker's input rules
 
 #: The largest index an acker takes (the kernel keeps indexes as signed 64-bit ints).

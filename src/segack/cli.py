@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from segack._shared import HASHES, SEQUENCING_POLICIES
+from segack._shared import HASHES, SEQUENCING_POLICIES, VERIFY_CHOICES
 from segack.kernel import SegmentSet, java_hash, spark_hash
 
 if TYPE_CHECKING:
@@ -125,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--claim-timeout", type=float, default=60.0, metavar="SECONDS",
                         help="another run may take the checkpoint over once this run's claim has gone "
                         "unextended this long (default: 60)")
+    replay.add_argument("--verify", choices=VERIFY_CHOICES, default="auto",
+                        help="a resume first checks that the events done are still the input's (a pass over "
+                        "them); auto (the default) skips that when the input is the same files, unchanged, "
+                        "as the checkpoint's last run read; always checks every time")
 
     plan = commands.add_parser(
         "plan", help="plan segments from the events' load, and show the limit the hottest key sets",

@@ -105,7 +105,7 @@ def replay_command(args: argparse.Namespace) -> int:
             source=args.input, shared_local_checkpoint=args.shared_local_checkpoint,
             concurrency=args.concurrency, max_pending=args.max_pending, policy=args.policy,
             retries=args.retries, retry_delay=args.retry_delay, timeout=args.timeout, on_error=args.on_error,
-            retry_dead_letters=args.retry_dead_letters, claim_timeout=args.claim_timeout,
+            retry_dead_letters=args.retry_dead_letters, claim_timeout=args.claim_timeout, verify=args.verify,
         )
     except (HandlerFailedError, ReplayError, CheckpointError, ValueError, OSError) as error:
         printer.close()
@@ -126,6 +126,9 @@ def replay_command(args: argparse.Namespace) -> int:
     print(f"segack replay: {result.handled:,} events handled, {result.already_done:,} already done, "
           f"{result.total:,} in all, over {result.segments} segments and {2**result.key_group_bits:,} "
           f"key groups in {result.seconds:.1f} s")
+    if result.already_done and not result.input_checked:
+        print("segack replay: the input is the same files, unchanged, as the last run read: the events "
+              "done were not read again to check them (--verify always checks)")
     if result.segment_changes:
         times = "once" if result.segment_changes == 1 else f"{result.segment_changes} times"
         print(f"segack replay: the segments changed {times} while it ran; `segack status "

@@ -6,7 +6,9 @@ How a run goes (:ref:`replay-at-scale` explains key groups and tokens):
    and checks that the events at or below it are the ones that were done:
    their count and the digest of their ties (every column of every row). A
    checkpoint of other input is refused before anything runs. A fresh run has
-   nothing to verify and skips the pass.
+   nothing to verify and skips the pass; so does a run whose input has the
+   fingerprint the checkpoint recorded (:mod:`~segack.spark_adapter.fingerprint`:
+   the same query over the same unchanged files), unless ``verify="always"``.
 2. **Resume filter.** Where the checkpoint has a boundary for a key group, a
    broadcast join against those boundaries keeps only the events whose sort
    key ``(order, key, tie)`` is at or past it: one comparison per event, in the
@@ -42,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from segack._shared import VERIFY_CHOICES
 from segack.errors import SegackTypeError, SegackValueError
 from segack.kernel import SegmentSet
 from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore
@@ -56,6 +59,7 @@ from segack.spark_adapter.columns import hash_column, member_index_column
 from segack.spark_adapter.dead_letters import RetryOutcome, retry_dead_letters
 from segack.spark_adapter.dispatch import Handling
 from segack.spark_adapter.errors import HandlerFailedError, ReplayError, worker_error
+from segack.spark_adapter.fingerprint import input_fingerprint
 from segack.spark_adapter.planning import plan
 from segack.spark_adapter.rescale import RequestWatcher, SegmentChange, pending_change, record_segments
 from segack.spark_adapter.session import default_segment_count, executors_share_local_disk, setting
@@ -126,6 +130,9 @@ class ReplayResult:
     retry_failed: int = 0
     #: Times the segments changed while the run went on (``segments`` counts the last set).
     segment_changes: int = 0
+    #: Whether the run checked the checkpoint's done events against the input: a resumed run does,
+    #: unless the input has the fingerprint the checkpoint recorded (``verify="auto"``).
+    input_checked: bool = False
 
     @property
     def complete(self) -> bool:
@@ -244,30 +251,28 @@ class EventInput:
         """The key's and the order's Spark types, as a checkpoint records them."""
         return {"key_type": self.key_type.simpleString(), "order_type": self.order_type.simpleString()}
 
-    def _with_bounds(self, tokens: KeyGroupTokens) -> tuple[DataFrame, Column, Column]:
-        """Events with key group and tie, joined to their key group's boundary (if any);
-        plus the conditions "before the boundary" and "equal to it"."""
+    def _joined_to_bounds(self, tokens: KeyGroupTokens) -> DataFrame:
+        """Events with their key group, joined to its boundary (nulls where it has none)."""
         from pyspark.sql import functions as F
         from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
-        events = self.df.withColumn(KG, self.key_group).withColumn(TIE, self.tie)
         schema = StructType([
             StructField(KG, IntegerType(), False), StructField(_BOUND_ORDER, self.order_type),
             StructField(_BOUND_KEY, self.key_type), StructField(_BOUND_TIE, LongType()),
         ])
         table = tokens.boundary_table().rename_columns([KG, _BOUND_ORDER, _BOUND_KEY, _BOUND_TIE])
         bounds = self.df.sparkSession.createDataFrame(table, schema=schema)
-        here = F.struct(F.col(self.order), F.col(self.key), F.col(TIE))
-        there = F.struct(F.col(_BOUND_ORDER), F.col(_BOUND_KEY), F.col(_BOUND_TIE))
-        bounded = F.col(_BOUND_TIE).isNotNull()
-        return (events.join(F.broadcast(bounds), KG, "left"), bounded & (here < there),
-                bounded & here.eqNullSafe(there))
+        return self.df.withColumn(KG, self.key_group).join(F.broadcast(bounds), KG, "left")
 
     def verification_frame(self, tokens: KeyGroupTokens) -> DataFrame:
         """Per key group: its events, and the count and tie digest of those before its boundary."""
         from pyspark.sql import functions as F
 
-        joined, before, equal = self._with_bounds(tokens)
+        joined = self._joined_to_bounds(tokens).withColumn(TIE, self.tie)
+        here = F.struct(F.col(self.order), F.col(self.key), F.col(TIE))
+        there = F.struct(F.col(_BOUND_ORDER), F.col(_BOUND_KEY), F.col(_BOUND_TIE))
+        bounded = F.col(_BOUND_TIE).isNotNull()
+        before, equal = bounded & (here < there), bounded & here.eqNullSafe(there)
         return joined.groupBy(KG).agg(
             F.count(F.lit(1)).alias("n"),
             F.count(F.when(before, F.lit(1))).alias("n_before"),
@@ -310,13 +315,24 @@ class EventInput:
         return counts
 
     def remaining(self, tokens: KeyGroupTokens) -> DataFrame:
-        """The events not behind a boundary, with their key group and tie columns."""
+        """The events not before their key group's boundary, with their key group and tie columns.
+
+        ``(order, key, tie)`` is compared with the boundary the way the job sorts (ascending,
+        nulls first), the order first: most events differ from the boundary there, and the tie,
+        a hash of the whole row, is then computed only for the events kept and those whose
+        order equals the boundary's.
+        """
         from pyspark.sql import functions as F
 
         if not tokens.boundaries:
             return self.df.withColumn(KG, self.key_group).withColumn(TIE, self.tie)
-        joined, before, _ = self._with_bounds(tokens)
-        return joined.where(~F.coalesce(before, F.lit(False))).drop(_BOUND_ORDER, _BOUND_KEY, _BOUND_TIE)
+        order, bound = F.col(self.order), F.col(_BOUND_ORDER)
+        after = (order.isNotNull() & bound.isNull()) | (order > bound)
+        at = order.eqNullSafe(bound) & (
+            F.struct(F.col(self.key), self.tie) >= F.struct(F.col(_BOUND_KEY), F.col(_BOUND_TIE)))
+        kept = F.col(_BOUND_TIE).isNull() | F.coalesce(after, F.lit(False)) | at
+        return (self._joined_to_bounds(tokens).where(kept).drop(_BOUND_ORDER, _BOUND_KEY, _BOUND_TIE)
+                .withColumn(TIE, self.tie))
 
     def job(self, tokens: KeyGroupTokens, segments: SegmentSet, plan: TaskPlan) -> DataFrame:
         """The replay's one Spark job: remaining events, one segment per partition, sorted, handled."""
@@ -441,24 +457,29 @@ class _RunCounts:
     segments: SegmentSet | None = None
     #: How many times they changed.
     segment_changes: int = 0
+    #: Whether the done events were checked against the input.
+    input_checked: bool = False
 
 
 def _execute(
     events: EventInput, state: Checkpoint, store: CheckpointStore, *, run_id: str,
     handler: Callable[[dict[str, Any]], Any], segments: SegmentSet, flush_every: int, flush_interval: float,
     progress: Callable[[Progress], None] | None, handling: Handling, keeper: ClaimKeeper, retry: bool = False,
-    watch_requests: bool = False, consumed: SegmentChange | None = None,
+    watch_requests: bool = False, consumed: SegmentChange | None = None, fingerprint: str | None = None,
+    verify: str = "auto",
 ) -> _RunCounts:
     """Handle the events the checkpoint lacks; leaves ``state`` final and saved.
 
     Folds in progress a crashed run left behind, then verifies the done events
     against the input, before writing anything: another input is a
     :class:`~segack.spark_adapter.checkpoint.CheckpointError` and changes
-    nothing; then removes the segment request ``consumed`` (the caller chose the set with it in
-    view), unless a newer one replaced it. With ``retry``, handles the dead letters again first
-    (:mod:`~segack.spark_adapter.dead_letters`); keys that still have some are parked. With
-    ``watch_requests``, a change of segments asked while the job runs ends it and starts a new
-    one over the new set (:mod:`~segack.spark_adapter.rescale`). Raises
+    nothing. With ``verify="auto"``, an input whose ``fingerprint`` (see
+    :mod:`~segack.spark_adapter.fingerprint`) is the one recorded is not verified again;
+    the fingerprint is recorded either way. Then removes the segment request ``consumed``
+    (the caller chose the set with it in view), unless a newer one replaced it. With ``retry``,
+    handles the dead letters again first (:mod:`~segack.spark_adapter.dead_letters`); keys that
+    still have some are parked. With ``watch_requests``, a change of segments asked while the job
+    runs ends it and starts a new one over the new set (:mod:`~segack.spark_adapter.rescale`). Raises
     :class:`HandlerFailedError` (the first failure, with any later merge error
     attached as a note) or :class:`ReplayError` (:class:`ClaimLostError` once another run took
     the checkpoint over: nothing more is saved).
@@ -474,13 +495,18 @@ def _execute(
             tokens.apply(leftover)
     except TokenError as error:
         raise CheckpointError(f"checkpoint {store.location}: {error}") from None
-    if tokens.has_progress:
+    recorded = state.settings.get("input_fingerprint")
+    unchanged = verify == "auto" and fingerprint is not None and recorded == fingerprint
+    checked = tokens.has_progress and not unchanged
+    if checked:
         counts = events.verify(tokens, f"checkpoint {store.location}")
         try:
             tokens.set_counts(counts)
         except ValueError:
             raise CheckpointError(f"checkpoint {store.location} belongs to other input: it has fewer "
                                   f"events than were done; use a new checkpoint location") from None
+    # Every done event is the input's: checked now, or by a run that read the same files.
+    state.settings["input_fingerprint"] = fingerprint
     if tokens.counted:
         state.settings["total"] = tokens.total
     keeper.check()
@@ -517,7 +543,7 @@ def _execute(
         state.settings.update(status="complete", updated_at=time.time())
         keeper.check()
         store.save(state, keeper.claim.number)
-    return _RunCounts(already_done, peak_pending, dead_letters, retried, segments, number - 1)
+    return _RunCounts(already_done, peak_pending, dead_letters, retried, segments, number - 1, checked)
 
 
 class _Job:
@@ -682,6 +708,7 @@ def replay(
     on_error: str = "stop",
     retry_dead_letters: bool = False,
     claim_timeout: float = DEFAULT_CLAIM_TIMEOUT,
+    verify: str = "auto",
 ) -> ReplayResult:
     """Call ``handler(event)`` once per not-yet-done event of ``df``, in order per key.
 
@@ -716,6 +743,11 @@ def replay(
     ``claim_timeout`` seconds may be taken over by another run, which fences this one
     (:mod:`~segack.spark_adapter.claims`).
 
+    A resumed run first checks that the events the checkpoint counts as done are the input's (one
+    pass over the events). With ``verify="auto"`` it skips that pass when the input is the same
+    query over the same unchanged files as the checkpoint's last run read
+    (:mod:`~segack.spark_adapter.fingerprint`); ``verify="always"`` makes every resume check.
+
     Raises, before anything is written: ``ValueError`` for a missing or
     unsortable column, a bad setting, speculation on, or a local checkpoint
     path that executors on other machines could not reach (unless
@@ -733,6 +765,8 @@ def replay(
     handling = Handling(concurrency, max_pending, policy, retries, retry_delay, timeout, on_error)
     if not isinstance(retry_dead_letters, bool):
         raise SegackValueError(f"retry_dead_letters must be True or False, not {retry_dead_letters!r}")
+    if verify not in VERIFY_CHOICES:
+        raise SegackValueError(f"verify must be one of {VERIFY_CHOICES}, not {verify!r}")
     claim_timeout = check_claim_timeout(claim_timeout)
     planned = segments == "auto"
     chosen = None if segments is None or planned else _segment_set(segments)
@@ -742,6 +776,7 @@ def replay(
     check_location(spark, store, shared_local_checkpoint)
     began = time.monotonic()
     setup = _Setup(df, store, key, order, hash, method, key_group_bits, chosen)  # refuses bad input
+    fingerprint = input_fingerprint(df)
     if planned:
         chosen = plan(df, key=key, hash=hash, workers=default_segment_count(spark), key_group_bits=setup.bits,
                       method=method).segments
@@ -769,7 +804,8 @@ def replay(
         counts = _execute(
             events, state, store, run_id=run_id, handler=handler, segments=setup.segments,
             flush_every=flush_every, flush_interval=flush_interval, progress=progress, handling=handling,
-            keeper=keeper, retry=retry_dead_letters, watch_requests=True, consumed=pending)
+            keeper=keeper, retry=retry_dead_letters, watch_requests=True, consumed=pending,
+            fingerprint=fingerprint, verify=verify)
     tokens = state.tokens
     assert tokens is not None
     assert tokens.total is not None  # a run that ends without an error has counted its input
@@ -779,5 +815,5 @@ def replay(
         segments=len(counts.segments or setup.segments), key_group_bits=setup.bits,
         seconds=time.monotonic() - began, segment_changes=counts.segment_changes,
         peak_pending=counts.peak_pending, dead_letters=counts.dead_letters,
-        retried=counts.retry.handled, retry_failed=counts.retry.kept,
+        retried=counts.retry.handled, retry_failed=counts.retry.kept, input_checked=counts.input_checked,
     )
