@@ -1,8 +1,8 @@
 """The identity of a replay's input, so that a resumed run can skip checking it.
 
 Before a resumed run handles anything, it checks that the events its checkpoint
-counts as done are still in the input (:meth:`~segack.spark_adapter.replay.EventInput.verify`):
-a pass over every event. When the input is a query over files only, there is a
+counts as done are still in the input: a pass over every event (see
+:func:`~segack.spark_adapter.replay`). When the input is a query over files only, there is a
 cheaper way to know it has not changed since that check: the same query over the
 same files, each with the same length and modification time.
 
