@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from segack.errors import SegackValueError
 from segack.spark_adapter.checkpoint import CheckpointError
 from segack.spark_adapter.errors import ReplayError
+from segack.spark_adapter.periodic import Periodic
 
 if TYPE_CHECKING:
     from segack.spark_adapter.checkpoint import CheckpointStore
@@ -219,7 +219,7 @@ def force_release(store: CheckpointStore, by: str) -> Claim | None:
     return latest
 
 
-class ClaimKeeper:
+class ClaimKeeper(Periodic):
     """Extends a run's claim on a timer while the run lives, and releases it at the end.
 
     When the claim turns out lost, it records :class:`ClaimLostError` in ``lost`` and calls
@@ -229,11 +229,9 @@ class ClaimKeeper:
 
     def __init__(self, store: CheckpointStore, claim: Claim,
                  on_lost: Callable[[], object] | None = None) -> None:
+        super().__init__(min(claim.timeout / 4, 5.0), "segack-claim")
         self.store, self.claim, self.on_lost = store, claim, on_lost
-        self.interval = min(claim.timeout / 4, 5.0)
         self.lost: ClaimLostError | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="segack-claim", daemon=True)
 
     def check(self) -> None:
         """Raise :class:`ClaimLostError` unless this run still holds the newest claim."""
@@ -249,24 +247,19 @@ class ClaimKeeper:
         self.claim = replace(self.claim, extended_at=time.time())
         self.store.write_claim_file(self.claim.number, self.claim.to_bytes())
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.extend()
-            except ClaimLostError:
-                if self.on_lost is not None:
-                    self.on_lost()
-                return
-            except OSError:
-                continue  # the store is unreachable for a moment; the claim holds until it expires
-
-    def __enter__(self) -> ClaimKeeper:
-        self._thread.start()
-        return self
+    def tick(self) -> bool:
+        try:
+            self.extend()
+        except ClaimLostError:
+            if self.on_lost is not None:
+                self.on_lost()
+            return True
+        except OSError:
+            pass  # the store is unreachable for a moment; the claim holds until it expires
+        return False
 
     def __exit__(self, *exc_info: Any) -> None:
-        self._stop.set()
-        self._thread.join()
+        super().__exit__(*exc_info)
         if self.lost is None:
             try:
                 self.check()

@@ -60,6 +60,7 @@ from segack.spark_adapter.dead_letters import RetryOutcome, retry_dead_letters
 from segack.spark_adapter.dispatch import Handling
 from segack.spark_adapter.errors import HandlerFailedError, ReplayError, worker_error
 from segack.spark_adapter.fingerprint import input_fingerprint
+from segack.spark_adapter.periodic import Periodic
 from segack.spark_adapter.planning import plan
 from segack.spark_adapter.rescale import RequestWatcher, SegmentChange, pending_change, record_segments
 from segack.spark_adapter.session import default_segment_count, executors_share_local_disk, setting
@@ -372,7 +373,7 @@ def _int64(value: int) -> int:
     return (value + 2**63) % 2**64 - 2**63
 
 
-class _Merger:
+class _Merger(Periodic):
     """The driver side of a run: merges task progress into the checkpoint on a timer.
 
     An error while merging stops the run: the merger records it, interrupts the
@@ -383,16 +384,14 @@ class _Merger:
                  segments: int, interval: float, progress: Callable[[Progress], None] | None,
                  keeper: ClaimKeeper, already_done: int, began: float) -> None:
         assert state.tokens is not None
+        super().__init__(interval, "segack-merger")
         self.spark, self.store, self.state, self.run_id, self.tag = spark, store, state, run_id, tag
         self.keeper = keeper
         self.segments = segments
         self.already_done = already_done
-        self.interval = interval
         self.progress = progress
         self.began = began
-        self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="segack-merger", daemon=True)
         self.error: BaseException | None = None
 
     def merge(self, results: Sequence[pa.Table] | None = None) -> None:
@@ -424,22 +423,14 @@ class _Merger:
                                    segments=self.segments, seconds=time.monotonic() - self.began,
                                    in_flight=in_flight, pending=pending))
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.merge()
-            except BaseException as error:
-                self.error = error
-                self.spark.interruptTag(self.tag)
-                return
-
-    def __enter__(self) -> _Merger:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self._stop.set()
-        self._thread.join()
+    def tick(self) -> bool:
+        try:
+            self.merge()
+        except BaseException as error:
+            self.error = error
+            self.spark.interruptTag(self.tag)
+            return True
+        return False
 
 
 @dataclass(frozen=True)

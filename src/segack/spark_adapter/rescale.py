@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -48,6 +47,7 @@ from segack.spark_adapter.claims import (
     acquire,
     check_claim_timeout,
 )
+from segack.spark_adapter.periodic import Periodic
 
 if TYPE_CHECKING:
     from segack.spark_adapter.tokens import KeyGroupTokens
@@ -303,33 +303,24 @@ def scale(checkpoint: str | CheckpointStore, segments: int | SegmentSet | Sequen
     return _change(_store(checkpoint), make, claim_timeout)
 
 
-class RequestWatcher:
+class RequestWatcher(Periodic):
     """Looks for a change of segments while a replay's job runs (rule 3). On the first request for
     a set other than ``segments``, keeps it in :attr:`change` and calls ``on_change`` once (which
     asks the job's tasks to stop at their next flush)."""
 
     def __init__(self, store: CheckpointStore, segments: SegmentSet,
                  on_change: Callable[[SegmentChange], object], poll: float = REQUEST_POLL_SECONDS) -> None:
-        self.store, self.segments, self.on_change, self.poll = store, segments, on_change, poll
+        super().__init__(poll, "segack-requests")
+        self.store, self.segments, self.on_change = store, segments, on_change
         self.change: SegmentChange | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="segack-requests", daemon=True)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.poll):
-            try:
-                change = pending_change(self.store)
-            except (CheckpointError, OSError):
-                continue  # a damaged or unreachable request is no reason to stop a run
-            if change is not None and change.segment_set != self.segments:
-                self.change = change
-                self.on_change(change)
-                return
-
-    def __enter__(self) -> RequestWatcher:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self._stop.set()
-        self._thread.join()
+    def tick(self) -> bool:
+        try:
+            change = pending_change(self.store)
+        except (CheckpointError, OSError):
+            return False  # a damaged or unreachable request is no reason to stop a run
+        if change is None or change.segment_set == self.segments:
+            return False
+        self.change = change
+        self.on_change(change)
+        return True
