@@ -296,6 +296,7 @@ def test_status_shows_progress_per_segment_and_the_size(tmp_path, capsys):
     assert re.search(r"#1 +id 1 +mask 1 +2 events +20\.0% +1 done +2 key groups", out)
     assert f"size            {store.size_bytes():,} bytes (its state and 0 progress files)" in out
     assert "status          failed" in out and "key             user" in out
+    assert "input " not in out  # a checkpoint from before fingerprints says nothing of its input
     assert main(["status", str(tmp_path / "missing")]) == 1
 
     tokens.counted = False
@@ -304,6 +305,12 @@ def test_status_shows_progress_per_segment_and_the_size(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "events          7 done; not counted until a run ends without a failure" in out
     assert re.search(r"#0 +id 0 +mask 1 +\? events +6 done", out)
+
+    for fingerprint, shown in [("0123456789abcdef" * 4, "fingerprint 0123456789ab: a resume over the same"),
+                               (None, "no fingerprint (not files alone, or Spark Connect)")]:
+        store.save(Checkpoint({**settings, "input_fingerprint": fingerprint}, tokens))
+        assert main(["status", str(tmp_path / "c")]) == 0
+        assert f"input           {shown}" in capsys.readouterr().out
 
 
 def test_replay_rejects_a_handler_it_cannot_import(tmp_path, capsys):

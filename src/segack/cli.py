@@ -328,10 +328,20 @@ def _status(args: argparse.Namespace) -> int:
     if letters is not None:
         print(f"{'dead letters':<15} {_count(letters.num_rows, 'event')} set aside "
               f"(`segack dead-letters {args.checkpoint}` lists them)")
+    if "input_fingerprint" in settings:
+        print(f"{'input':<15} {_input_line(settings['input_fingerprint'])}")
     for name in ("source", "key", "order", "hash", "runs", "flush_every", "flush_interval"):
         if name in settings:
             print(f"{name:<15} {settings[name]}")
     return 0
+
+
+def _input_line(fingerprint: str | None) -> str:
+    """What the last run recorded of its input, and what that means for the next resume."""
+    if fingerprint is None:
+        return "no fingerprint (not files alone, or Spark Connect): a resume checks the events done"
+    return (f"fingerprint {fingerprint[:12]}: a resume over the same files, unchanged, skips the check "
+            f"of the events done")
 
 
 def _when(at: float) -> str:
