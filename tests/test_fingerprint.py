@@ -100,22 +100,40 @@ def test_no_fingerprint_where_rows_could_change_while_the_plan_stays(spark, tmp_
     from pyspark.sql import functions as F
 
     _, events = _events(tmp_path)
+    other = str(tmp_path / "other.parquet")
+    pq.write_table(generate_events(5, seed=2), other)
+    largest_seq = spark.read.parquet(other).select(F.max("seq")).scalar()
     plus_one = F.udf(lambda value: value + 1, "long")
+    for frame in [
+        spark.range(5),
+        spark.createDataFrame([(1,)], "a int"),
+        spark.read.parquet(events).withColumn("r", F.rand()),
+        spark.read.parquet(events).withColumn("p", plus_one("ts")),
+        spark.read.parquet(events).where(plus_one("ts") > 3),
+        spark.read.parquet(events).mapInArrow(lambda batches: batches, "user string, ts long, seq long, "
+                                                                       "part string"),
+        spark.read.parquet(events).unionByName(spark.createDataFrame(generate_events(5, seed=2))),
+        # Another file's contents decide which rows pass.
+        spark.read.parquet(events).where(F.col("seq") > largest_seq),
+    ]:
+        assert input_fingerprint(frame) is None, frame
+    assert input_fingerprint(spark.read.parquet(events)) is not None
+
+    # A subquery the optimizer turns into a join: the other file is one of the plan's leaves.
+    def semi_join():
+        return spark.read.parquet(events).alias("e").where(spark.read.parquet(other).alias("o").where(
+            F.col("o.user") == F.col("e.user").outer()).exists())
+
+    before = input_fingerprint(semi_join())
+    stat = os.stat(other)
+    os.utime(other, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    assert before is not None and input_fingerprint(semi_join()) != before
+    # Last: once cached, every query over the file reads the cache instead.
     cached = spark.read.parquet(events)
     cached.cache()
     try:
-        for frame in [
-            spark.range(5),
-            spark.createDataFrame([(1,)], "a int"),
-            spark.read.parquet(events).withColumn("r", F.rand()),
-            spark.read.parquet(events).withColumn("p", plus_one("ts")),
-            spark.read.parquet(events).where(plus_one("ts") > 3),
-            spark.read.parquet(events).mapInArrow(lambda batches: batches, "user string, ts long, seq long, "
-                                                                           "part string"),
-            spark.read.parquet(events).unionByName(spark.createDataFrame(generate_events(5, seed=2))),
-            cached,
-        ]:
-            assert input_fingerprint(frame) is None, frame
+        assert input_fingerprint(cached) is None
+        assert input_fingerprint(spark.read.parquet(events)) is None
     finally:
         cached.unpersist()
 

@@ -23,6 +23,7 @@ all of that stays the same:
   a cached DataFrame);
 - the plan is not deterministic, or runs user code (Python or Scala UDFs,
   ``mapInPandas``, ``mapInArrow``, ...): the code may have changed;
+- the plan has a subquery (whose own files the plan's leaves do not list);
 - the session is a Spark Connect one, whose client cannot see the plan.
 """
 
@@ -44,6 +45,8 @@ _FILE_RELATION = "org.apache.spark.sql.execution.datasources.HadoopFsRelation"
 _CATALYST = "org.apache.spark.sql.catalyst."
 #: Plan nodes and expressions that call code the plan does not contain.
 _USER_CODE = re.compile(r"UDF|UDAF|UDTF|Python|Pandas|Arrow|InR$")
+#: Subqueries: their plans are in the plan's text, but their leaves are not among its leaves.
+_SUBQUERY = re.compile(r"Subquery|Exists|ListQuery")
 _CLASS = re.compile(r'"class":"([^"]+)"')
 #: Each JVM stamps its expression ids with a random id of its own.
 _JVM_ID = re.compile(r',"jvmId":"[^"]*"')
@@ -60,7 +63,8 @@ def input_fingerprint(df: DataFrame) -> str | None:
         return None
     shape = _JVM_ID.sub("", plan.toJSON())
     for name in _CLASS.findall(shape):
-        if name != _LOGICAL_RELATION and (not name.startswith(_CATALYST) or _USER_CODE.search(name)):
+        if name != _LOGICAL_RELATION and (not name.startswith(_CATALYST) or _USER_CODE.search(name)
+                                           or _SUBQUERY.search(name)):
             return None
     digest = hashlib.sha256(shape.encode())
     leaves = plan.collectLeaves()
