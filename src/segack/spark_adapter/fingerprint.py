@@ -57,6 +57,15 @@ def input_fingerprint(df: DataFrame) -> str | None:
     without either changing (see the module's docs)."""
     if is_connect(df.sparkSession):
         return None
+    from py4j.protocol import Py4JError
+
+    try:
+        return _digest(df)
+    except Py4JError:
+        return None  # a plan Spark cannot describe in full vouches for nothing: the run checks
+
+
+def _digest(df: DataFrame) -> str | None:
     # A new query: a DataFrame's own plan may predate a cache() that now serves its rows.
     plan = df.select("*")._jdf.queryExecution().optimizedPlan().canonicalized()
     if not plan.deterministic():
