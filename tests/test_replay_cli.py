@@ -307,7 +307,7 @@ def test_status_shows_progress_per_segment_and_the_size(tmp_path, capsys):
     assert re.search(r"#0 +id 0 +mask 1 +\? events +6 done", out)
 
     for fingerprint, shown in [("0123456789abcdef" * 4, "fingerprint 0123456789ab: a resume over the same"),
-                               (None, "no fingerprint (not files alone, or Spark Connect)")]:
+                               (None, "no fingerprint (not a query over files alone")]:
         store.save(Checkpoint({**settings, "input_fingerprint": fingerprint}, tokens))
         assert main(["status", str(tmp_path / "c")]) == 0
         assert f"input           {shown}" in capsys.readouterr().out

@@ -339,7 +339,8 @@ def _status(args: argparse.Namespace) -> int:
 def _input_line(fingerprint: str | None) -> str:
     """What the last run recorded of its input, and what that means for the next resume."""
     if fingerprint is None:
-        return "no fingerprint (not files alone, or Spark Connect): a resume checks the events done"
+        return ("no fingerprint (not a query over files alone that Spark describes in full, or Spark "
+                "Connect): a resume checks the events done")
     return (f"fingerprint {fingerprint[:12]}: a resume over the same files, unchanged, skips the check "
             f"of the events done")
 
