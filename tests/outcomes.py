@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -33,3 +34,13 @@ def outcome(call: Callable[[], Any]) -> tuple[str, Any]:
         return ("ok", plain(call()))
     except SegackError as error:
         return (type(error).__name__, str(error))
+
+
+def exactly(message: str) -> str:
+    """A ``pytest.raises(match=...)`` pattern for exactly ``message``."""
+    return f"^{re.escape(message)}$"
+
+
+def starting(message: str) -> str:
+    """A ``pytest.raises(match=...)`` pattern for a message that starts with ``message``."""
+    return f"^{re.escape(message)}"

@@ -25,6 +25,7 @@ from segack.spark_adapter.claims import (
     latest_claim_number,
     previous_run,
 )
+from tests.outcomes import exactly, starting
 
 
 @pytest.fixture
@@ -223,3 +224,63 @@ def test_a_task_whose_run_was_fenced_stops_at_its_next_flush_and_writes_nothing(
     else:
         assert len(store.progress_files()) == 1 and len(calls) == 200
     assert result.column("handled")[0].as_py() == len(calls)
+
+
+def test_a_lost_claim_says_how_it_was_lost(store):
+    mine = acquire(store, "mine", 60)
+    gone = ClaimLostError(store.location, mine, None)
+    assert str(gone) == (f"run mine lost its claim on checkpoint {store.location}: it is gone; this run "
+                         f"stopped and saved nothing more") and gone.newer is None
+    taken = dataclasses.replace(mine, number=2, run_id="other")
+    lost = ClaimLostError(store.location, mine, taken)
+    assert f"it was taken over by {taken.owner()};" in str(lost) and lost.newer == taken
+    released = dataclasses.replace(taken, released=True, released_by="an operator")
+    assert ": it was released by an operator; " in str(ClaimLostError(store.location, mine, released))
+
+
+def test_the_first_claim_has_no_previous_run_and_the_previous_claim_must_be_readable(store):
+    first = acquire(store, "first", 60)
+    assert previous_run(store, first) is None
+    assert previous_run(store, dataclasses.replace(first, number=0)) is None
+    with ClaimKeeper(store, first):
+        pass
+    second = acquire(store, "second", 60)
+    store.write_claim_file(1, b"junk")
+    with pytest.raises(CheckpointError, match=starting("the previous claim is not a segack claim")):
+        previous_run(store, second)
+    store.delete_claim_files([1])
+    assert previous_run(store, second) is None
+
+
+def test_a_forced_release_is_dated_now_and_refused_if_someone_claimed_meanwhile(store, monkeypatch):
+    owner = acquire(store, "owner", 3600)
+    time.sleep(0.01)
+    force_release(store, "an operator")
+    assert latest_claim(store).extended_at > owner.extended_at
+    owner = acquire(store, "again", 3600)
+    monkeypatch.setattr(store, "create_claim_file", lambda number, data: False)
+    with pytest.raises(CheckpointError, match=exactly(
+            f"checkpoint {store.location} was claimed again while it was being released")):
+        force_release(store, "an operator")
+
+
+@pytest.mark.parametrize("value", [0.5, 1, 1e-3])
+def test_a_claim_timeout_below_a_second_is_fine(value):
+    assert check_claim_timeout(value) == value
+
+
+def test_a_keeper_stops_extending_once_its_claim_is_lost(store):
+    claim = acquire(store, "run", 60)
+    lost = threading.Event()
+    keeper = ClaimKeeper(store, claim, on_lost=lost.set)
+    force_release(store, "an operator")
+    assert keeper.tick() is True and lost.is_set()
+    # An unreachable store is no reason to stop: the claim holds until it expires.
+    other = acquire(store, "other", 60)
+    keeper = ClaimKeeper(store, other)
+
+    def unreachable(*args):
+        raise OSError("the store is unreachable")
+
+    store.write_claim_file = unreachable
+    assert keeper.tick() is False

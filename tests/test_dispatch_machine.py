@@ -165,13 +165,25 @@ class DispatcherMachine(RuleBasedStateMachine):
 TestDispatcher = DispatcherMachine.TestCase
 
 
+#: Seconds a test waits for a dispatcher before it fails: a dispatcher that forgets to wake its
+#: caller must fail the test, not hang it.
+PATIENCE = 10
+
+
 def _offer_all(dispatcher, events):
-    """Offer each event in turn, waiting for room; stop at the first failure."""
+    """Offer each event in turn, waiting for room; stop at the first failure. Then wait for the
+    calls in flight and close the dispatcher."""
+    deadline = time.monotonic() + PATIENCE
     for event in events:
         while not dispatcher.offer(event):
             if dispatcher.failure is not None:
-                return
-            dispatcher.wait_for_room()
+                break
+            assert time.monotonic() < deadline, "the dispatcher never made room"
+            dispatcher.wait_for_room(0.5)
+        if dispatcher.failure is not None:
+            break
+    assert dispatcher.drain(PATIENCE), "the calls in flight never finished"
+    dispatcher.close()
 
 
 def _rows(count):
@@ -198,7 +210,6 @@ def test_calls_run_on_threads_in_key_order_and_the_committed_point_reaches_the_e
     dispatcher = Dispatcher(handle, lambda event: event["key"], concurrency=8, max_pending=32)
     rows = [{"row": row, "key": row % 5} for row in range(2000)]  # fewer keys than calls at once
     _offer_all(dispatcher, rows)
-    dispatcher.close()
     assert overlaps == []
     assert dispatcher.committed_rows == len(rows)
     assert sorted(row for key_rows in seen.values() for row in key_rows) == list(range(len(rows)))
@@ -228,7 +239,6 @@ def test_async_calls_run_as_tasks_on_one_loop_in_key_order():
     dispatcher = Dispatcher(handle, lambda event: event["key"], concurrency=16, max_pending=64)
     rows = [{"row": row, "key": row % 7} for row in range(1000)]  # fewer keys than calls at once
     _offer_all(dispatcher, rows)
-    dispatcher.close()
     assert overlaps == [] and most > 1
     assert dispatcher.committed_rows == len(rows)
     assert all(key_rows == sorted(key_rows) for key_rows in seen.values())
@@ -242,7 +252,6 @@ def test_an_async_failure_stops_new_calls_and_holds_the_committed_point():
 
     dispatcher = Dispatcher(handle, lambda event: event["row"] % 7, concurrency=4, max_pending=8)
     _offer_all(dispatcher, _rows(100))
-    dispatcher.close()
     assert dispatcher.failure is not None and dispatcher.failure.row == 40
     assert "ValueError: no" in dispatcher.failure.traceback
     assert dispatcher.committed_rows <= 40
@@ -266,7 +275,6 @@ def test_a_call_that_raises_is_retried_with_growing_delays_and_then_succeeds():
                             retries=2, retry_delay=0.01)
     began = time.monotonic()
     _offer_all(dispatcher, _rows(10))
-    dispatcher.close()
     assert dispatcher.failure is None and dispatcher.committed_rows == 10
     assert (calls[3], calls[5], calls[4]) == (3, 2, 1)
     assert time.monotonic() - began >= 0.01 + 0.02  # row 3 waited 0.01 s, then 0.02 s
@@ -277,7 +285,6 @@ def test_a_call_that_keeps_raising_fails_after_its_retries_with_the_attempt_coun
     dispatcher = Dispatcher(handle, lambda event: event["row"], concurrency=2, max_pending=4,
                             retries=2, retry_delay=0)
     _offer_all(dispatcher, _rows(10))
-    dispatcher.close()
     assert dispatcher.failure is not None and dispatcher.failure.row == 3
     assert dispatcher.failure.attempts == calls[3] == 3
     assert dispatcher.committed_rows <= 3
@@ -293,7 +300,6 @@ def test_a_thread_past_its_timeout_fails_the_run_without_waiting_for_it():
     dispatcher = Dispatcher(handle, lambda event: event["row"], concurrency=2, max_pending=4, timeout=0.1)
     began = time.monotonic()
     _offer_all(dispatcher, _rows(50))
-    dispatcher.close()
     release.set()
     assert time.monotonic() - began < 5
     assert dispatcher.failure is not None and dispatcher.failure.row == 2
@@ -315,7 +321,6 @@ def test_an_async_call_past_its_timeout_is_cancelled_and_retried():
                             retries=1, retry_delay=0)
     began = time.monotonic()
     _offer_all(dispatcher, _rows(20))
-    dispatcher.close()
     assert time.monotonic() - began < 5
     assert dispatcher.failure is None and dispatcher.committed_rows == 20 and attempts[3] == 2
 
@@ -329,7 +334,6 @@ def test_an_async_call_past_its_timeout_without_retries_fails_with_a_timeout():
 
     dispatcher = Dispatcher(handle, lambda event: event["row"], concurrency=4, max_pending=8, timeout=0.1)
     _offer_all(dispatcher, _rows(20))
-    dispatcher.close()
     assert dispatcher.failure is not None and dispatcher.failure.row == 3
     assert isinstance(dispatcher.failure.error, TimeoutError)
     assert "more than 0.1 s" in str(dispatcher.failure.error)
@@ -417,3 +421,108 @@ def test_one_call_at_a_time_the_tasks_own_loop_does_what_the_dispatcher_does(
             outcome["dead"] = {row: why for row, why in outcome.pop("dead").items() if row < failed_at}
             del outcome["dead_letters"]
     assert mine == theirs
+
+
+def _sleeps(monkeypatch):
+    """Record the pauses between retries instead of taking them: ``time.sleep`` and
+    ``asyncio.sleep`` as the dispatcher calls them."""
+
+    from segack.spark_adapter import dispatch
+
+    pauses = []
+
+    async def asleep(seconds):
+        pauses.append(seconds)
+
+    monkeypatch.setattr(dispatch.time, "sleep", pauses.append)
+    monkeypatch.setattr(dispatch.asyncio, "sleep", asleep)
+    return pauses
+
+
+@pytest.mark.parametrize("kind", ["thread", "async"])
+def test_retries_wait_the_delay_then_twice_as_long_each_time_and_count_every_attempt(monkeypatch, kind):
+    pauses = _sleeps(monkeypatch)
+    calls = []
+
+    def fail(event):
+        calls.append(event["row"])
+        raise ConnectionError("down")
+
+    async def fail_async(event):
+        fail(event)
+
+    handler = fail if kind == "thread" else fail_async
+    dispatcher = Dispatcher(handler, lambda event: event["row"], concurrency=2, max_pending=2, retries=3,
+                            retry_delay=0.25)
+    _offer_all(dispatcher, _rows(1))
+    assert pauses == [0.25, 0.5, 1.0] and calls == [0, 0, 0, 0]
+    assert dispatcher.failure.attempts == 4 and dispatcher.failure.event == {"row": 0}
+    assert "ConnectionError: down" in dispatcher.failure.traceback
+
+
+def test_an_async_failure_in_dead_letter_mode_sets_its_key_aside_and_the_others_go_on():
+    import asyncio
+
+    async def handle(event):
+        await asyncio.sleep(0.001)
+        if event["row"] == 1:
+            raise ValueError("bad row")
+
+    dispatcher = Dispatcher(handle, lambda event: event["row"] % 2, concurrency=2, max_pending=4,
+                            on_error="dead-letter", retries=1, retry_delay=0)
+    _offer_all(dispatcher, _rows(8))
+    assert dispatcher.failure is None and dispatcher.committed_rows == 8
+    letters = dispatcher.take_dead_letters()
+    assert [(letter.row, letter.attempts, letter.error) for letter in letters] == [
+        (1, 2, "ValueError: bad row"), (3, 0, "ValueError: bad row"), (5, 0, "ValueError: bad row"),
+        (7, 0, "ValueError: bad row")]
+    assert [letter.event for letter in letters] == [{"row": row} for row in (1, 3, 5, 7)]
+
+
+def test_waiting_for_room_waits_while_the_pending_rows_are_at_their_bound():
+    release = threading.Event()
+    dispatcher = Dispatcher(lambda event: release.wait(PATIENCE), lambda event: event["row"], concurrency=2,
+                            max_pending=2)
+    assert dispatcher.offer({"row": 0}) and dispatcher.offer({"row": 1})
+    assert not dispatcher.offer({"row": 2})
+    began = time.monotonic()
+    dispatcher.wait_for_room(0.2)
+    assert time.monotonic() - began >= 0.2 and dispatcher.pending == 2 and dispatcher.in_flight == 2
+    assert not dispatcher.drain(0.05)
+    release.set()
+    dispatcher.wait_for_room(PATIENCE)
+    assert dispatcher.offer({"row": 2})
+    assert dispatcher.drain(PATIENCE) and dispatcher.committed_rows == 3
+    dispatcher.close()
+
+
+def test_a_thread_past_its_timeout_is_reported_with_its_event_and_a_traceback_line():
+    release = threading.Event()
+    dispatcher = Dispatcher(lambda event: release.wait(PATIENCE) if event["row"] == 1 else None,
+                            lambda event: event["row"], concurrency=2, max_pending=4, timeout=1.0)
+    began = time.monotonic()
+    _offer_all(dispatcher, _rows(3))
+    release.set()
+    failure = dispatcher.failure
+    assert failure.row == 1 and failure.event == {"row": 1} and failure.attempts == 1
+    assert str(failure.error) == "the handler took more than 1.0 s"
+    assert failure.traceback == "TimeoutError: the handler took more than 1.0 s\n"
+    # The watchdog looks four times per timeout: it sees the late call well before twice the timeout.
+    assert time.monotonic() - began < 3.0
+
+
+@pytest.mark.parametrize("kind", ["thread", "async"])
+def test_closing_stops_the_dispatchers_threads_and_may_be_done_twice(kind):
+    async def handle_async(event):
+        pass
+
+    before = {thread.name for thread in threading.enumerate()}
+    dispatcher = Dispatcher(handle_async if kind == "async" else (lambda event: None),
+                            lambda event: event["row"], concurrency=3, max_pending=4, timeout=5.0)
+    _offer_all(dispatcher, _rows(10))
+    dispatcher.close()
+    assert dispatcher.committed_rows == 10
+    deadline = time.monotonic() + PATIENCE
+    while {thread.name for thread in threading.enumerate() if thread.is_alive()} - before:
+        assert time.monotonic() < deadline, "a dispatcher thread outlived close()"
+        time.sleep(0.01)

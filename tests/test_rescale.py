@@ -23,11 +23,14 @@ from segack.spark_adapter.rescale import (
     RequestWatcher,
     SegmentChange,
     auto_change,
+    key_group_load,
     largest_share,
     pending_change,
     record_segments,
+    recorded_segments,
 )
 from segack.spark_adapter.tokens import KeyGroupTokens
+from tests.outcomes import exactly, starting
 
 
 def _files(path):
@@ -264,3 +267,105 @@ def test_a_change_made_while_another_thread_runs_the_live_run_is_seen_by_its_wat
     with RequestWatcher(store, SegmentSet.balanced(2), lambda change: fired.set(), poll=0.01):
         split(store, 1)
         assert fired.wait(5)
+
+
+def test_a_request_file_is_sorted_json_and_damage_names_the_checkpoint(tmp_path):
+    change = SegmentChange((0, 1, 3), "split segment 1", 12.5, "pid 1 on h")
+    assert change.to_bytes() == (b'{"by": "pid 1 on h", "requested_at": 12.5, "segments": [0, 1, 3], '
+                                 b'"why": "split segment 1"}\n')
+    store = _checkpoint(tmp_path)
+    store.write_segments_request(b"junk")
+    with pytest.raises(CheckpointError, match=starting(
+            f"the segment request of {store.location} is not a segack segment request")):
+        pending_change(store)
+
+
+def test_recording_the_same_set_again_keeps_it_and_a_checkpoint_without_segments_has_none():
+    state = Checkpoint(settings={})
+    assert recorded_segments(state) is None
+    state.settings["segments"] = []
+    assert recorded_segments(state) is None
+    record_segments(state, SegmentSet.balanced(2), "first")
+    state.settings["segments"] = "stale"
+    record_segments(state, SegmentSet.balanced(2), "again")
+    assert state.settings["segments"] == [0, 1] and len(state.settings["segment_history"]) == 1
+
+
+def test_merge_and_split_refuse_with_what_was_asked(tmp_path):
+    store = _checkpoint(tmp_path)
+    with pytest.raises(SegackValueError, match=starting("merge needs a segment id")):
+        merge(store, "0")
+    with pytest.raises(SegackValueError, match=starting("split needs a segment id")):
+        split(store, None)
+    assert merge(store, 1).segments == SegmentSet.balanced(1)
+
+
+def test_the_load_and_share_of_segments():
+    tokens = KeyGroupTokens.empty(2, pa.null(), pa.null())
+    tokens.committed[:] = [1, 2, 3, 4]
+    assert key_group_load(tokens).tolist() == [1, 2, 3, 4]
+    tokens.set_counts(np.array([5, 5, 5, 5]))
+    assert key_group_load(tokens).tolist() == [5, 5, 5, 5] and key_group_load(tokens).dtype == np.int64
+    assert largest_share(np.zeros(4), SegmentSet.balanced(2), 2) == 1.0
+    # The last members own no load: the share is still the heaviest's of the whole.
+    assert largest_share(np.array([3, 0, 1, 0]), SegmentSet.balanced(4), 2) == 0.75
+
+
+def test_auto_changes_the_set_when_the_planned_share_is_at_most_the_margin():
+    bits = 2
+    tokens = KeyGroupTokens.empty(bits, pa.null(), pa.null())
+    # balanced(1) carries everything; the best plan for 4 workers carries 80 % of it: exactly the
+    # margin, so the set changes; with one more event in the hot key group, it is above it.
+    tokens.set_counts(np.array([8, 1, 1, 0]))
+    planned, _ = auto_change(tokens, SegmentSet.balanced(1), 4)
+    assert largest_share(tokens.count, planned, bits) == AUTO_MARGIN
+    tokens.set_counts(np.array([9, 1, 1, 0]))
+    assert auto_change(tokens, SegmentSet.balanced(1), 4) is None
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_scale_to_small_counts_and_auto_for_one_worker(tmp_path, count):
+    store = _checkpoint(tmp_path, segments=SegmentSet.balanced(4), counts=[9] * 16)
+    assert scale(store, count).segments == SegmentSet.balanced(count)
+    assert scale(store, "auto", workers=1).segments == SegmentSet.balanced(1)
+    outcome = scale(store, "auto", workers=3)
+    assert len(outcome.segments) == 3
+    assert store.load().settings["segment_history"][-1]["why"].startswith("scale to auto for 3 workers")
+    assert scale(store, "auto").segments == outcome.segments  # the current count, planned again
+
+
+@pytest.mark.parametrize("workers", [0, True, 2.0, "2"])
+def test_scale_refuses_workers_that_are_not_a_positive_int(tmp_path, workers):
+    store = _checkpoint(tmp_path)
+    with pytest.raises(SegackValueError, match=exactly(f"workers must be a positive int, not {workers!r}")):
+        scale(store, "auto", workers=workers)
+
+
+def test_a_change_applied_at_once_is_saved_under_its_own_claim_which_it_releases(tmp_path):
+    store = _checkpoint(tmp_path)
+    outcome = split(store, 0)
+    assert outcome.applied is True
+    claim = latest_claim(store)
+    assert claim.run_id.startswith("rescale-") and len(claim.run_id) == len("rescale-") + 8
+    assert claim.released and claim.progress_of == "r1"
+    assert store.state_file().endswith(f"checkpoint-{claim.number:012d}.json")
+    live = acquire(store, "live", 60)
+    asked = split(store, 1)
+    assert asked.applied is False and asked.run == live.owner()
+    assert pending_change(store).by.startswith("pid ")
+    assert split(store, 1).applied is False  # the same set as the pending one: nothing to do
+
+
+def test_a_checkpoint_with_segments_but_no_tokens_is_refused(tmp_path):
+    store = CheckpointStore(str(tmp_path / "checkpoint"))
+    state = Checkpoint(settings={"key": "user"})
+    record_segments(state, SegmentSet.balanced(2), "start")
+    store.save(state)
+    with pytest.raises(CheckpointError, match=starting("no segments recorded at")):
+        split(store, 0)
+
+
+def test_the_watcher_thread_is_named_for_a_thread_dump(tmp_path):
+    store = _checkpoint(tmp_path)
+    with RequestWatcher(store, SegmentSet.balanced(2), lambda change: None, poll=0.01):
+        assert "segack-requests" in [thread.name for thread in threading.enumerate()]

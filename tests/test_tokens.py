@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import zlib
 
 import numpy as np
 import pyarrow as pa
@@ -17,6 +18,7 @@ from segack.spark_adapter.tokens import (
     encode_updates,
     update_schema,
 )
+from tests.outcomes import exactly
 
 ORDER, KEY = pa.int64(), pa.string()
 
@@ -230,3 +232,184 @@ def test_a_sealed_progress_file_whose_column_names_are_not_text_is_damage():
     data = tokens._UPDATES_MAGIC + struct.pack(">I", zlib.crc32(body)) + body
     with pytest.raises(TokenError, match="damaged"):
         tokens.decode_updates(data)
+
+
+# ---------------------------------------------------------------- the sealed format, read apart
+#
+# A sealed file is a 5-byte magic (4 letters and a format version), a big-endian CRC-32 of the
+# rest, and an Arrow IPC stream. These tests read and write that format themselves, so they check
+# the bytes segack writes against the documented layout, not against segack's own reader.
+
+TOKENS_MAGIC = b"SGKT\x02"
+
+
+def _open(data, magic=TOKENS_MAGIC):
+    assert data[:5] == magic
+    assert int.from_bytes(data[5:9], "big") == zlib.crc32(data[9:])
+    return pa.ipc.open_stream(data[9:]).read_all()
+
+
+def _seal(table, magic=TOKENS_MAGIC):
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    body = sink.getvalue().to_pybytes()
+    return magic + zlib.crc32(body).to_bytes(4, "big") + body
+
+
+def _with(table, name, values):
+    """``table`` with column ``name`` replaced by ``values`` (same type unless they are an array)."""
+    index = table.schema.get_field_index(name)
+    column = values if isinstance(values, pa.Array) else pa.array(values, table.schema.field(name).type)
+    return table.set_column(index, pa.field(name, column.type), column)
+
+
+def test_tokens_bytes_hold_one_row_per_key_group_in_use_in_the_documented_schema():
+    tokens = KeyGroupTokens.empty(3, ORDER, KEY)
+    tokens.apply(_updates([(2, 2, 0, 5, "a", 3, None), (6, 0, 0, None, None, None, [4])]))
+    stored = _open(tokens.to_bytes())
+    assert stored.schema.metadata == {b"counted": b"0"}
+    assert stored.schema.remove_metadata() == pa.schema([
+        ("kg", pa.int32()), ("base", pa.int64()), ("count", pa.int64()), ("committed", pa.int64()),
+        ("run_start", pa.int64()), ("order", ORDER), ("key", KEY), ("tie", pa.int64()),
+        ("extras", pa.list_(pa.int64())), ("done_xor", pa.int64()), ("done_sum", pa.int64()),
+    ])
+    # Key group 2 has progress, 6 only an extra; the others have nothing and no row.
+    assert stored.to_pylist() == [
+        {"kg": 2, "base": 0, "count": None, "committed": 2, "run_start": 0, "order": 5, "key": "a",
+         "tie": 3, "extras": None, "done_xor": 6, "done_sum": 10},
+        {"kg": 6, "base": 0, "count": None, "committed": 0, "run_start": None, "order": None, "key": None,
+         "tie": None, "extras": [4], "done_xor": 0, "done_sum": 0},
+    ]
+    # Counted, a key group with events (1) has a row; after a new input, one with a base (2) too.
+    tokens = _tokens([0, 2, 1])
+    tokens.apply(_updates([(1, 2, 1, 5, "a", 3, None), (2, 1, 0, 4, "b", 1, None)]))
+    assert _open(tokens.to_bytes()).column("kg").to_pylist() == [1, 2]
+    assert _open(tokens.to_bytes()).column("count").to_pylist() == [2, 1]
+    tokens.start_input()
+    stored = _open(tokens.to_bytes())
+    assert stored.select(["kg", "base", "committed"]).to_pylist() == [
+        {"kg": 1, "base": 2, "committed": 2}, {"kg": 2, "base": 1, "committed": 1}]
+
+
+def test_the_boundary_table_holds_each_boundary_with_the_columns_types():
+    tokens = _tokens([3, 0, 2, 2])
+    assert tokens.boundary_table().num_rows == 0
+    tokens.apply(_updates([(3, 1, 0, 9, "z", -2, None), (0, 2, 1, 7, "a", 5, [2])]))
+    table = tokens.boundary_table()
+    assert table.schema == pa.schema([("kg", pa.int32()), ("order", ORDER), ("key", KEY),
+                                      ("tie", pa.int64())])
+    assert table.to_pylist() == [{"kg": 0, "order": 7, "key": "a", "tie": 5},
+                                 {"kg": 3, "order": 9, "key": "z", "tie": -2}]
+
+
+def test_a_copy_is_equal_and_independent():
+    tokens = _tokens([3, 2])
+    tokens.apply(_updates([(0, 2, 1, 7, "a", 5, None), (1, 0, 0, None, None, None, [1])]))
+    copy = tokens.copy()
+    assert _state(copy) == _state(tokens)
+    assert (copy.bits, copy.order_type, copy.key_type, copy.total) == (3, ORDER, KEY, 5)
+    copy.apply(_updates([(0, 3, 2, 8, "b", 6, None), (1, 0, 0, None, None, None, [0])]))
+    copy.extras[1].add(9)
+    assert tokens.committed[0] == 2 and tokens.boundaries[0] == (7, "a", 5) and tokens.extras == {1: {1}}
+    assert tokens.done_xor[0] == 6
+
+
+def test_a_new_input_starts_from_zeroed_int64_digests_and_counts():
+    tokens = _tokens([2])
+    tokens.apply(_updates([(0, 2, 1, 5, "a", 1, None)]))
+    tokens.start_input()
+    for name in ("base", "committed", "run_start", "done_xor", "done_sum", "count"):
+        assert getattr(tokens, name).dtype == np.int64, name
+    assert tokens.count.tolist() == [0] * 8 and tokens.counted is False and tokens.extras == {}
+    with pytest.raises(ValueError, match=exactly(
+            "the current input is not complete; a new one cannot start")):
+        tokens.start_input()
+
+
+def test_counts_are_kept_as_int64_whatever_they_are_given_as():
+    tokens = KeyGroupTokens.empty(1, ORDER, KEY)
+    tokens.set_counts(np.array([200, 100], dtype=np.uint8))
+    assert tokens.count.dtype == np.int64 and tokens.total == 300
+    tokens.apply(_updates([(0, 2, 1, 5, "a", 1, None)]))
+    with pytest.raises(ValueError, match=exactly("counts smaller than the events already done")):
+        tokens.set_counts(np.array([1, 0]))
+
+
+@pytest.mark.parametrize("bits", [0, 16])
+def test_the_resolutions_at_both_ends_are_accepted(bits):
+    assert KeyGroupTokens.empty(bits, ORDER, KEY).size == 2**bits
+
+
+def test_updates_at_the_edges_of_what_is_allowed():
+    tokens = _tokens([4])
+    # A key group at its base needs no boundary; an extra may be the first position.
+    assert tokens.apply(_updates([(0, 0, 0, None, None, None, [0])])) == 0
+    assert tokens.extras == {0: {0}} and tokens.boundaries == {}
+    tokens.apply(_updates([(0, 2, 1, 5, "a", 1, [2])]))
+    # An extra at the committed point is still beyond it, so it is kept.
+    assert tokens.extras == {0: {2}}
+    # An update at the same committed point moves nothing, and its other boundary is ignored.
+    assert tokens.apply(_updates([(0, 2, 0, 9, "z", 7, None)])) == 0
+    assert tokens.boundaries == {0: (5, "a", 1)} and int(tokens.run_start[0]) == 1
+
+
+def test_damage_is_named_with_what_was_read():
+    data = _tokens([1]).to_bytes()
+    cases = [
+        (b"SGKT", "tokens has an unknown format version none"),
+        (b"SGKT\x09" + data[5:], "tokens has an unknown format version 09"),
+        (data[:9], "tokens is damaged: it is cut short"),
+        (data[:7], "tokens is damaged: it is cut short"),
+    ]
+    for damaged, message in cases:
+        with pytest.raises(TokenError, match=exactly(f"{message}")):
+            KeyGroupTokens.from_bytes(damaged, 3)
+    with pytest.raises(TokenError, match=exactly("progress is not segack key-group progress")):
+        decode_updates(b"junk")
+    with pytest.raises(TokenError, match=exactly("the file x has an unknown format version 01")):
+        decode_updates(b"SGKU\x01" + bytes(8), what="the file x")
+    with pytest.raises(TokenError, match=exactly("the file x is not segack key-group progress")):
+        KeyGroupTokens.from_bytes(b"junk", 3, what="the file x")
+
+
+def _damaged_tokens(change, bits=3):
+    """Tokens with progress in key group 0 (committed 2 of 4, run start 1), their table changed by
+    ``change`` and sealed again: well-formed bytes that say something impossible."""
+    tokens = _tokens([4], bits=bits)
+    tokens.apply(_updates([(0, 2, 1, 5, "a", 1, [3])]))
+    return _seal(change(_open(tokens.to_bytes())))
+
+
+OUTSIDE = "a committed point lies outside its key group"
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda t: t.drop_columns(["key"]), "the boundary columns are missing"),
+    (lambda t: _with(t, "kg", pa.array([0], pa.int64())), "column 'kg' is missing or has the wrong type"),
+    (lambda t: t.drop_columns(["done_sum"]), "column 'done_sum' is missing or has the wrong type"),
+    (lambda t: _with(t, "kg", [8]), "its key groups are not distinct values in 0..7"),
+    (lambda t: _with(t, "base", [None]), "base has gaps"),
+    (lambda t: _with(t, "done_xor", [None]), "done_xor has gaps"),
+    (lambda t: t.replace_schema_metadata({}), "it does not say whether the events are counted"),
+    (lambda t: _with(t, "count", [None]), "its counts contradict its counted flag"),
+    (lambda t: _with(_with(t, "count", [-1]), "committed", [0]), OUTSIDE),
+    (lambda t: _with(_with(t, "base", [-1]), "committed", [-1]), OUTSIDE),
+    (lambda t: _with(t, "run_start", [None]), "key group 0 has no valid boundary"),
+    (lambda t: _with(t, "tie", [None]), "key group 0 has no valid boundary"),
+    (lambda t: _with(t, "run_start", [2]), "key group 0 has no valid boundary"),
+    (lambda t: _with(t, "extras", [[1]]), "key group 0 has extras outside its events"),
+    (lambda t: _with(t, "extras", [[3, 3]]), "key group 0 has extras outside its events"),
+    (lambda t: _with(t, "extras", [[4]]), "key group 0 has extras outside its events"),
+])
+def test_tokens_that_are_well_sealed_but_impossible_are_refused(change, message):
+    with pytest.raises(TokenError, match=exactly(f"the tokens of x is damaged: {message}")):
+        KeyGroupTokens.from_bytes(_damaged_tokens(change), 3, what="the tokens of x")
+
+
+def test_a_boundary_at_the_key_groups_first_position_reads_back():
+    tokens = _tokens([4])
+    tokens.apply(_updates([(0, 1, 0, 5, "a", 1, None)]))
+    assert _state(KeyGroupTokens.from_bytes(tokens.to_bytes(), 3)) == _state(tokens)
+    # The helper that damages tokens changes only what it is told to.
+    assert _state(KeyGroupTokens.from_bytes(_damaged_tokens(lambda t: t), 3))[3][:1] == [2]

@@ -119,7 +119,7 @@ def _unseal(magic: bytes, data: bytes, what: str) -> pa.Table:
     if data[: len(magic)] != magic:
         raise TokenError(f"{what} has an unknown format version {data[4:5].hex() or 'none'}")
     header = len(magic) + 4
-    if len(data) < header:
+    if len(data) <= header:  # an Arrow stream is never empty
         raise TokenError(f"{what} is damaged: it is cut short")
     (crc,) = struct.unpack(">I", data[len(magic):header])
     body = data[header:]

@@ -1,0 +1,294 @@
+"""The checkpoint's files without Spark: the state file's format, and every file a run reads or
+writes, on a local path and through :mod:`pyarrow.fs` (a ``local://`` URI: the same files, reached
+the way an object store is)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import zlib
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from segack._version import __version__
+from segack.spark_adapter.checkpoint import (
+    DEAD_ATTEMPTS,
+    DEAD_ERROR,
+    DEAD_KEY_GROUP,
+    DEAD_POSITION,
+    Checkpoint,
+    CheckpointError,
+    CheckpointStore,
+    resolve_location,
+)
+from segack.spark_adapter.tokens import KeyGroupTokens, update_schema
+from tests.outcomes import exactly, starting
+
+
+@pytest.fixture(params=["path", "pyarrow.fs"])
+def where(request, tmp_path):
+    """``(location, directory)``: the checkpoint's location as given, and where its files are."""
+    directory = tmp_path / "checkpoint"
+    return (str(directory) if request.param == "path" else f"local://{directory}"), directory
+
+
+@pytest.fixture
+def store(where):
+    return CheckpointStore(where[0])
+
+
+def _files(directory):
+    return sorted(str(path.relative_to(directory)) for path in directory.rglob("*") if path.is_file())
+
+
+def _tokens():
+    tokens = KeyGroupTokens.empty(2, pa.int64(), pa.string())
+    tokens.set_counts(np.array([3, 0, 0, 1]))
+    tokens.apply(_updates([(0, 2, 1, 9, "k", 5)]))
+    return tokens
+
+
+def _updates(rows):
+    """An update table from ``(kg, committed, run_start, order, key, tie)`` tuples."""
+    schema = update_schema(pa.int64(), pa.string())
+    columns = [[row[i] for row in rows] for i in range(6)]
+    columns += [[None] * len(rows), [row[1] * 3 for row in rows], [row[1] * 5 for row in rows]]
+    return pa.table([pa.array(values, field.type) for values, field in zip(columns, schema, strict=True)],
+                    schema=schema)
+
+
+# ------------------------------------------------------------------ the state file's format
+
+def test_the_state_file_is_sorted_indented_json_with_a_checksum_of_its_canonical_form():
+    state = Checkpoint({"key": "user", "b": [1, 2]}, _tokens())
+    data = state.to_bytes()
+    assert data.endswith(b"}\n") and data.startswith(b'{\n "crc32": ')
+    body = json.loads(data)
+    assert list(body) == sorted(body) == ["crc32", "format", "segack", "settings", "tokens", "version"]
+    assert (body["format"], body["version"], body["segack"]) == ("segack-checkpoint", 2, __version__)
+    assert data.decode() == json.dumps(body, indent=1, sort_keys=True) + "\n"
+    crc = body.pop("crc32")
+    assert crc == zlib.crc32(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+    assert base64.b64decode(body["tokens"]) == state.tokens.to_bytes()
+    assert json.loads(Checkpoint({"x": 1}).to_bytes())["tokens"] is None
+
+
+def test_a_state_file_round_trips_with_and_without_tokens():
+    back = Checkpoint.from_bytes(Checkpoint({"key_group_bits": 2, "x": "ü"}, _tokens()).to_bytes())
+    assert back.settings == {"key_group_bits": 2, "x": "ü"} and back.tokens.committed.tolist() == [2, 0, 0, 0]
+    assert Checkpoint.from_bytes(Checkpoint({"x": 1}).to_bytes()).tokens is None
+
+
+def _sealed(body):
+    """``body`` as a state file with a checksum that matches it."""
+    body = dict(body)
+    body["crc32"] = zlib.crc32(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+    return json.dumps(body).encode()
+
+
+GOOD = {"format": "segack-checkpoint", "version": 2, "segack": "x", "settings": {"key_group_bits": 2},
+        "tokens": None}
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (b"\xff", "the file is damaged: not JSON"),
+    (b"{", "the file is damaged: not JSON"),
+    (b"[1]", "the file is not a segack checkpoint"),
+    (b'{"format": "other"}', "the file is not a segack checkpoint"),
+    (_sealed({**GOOD, "version": 1}), "the file was written by segack 0.1.0 (format 1); segack "
+     f"{__version__} reads format 2 only. Replay into a new checkpoint location; this one is left as it is"),
+    (_sealed({**GOOD, "version": 7}), "the file has format version 7; segack"),
+    (_sealed({**GOOD, "version": "1"}), "the file has format version '1'; segack"),
+    (_sealed({**GOOD, "settings": {"key_group_bits": 3}})[:-2] + b"0}", "the file is damaged: its checksum "
+     "does not match"),
+    (json.dumps(GOOD).encode(), "the file is damaged: its checksum does not match"),
+    (_sealed({**GOOD, "settings": []}), "the file is damaged: settings or tokens missing"),
+    (_sealed({**GOOD, "tokens": 5}), "the file is damaged: settings or tokens missing"),
+    (_sealed({**GOOD, "settings": {}, "tokens": "AAAA"}), "the file is damaged: its key-group resolution is "
+     "missing"),
+    (_sealed({**GOOD, "settings": {"key_group_bits": True}, "tokens": "AAAA"}), "the file is damaged: its "
+     "key-group resolution is missing"),
+    (_sealed({**GOOD, "tokens": "!!!!"}), "the file is damaged: "),
+    (_sealed({**GOOD, "tokens": "AAAA"}), "the tokens of the file is not segack key-group progress"),
+])
+def test_a_damaged_or_foreign_state_file_is_refused_naming_it(data, message):
+    with pytest.raises(CheckpointError) as refused:
+        Checkpoint.from_bytes(data, where="the file")
+    assert str(refused.value).startswith(message)
+
+
+def test_a_state_file_is_named_checkpoint_when_no_name_is_given():
+    with pytest.raises(CheckpointError, match=exactly("checkpoint is not a segack checkpoint")):
+        Checkpoint.from_bytes(b"{}")
+
+
+# ------------------------------------------------------------------ locations
+
+def test_locations_are_resolved_once_on_the_driver(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_location("ck") == str(tmp_path / "ck")
+    assert resolve_location("file:///a/b") == "/a/b"
+    assert resolve_location("s3://bucket/x") == "s3://bucket/x"
+    assert resolve_location("~/ck") == os.path.expanduser("~/ck")
+    for bad in ("", None, 3):
+        with pytest.raises(ValueError, match=exactly("a checkpoint location is required")):
+            resolve_location(bad)
+
+
+def test_a_store_pickles_as_its_location_and_means_the_same_files(store, where):
+    store.save(Checkpoint({"x": 1}))
+    assert store.__getstate__() == {"location": store.location}
+    back = pickle.loads(pickle.dumps(store))
+    assert back.location == store.location and back.is_local == store.is_local
+    assert back.load().settings == {"x": 1}
+    assert store.is_local is (where[0] == str(where[1]))
+
+
+# ------------------------------------------------------------------ state files
+
+def test_states_are_named_after_their_claim_and_the_newest_is_the_checkpoint(store, where):
+    assert store.load() is None and not store.exists() and store.state_file() is None
+    store.save(Checkpoint({"n": 0}))
+    assert _files(where[1]) == ["checkpoint-000000000000.json"]
+    store.save(Checkpoint({"n": 3}), 3)
+    store.save(Checkpoint({"n": 2}), 2)  # a fenced run saving late: the checkpoint ignores it
+    assert store.load().settings == {"n": 3} and store.exists()
+    assert _files(where[1]) == ["checkpoint-000000000002.json", "checkpoint-000000000003.json"]
+    store.save(Checkpoint({"n": 4}))  # no claim: in place of the newest
+    assert store.load().settings == {"n": 4}
+    assert _files(where[1]) == ["checkpoint-000000000003.json"]
+    assert store.state_file().endswith("/checkpoint-000000000003.json")
+    store.save(Checkpoint({"n": 5}), 5)
+    assert _files(where[1]) == ["checkpoint-000000000005.json"]
+
+
+def test_files_that_are_not_states_are_not_read_as_states(store, where):
+    store.save(Checkpoint({"n": 1}), 1)
+    for name in ("backup-000000000007.json", "checkpoint-000000000009.json.tmp", "checkpoint-x.json"):
+        (where[1] / name).write_bytes(b"not a checkpoint")
+    assert store.load().settings == {"n": 1}
+
+
+def test_a_damaged_state_file_is_refused_with_the_checkpoints_location(store, where):
+    store.save(Checkpoint({"n": 1}), 1)
+    (where[1] / "checkpoint-000000000001.json").write_bytes(b"{")
+    with pytest.raises(CheckpointError, match=starting(f"checkpoint {store.location} is damaged: not JSON")):
+        store.load()
+
+
+def test_the_size_is_the_state_file_and_the_progress_files(store, where):
+    store.write_progress("run-s00000-a0", _updates([(0, 1, 0, 3, "a", 1)]))
+    progress = (where[1] / "progress" / "run-s00000-a0.sgku").stat().st_size
+    assert store.size_bytes() == progress
+    store.save(Checkpoint({"n": 1}))
+    state = (where[1] / "checkpoint-000000000000.json").stat().st_size
+    assert store.size_bytes() == state + progress
+
+
+# ------------------------------------------------------------------ progress files
+
+def test_progress_files_round_trip_with_their_tasks_load(store, where):
+    updates = _updates([(0, 2, 1, 9, "k", 5), (3, 1, 0, 4, "z", 7)])
+    store.write_progress("r1-s00000-a0", updates, in_flight=3, pending=12)
+    store.write_progress("r1-s00001-a0", updates)
+    store.write_progress("r2-s00000-a0", updates)
+    assert [path.rsplit("/", 1)[-1] for path in store.progress_files()] == [
+        "r1-s00000-a0.sgku", "r1-s00001-a0.sgku", "r2-s00000-a0.sgku"]
+    paths = store.progress_files("r1-")
+    assert [path.rsplit("/", 1)[-1] for path in paths] == ["r1-s00000-a0.sgku", "r1-s00001-a0.sgku"]
+    assert all(path.startswith(str(where[1])) or "://" in store.location for path in paths)
+    read = list(store.read_progress(paths))
+    assert [path for path, _ in read] == paths
+    assert all(table.equals(updates) for _, table in read)
+    assert [CheckpointStore.task_load(table) for _, table in read] == [(3, 12), (0, 0)]
+    store.delete_progress(paths)
+    assert store.progress_files() == [path for path in store.progress_files() if "r2-" in path]
+    assert list(store.read_progress(paths)) == []  # gone since: skipped
+
+
+@pytest.mark.parametrize(("metadata", "load"), [
+    (None, (0, 0)),
+    ({b"segack.in_flight": b"7"}, (7, 0)),
+    ({b"segack.pending": b"8"}, (0, 8)),
+    ({b"segack.in_flight": b"x", b"segack.pending": b"-1"}, (0, 0)),
+    ({b"segack.in_flight": b"9" * 18, b"segack.pending": b"9" * 19}, (int("9" * 18), 0)),
+])
+def test_a_tasks_load_is_read_from_its_progress_files_metadata_and_nonsense_counts_nothing(metadata, load):
+    assert CheckpointStore.task_load(_updates([]).replace_schema_metadata(metadata)) == load
+
+
+def test_progress_files_that_are_not_progress_are_skipped_or_refused(store, where):
+    store.write_progress("r-s00000-a0", _updates([(0, 1, 0, 3, "a", 1)]))
+    (where[1] / "progress" / "r-s00001-a0.sgku.tmp").write_bytes(b"half written")
+    (where[1] / "progress" / "r.stop").write_bytes(b"why")
+    assert [path.rsplit("/", 1)[-1] for path in store.progress_files()] == ["r-s00000-a0.sgku"]
+    (where[1] / "progress" / "r-s00002-a0.sgku").write_bytes(b"junk")
+    with pytest.raises(CheckpointError, match=r"^progress file .*r-s00002-a0\.sgku is not segack key-group "):
+        list(store.read_progress(store.progress_files()))
+
+
+def test_a_stop_request_is_one_runs_and_says_why(store, where):
+    assert not store.stop_requested("r1")
+    store.request_stop("r1", "segments change: split 0")
+    assert store.stop_requested("r1") and not store.stop_requested("r2")
+    assert (where[1] / "progress" / "r1.stop").read_text() == "segments change: split 0"
+    store.clear_stop("r2")
+    assert store.stop_requested("r1")
+    store.clear_stop("r1")
+    assert not store.stop_requested("r1") and _files(where[1]) == []
+    store.clear_stop("r1")  # twice is fine
+
+
+# ------------------------------------------------------------------ dead letters
+
+def _letters(keys, groups, positions, error="ValueError: no"):
+    return pa.table({"user": keys, "amount": list(range(len(keys))), DEAD_ERROR: [error] * len(keys),
+                     DEAD_ATTEMPTS: pa.array([1] * len(keys), pa.int32()),
+                     DEAD_KEY_GROUP: pa.array(groups, pa.int32()),
+                     DEAD_POSITION: pa.array(positions, pa.int64())})
+
+
+def test_dead_letters_are_parquet_files_read_back_once_per_event(store, where):
+    assert store.read_dead_letters() is None and store.dead_letter_keys("user") == frozenset()
+    store.write_dead_letters("r1-s00000-a0-00000", _letters(["a", "b"], [1, 2], [4, 7]))
+    # A retried attempt wrote one of them again, with other columns' values.
+    store.write_dead_letters("r1-s00000-a1-00000", _letters(["b", "c"], [2, 3], [7, 0], "Again: x"))
+    (where[1] / "dead-letters" / "r1-s00000-a2-00000.parquet.tmp").write_bytes(b"half written")
+    assert _files(where[1] / "dead-letters") == ["r1-s00000-a0-00000.parquet", "r1-s00000-a1-00000.parquet",
+                                                 "r1-s00000-a2-00000.parquet.tmp"]
+    assert len(store.dead_letter_files()) == 2 and len(store.dead_letter_files("r1-s00000-a1")) == 1
+    assert store.dead_letter_files("r2") == []
+    letters = store.read_dead_letters()
+    assert letters.column("user").to_pylist() == ["a", "b", "c"]
+    assert letters.column(DEAD_ERROR).to_pylist() == ["ValueError: no", "ValueError: no", "Again: x"]
+    assert store.dead_letter_keys("user") == frozenset({"a", "b", "c"})
+    [path] = store.dead_letter_files("r1-s00000-a1")
+    assert store.read_dead_letter_file(path, columns=["user"]).column_names == ["user"]
+    assert store.read_dead_letter_file(path).num_rows == 2
+    assert store.dead_letter_schema(path).names == _letters([], [], []).column_names
+    assert pq.read_table(where[1] / "dead-letters" / "r1-s00000-a1-00000.parquet").num_rows == 2
+    store.delete_dead_letters([path])
+    assert store.read_dead_letter_file(path) is None and store.dead_letter_schema(path) is None
+    assert store.dead_letter_keys("user") == frozenset({"a", "b"})
+
+
+def test_dead_letters_of_two_files_with_other_column_types_read_together(store):
+    store.write_dead_letters("a", _letters(["a"], [1], [4]))
+    wider = _letters(["b"], [2], [5]).set_column(1, "amount", pa.array([2.5]))
+    store.write_dead_letters("b", wider)
+    assert store.read_dead_letters().column("amount").to_pylist() == [0, 2.5]
+
+
+def test_a_dead_letter_file_that_is_not_parquet_is_refused_naming_it(store, where):
+    store.write_dead_letters("a", _letters(["a"], [1], [4]))
+    (where[1] / "dead-letters" / "b.parquet").write_bytes(b"junk")
+    [_, path] = store.dead_letter_files()
+    with pytest.raises(CheckpointError, match=starting(f"dead-letter file {path} cannot be read: ")):
+        store.read_dead_letters()
+    with pytest.raises(CheckpointError, match=starting(f"dead-letter file {path} cannot be read: ")):
+        store.dead_letter_schema(path)
