@@ -398,7 +398,7 @@ def _claim_cost(rows: list[dict[str, Any]]) -> None:
     from bench.sleepy import nothing
     from segack.spark_adapter import local_session, replay
     from segack.spark_adapter.checkpoint import CheckpointStore
-    from segack.spark_adapter.claims import ClaimKeeper, acquire, latest_claim_number
+    from segack.spark_adapter.claims import ClaimKeeper, acquire
 
     spark = local_session("segack-bench-claims")
     count, segments, flush_every, flush_interval = 1_000_000, 8, 10_000, 5.0
@@ -414,7 +414,8 @@ def _claim_cost(rows: list[dict[str, Any]]) -> None:
                flush_every=flush_every, flush_interval=flush_interval)
         seconds = time.perf_counter() - began
         store = CheckpointStore(checkpoint)
-        task_check = best_of(lambda: [latest_claim_number(store) for _ in range(1000)]) / 1000
+        tasks = store.for_tasks("bench", 1)
+        task_check = best_of(lambda: [tasks.fenced() for _ in range(1000)]) / 1000
         def claim_and_release() -> None:
             with ClaimKeeper(store, acquire(store, "bench", 60)):
                 pass

@@ -35,13 +35,29 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(collections\.abc|typing)\..*"),
     (r"py:class", r"segack\.(specs\.snapshot|spark_adapter\.replay)\..*"),
     (r"py:.*", r"(int|str|bytes|float|bool|object|list|tuple|dict|None|BaseException|ValueError)"),
+    # Words numpydoc puts where a type goes: "handler : callable", "progress : callable, optional".
+    (r"py:class", r"(callable|optional)"),
     (r"py:.*", r"argparse\..*"),
     # Unqualified names in the spec's docstrings: documented once, under segack.
     (r"py:class", r"(DuplicateAckError|AckerFullError|SegmentSet)"),
 ]
 
 
+def numpydoc_sections(app, what, name, obj, options, lines):  # type: ignore[no-untyped-def]
+    """Render the numpydoc sections ("Parameters", "Other Parameters", "Returns", "Raises") of
+    functions and classes, as napoleon does; attribute docstrings ("The fencing number: ...") are
+    prose, which napoleon would read as "type: description"."""
+    if what not in ("function", "method", "class"):
+        return
+    from sphinx.ext.napoleon import Config
+    from sphinx.ext.napoleon.docstring import NumpyDocstring
+
+    config = Config(napoleon_use_param=True, napoleon_use_rtype=True)
+    lines[:] = NumpyDocstring(lines, config, app, what, name, obj, options).lines()
+
+
 def setup(app):  # type: ignore[no-untyped-def]
     import figures
 
+    app.connect("autodoc-process-docstring", numpydoc_sections)
     figures.build_all(HERE / "_generated")

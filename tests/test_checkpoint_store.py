@@ -182,7 +182,7 @@ def test_a_damaged_state_file_is_refused_with_the_checkpoints_location(store, wh
 
 
 def test_the_size_is_the_state_file_and_the_progress_files(store, where):
-    store.write_progress("run-s00000-a0", _updates([(0, 1, 0, 3, "a", 1)]))
+    store.for_tasks("r", 0).write_progress("run-s00000-a0", _updates([(0, 1, 0, 3, "a", 1)]))
     progress = (where[1] / "progress" / "run-s00000-a0.sgku").stat().st_size
     assert store.size_bytes() == progress
     store.save(Checkpoint({"n": 1}))
@@ -194,9 +194,9 @@ def test_the_size_is_the_state_file_and_the_progress_files(store, where):
 
 def test_progress_files_round_trip_with_their_tasks_load(store, where):
     updates = _updates([(0, 2, 1, 9, "k", 5), (3, 1, 0, 4, "z", 7)])
-    store.write_progress("r1-s00000-a0", updates, in_flight=3, pending=12)
-    store.write_progress("r1-s00001-a0", updates)
-    store.write_progress("r2-s00000-a0", updates)
+    store.for_tasks("r", 0).write_progress("r1-s00000-a0", updates, in_flight=3, pending=12)
+    store.for_tasks("r", 0).write_progress("r1-s00001-a0", updates)
+    store.for_tasks("r", 0).write_progress("r2-s00000-a0", updates)
     assert [path.rsplit("/", 1)[-1] for path in store.progress_files()] == [
         "r1-s00000-a0.sgku", "r1-s00001-a0.sgku", "r2-s00000-a0.sgku"]
     paths = store.progress_files("r1-")
@@ -223,7 +223,7 @@ def test_a_tasks_load_is_read_from_its_progress_files_metadata_and_nonsense_coun
 
 
 def test_progress_files_that_are_not_progress_are_skipped_or_refused(store, where):
-    store.write_progress("r-s00000-a0", _updates([(0, 1, 0, 3, "a", 1)]))
+    store.for_tasks("r", 0).write_progress("r-s00000-a0", _updates([(0, 1, 0, 3, "a", 1)]))
     (where[1] / "progress" / "r-s00001-a0.sgku.tmp").write_bytes(b"half written")
     (where[1] / "progress" / "r.stop").write_bytes(b"why")
     assert [path.rsplit("/", 1)[-1] for path in store.progress_files()] == ["r-s00000-a0.sgku"]
@@ -233,15 +233,38 @@ def test_progress_files_that_are_not_progress_are_skipped_or_refused(store, wher
 
 
 def test_a_stop_request_is_one_runs_and_says_why(store, where):
-    assert not store.stop_requested("r1")
+    one, two = store.for_tasks("r1", 0), store.for_tasks("r2", 0)
+    assert not one.stop_requested()
     store.request_stop("r1", "segments change: split 0")
-    assert store.stop_requested("r1") and not store.stop_requested("r2")
+    assert one.stop_requested() and not two.stop_requested()
     assert (where[1] / "progress" / "r1.stop").read_text() == "segments change: split 0"
+    two.request_stop("the handler failed in segment 3")
+    assert (where[1] / "progress" / "r2.stop").read_text() == "the handler failed in segment 3"
     store.clear_stop("r2")
-    assert store.stop_requested("r1")
+    assert one.stop_requested() and not two.stop_requested()
     store.clear_stop("r1")
-    assert not store.stop_requested("r1") and _files(where[1]) == []
+    assert not one.stop_requested() and _files(where[1]) == []
     store.clear_stop("r1")  # twice is fine
+
+
+def test_tasks_see_their_run_fenced_only_by_a_newer_claim(store):
+    tasks = store.for_tasks("r1", 2)
+    assert not tasks.fenced()  # no claim at all: an in-process store, nothing to compare
+    for number, fenced in ((1, False), (2, False), (3, True)):
+        store.create_claim_file(number, b"{}")
+        assert tasks.fenced() is fenced
+
+
+def test_a_tasks_view_pickles_as_its_location_run_and_claim_and_reads_its_earlier_attempts(store):
+    tasks = store.for_tasks("r1", 4)
+    back = pickle.loads(pickle.dumps(tasks))
+    assert back.__getstate__() == {"location": store.location, "run_id": "r1", "claim_number": 4}
+    assert back.progress_name(3, 1) == "r1-s00003-a1" and back.cheap_looks == store.is_local
+    updates = _updates([(0, 2, 1, 9, "k", 5)])
+    for name in ("r1-s00003-a0", "r1-s00003-a1", "r1-s00004-a0", "r2-s00003-a0", "r1-2-s00003-a0"):
+        tasks.write_progress(name, updates)
+    assert len(list(back.earlier_attempts(3))) == 2
+    assert list(back.earlier_attempts(5)) == []
 
 
 # ------------------------------------------------------------------ dead letters
@@ -255,9 +278,10 @@ def _letters(keys, groups, positions, error="ValueError: no"):
 
 def test_dead_letters_are_parquet_files_read_back_once_per_event(store, where):
     assert store.read_dead_letters() is None and store.dead_letter_keys("user") == frozenset()
-    store.write_dead_letters("r1-s00000-a0-00000", _letters(["a", "b"], [1, 2], [4, 7]))
+    tasks = store.for_tasks("r1", 0)
+    tasks.write_dead_letters("r1-s00000-a0-00000", _letters(["a", "b"], [1, 2], [4, 7]))
     # A retried attempt wrote one of them again, with other columns' values.
-    store.write_dead_letters("r1-s00000-a1-00000", _letters(["b", "c"], [2, 3], [7, 0], "Again: x"))
+    tasks.write_dead_letters("r1-s00000-a1-00000", _letters(["b", "c"], [2, 3], [7, 0], "Again: x"))
     (where[1] / "dead-letters" / "r1-s00000-a2-00000.parquet.tmp").write_bytes(b"half written")
     assert _files(where[1] / "dead-letters") == ["r1-s00000-a0-00000.parquet", "r1-s00000-a1-00000.parquet",
                                                  "r1-s00000-a2-00000.parquet.tmp"]
@@ -278,14 +302,14 @@ def test_dead_letters_are_parquet_files_read_back_once_per_event(store, where):
 
 
 def test_dead_letters_of_two_files_with_other_column_types_read_together(store):
-    store.write_dead_letters("a", _letters(["a"], [1], [4]))
+    store.for_tasks("r", 0).write_dead_letters("a", _letters(["a"], [1], [4]))
     wider = _letters(["b"], [2], [5]).set_column(1, "amount", pa.array([2.5]))
-    store.write_dead_letters("b", wider)
+    store.for_tasks("r", 0).write_dead_letters("b", wider)
     assert store.read_dead_letters().column("amount").to_pylist() == [0, 2.5]
 
 
 def test_a_dead_letter_file_that_is_not_parquet_is_refused_naming_it(store, where):
-    store.write_dead_letters("a", _letters(["a"], [1], [4]))
+    store.for_tasks("r", 0).write_dead_letters("a", _letters(["a"], [1], [4]))
     (where[1] / "dead-letters" / "b.parquet").write_bytes(b"junk")
     [_, path] = store.dead_letter_files()
     with pytest.raises(CheckpointError, match=starting(f"dead-letter file {path} cannot be read: ")):

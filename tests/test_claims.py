@@ -202,20 +202,19 @@ def _task_input(rows):
 
 @pytest.mark.parametrize("newer", [False, True], ids=["holding", "fenced"])
 def test_a_task_whose_run_was_fenced_stops_at_its_next_flush_and_writes_nothing(store, newer):
-    import numpy as np
+    import pyarrow as pa
 
-    from segack.spark_adapter.dispatch import Handling
-    from segack.spark_adapter.task import TaskPlan, run_task
+    from segack.spark_adapter.options import RunOptions
+    from segack.spark_adapter.task import TaskPlan, TaskStart, run_task
+    from segack.spark_adapter.tokens import KeyGroupTokens
 
     claim = acquire(store, "run", 60)
     if newer:
         force_release(store, "an operator")
     calls = []
-    zeros = np.zeros(1, np.int64)
-    plan = TaskPlan(run_id="run", store=store, handler=calls.append, columns=("user", "ts"), key="user",
-                    order="ts", committed=zeros, done_xor=zeros, done_sum=zeros, first_positions=zeros,
-                    extras={}, flush_every=1, flush_interval=60.0, handling=Handling(),
-                    claim_number=claim.number)
+    plan = TaskPlan(store=store.for_tasks("run", claim.number), handler=calls.append, columns=("user", "ts"),
+                    key="user", order="ts", options=RunOptions(flush_every=1, flush_interval=60.0),
+                    start=TaskStart.of(KeyGroupTokens.empty(0, pa.null(), pa.null())))
     batches = [_task_input(100), _task_input(100)]
     [result] = run_task(plan, iter(batches))
     if newer:

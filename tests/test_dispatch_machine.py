@@ -371,14 +371,15 @@ def _one_task(tmp_path, name, handling, parked, keys, failing, flaky):
     import pyarrow as pa
 
     from segack.spark_adapter.checkpoint import CheckpointStore
-    from segack.spark_adapter.task import KG, TIE, TaskPlan, run_task
+    from segack.spark_adapter.options import RunOptions
+    from segack.spark_adapter.task import KG, TIE, TaskPlan, TaskStart, run_task
+    from segack.spark_adapter.tokens import KeyGroupTokens
 
     store = CheckpointStore(str(tmp_path / name))
     handler = _Scripted(failing, flaky)
-    zeros = np.zeros(1, np.int64)
-    plan = TaskPlan(run_id="run", store=store, handler=handler, columns=("user", "ts"), key="user",
-                    order="ts", committed=zeros, done_xor=zeros, done_sum=zeros, first_positions=zeros,
-                    extras={}, flush_every=7, flush_interval=60.0, handling=handling,
+    plan = TaskPlan(store=store.for_tasks("run", 0), handler=handler, columns=("user", "ts"), key="user",
+                    order="ts", options=RunOptions(flush_every=7, flush_interval=60.0, handling=handling),
+                    start=TaskStart.of(KeyGroupTokens.empty(0, pa.null(), pa.null())),
                     parked=frozenset(parked))
     batch = pa.RecordBatch.from_pydict({"user": keys, "ts": list(range(len(keys))),
                                         KG: np.zeros(len(keys), np.int32),

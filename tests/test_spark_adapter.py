@@ -751,17 +751,18 @@ def _as_one_input(tokens):
 
 def test_no_stage_of_a_replay_gathers_events_into_one_partition(spark, tmp_path):
     """Read the physical plans of the fingerprint and of the job (fresh and resuming)."""
-    from segack.spark_adapter.dispatch import Handling
-    from segack.spark_adapter.replay import EventInput
-    from segack.spark_adapter.task import TaskPlan
+    from segack.spark_adapter.events import EventInput
+    from segack.spark_adapter.options import RunOptions
+    from segack.spark_adapter.task import TaskPlan, TaskStart
 
     frame = spark.createDataFrame(generate_events(2000, seed=17)).repartition(4)
     events = EventInput(frame, "user", "ts", "spark", "auto", 12)
     tokens = KeyGroupTokens.empty(12, pa.int64(), pa.string())
-    plan = TaskPlan(run_id="plan", store=CheckpointStore(str(tmp_path / "ck")), handler=print,
-                    columns=tuple(frame.columns), key="user", order="ts", committed=tokens.committed,
-                    done_xor=tokens.done_xor, done_sum=tokens.done_sum, first_positions=tokens.base,
-                    extras={}, flush_every=10, flush_interval=1.0, handling=Handling(concurrency=4))
+    plan = TaskPlan(store=CheckpointStore(str(tmp_path / "ck")).for_tasks("plan", 1), handler=print,
+                    columns=tuple(frame.columns), key="user", order="ts",
+                    options=RunOptions.from_keywords({"flush_every": 10, "flush_interval": 1.0,
+                                                      "concurrency": 4}),
+                    start=TaskStart.of(tokens))
     resuming = tokens.copy()
     resuming.committed[7] = 1
     resuming.boundaries[7] = (0, "user-x", 0)

@@ -413,3 +413,12 @@ def test_a_boundary_at_the_key_groups_first_position_reads_back():
     assert _state(KeyGroupTokens.from_bytes(tokens.to_bytes(), 3)) == _state(tokens)
     # The helper that damages tokens changes only what it is told to.
     assert _state(KeyGroupTokens.from_bytes(_damaged_tokens(lambda t: t), 3))[3][:1] == [2]
+
+
+def test_tokens_are_stored_compressed():
+    tokens = _tokens(list(range(1, 2**10 + 1)), bits=10)
+    rows = [(group, 1, 0, 7, "k" * 40, group, None) for group in range(0, 2**10, 2)]
+    tokens.apply(_updates(rows))
+    sealed = tokens.to_bytes()
+    plain = _seal(_open(sealed))  # the same stream, written without compression
+    assert len(sealed) < len(plain) / 2

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from enum import Enum
+from typing import TYPE_CHECKING, Any
 
-from segack._shared import HASHES, SEQUENCING_POLICIES, VERIFY_CHOICES
+from segack._shared import HASHES
 from segack.kernel import SegmentSet, java_hash, spark_hash
+from segack.spark_adapter.options import OnError, Policy, Verify, option_fields
 
 if TYPE_CHECKING:
     from segack.spark_adapter.checkpoint import CheckpointStore
@@ -42,202 +45,6 @@ def _hash_key(key: str, hash_name: str) -> int:
     return java_hash(key) if hash_name == "java" else spark_hash(key)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``segack`` command (also used to document it)."""
-    parser = argparse.ArgumentParser(
-        prog="segack", description="Ordered, resumable, rescalable event processing on Spark."
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    locate = commands.add_parser(
-        "locate", help="print the segment that owns each key",
-        description="Print the owning segment of each key: its index, id, mask and share.",
-    )
-    locate.add_argument("keys", nargs="+", metavar="KEY", help="sequencing keys (strings)")
-    locate.add_argument(
-        "--segments", type=_segment_set, default=SegmentSet.balanced(1), metavar="N|ID,ID,...",
-        help="a balanced set of N segments, or the live segment ids (default: 1)",
-    )
-    locate.add_argument(
-        "--hash", choices=HASHES, default="java",
-        help="java: Axon's String.hashCode; spark: Spark SQL's hash() (default: java)",
-    )
-    replay = commands.add_parser(
-        "replay", help="replay events through a handler, in order per key, resumably",
-        description="Call a handler once per event of INPUT, never before every earlier event of its "
-        "key (by the order column) has been handled. Progress is checkpointed as it goes; running "
-        "again with the same checkpoint resumes, with another --segments it rescales.",
-    )
-    replay.add_argument("input", metavar="INPUT", help="a file or directory Spark can read")
-    replay.add_argument("--key", required=True, metavar="COL", help="the sequencing key column")
-    replay.add_argument("--order", required=True, metavar="COL",
-                        help="the column that orders each key's events (need not be sorted)")
-    replay.add_argument("--handler", required=True, metavar="MODULE:FUNCTION",
-                        help="called with each event as a dict of its columns")
-    replay.add_argument("--checkpoint", required=True, metavar="DIR",
-                        help="a local directory or a pyarrow.fs URI")
-    replay.add_argument("--format", choices=["parquet", "csv", "json"], default="parquet",
-                        help="the input format (default: parquet; csv needs a header line)")
-    replay.add_argument("--segments", type=_replay_segments, default=None, metavar="N|ID,ID,...|auto",
-                        help="a balanced set of N segments, the live segment ids, or auto: planned from "
-                        "the events' load for the session's parallelism, as `segack plan` does (default: "
-                        "the last run's, else spark.sql.shuffle.partitions)")
-    replay.add_argument("--hash", choices=HASHES, default="spark",
-                        help="spark: Spark's hash(), in the JVM; java: Axon's hashCode (default: spark)")
-    replay.add_argument("--key-group-bits", type=int, default=None, metavar="K",
-                        help="cut hashes into 2**K key groups, fixed by a checkpoint's first run; no segment "
-                        "may be finer (default: 12, at most 16)")
-    _add_session_options(replay)
-    replay.add_argument("--py-files", default="", metavar="FILE,FILE,...",
-                        help=".py, .zip or .egg files the handler imports, sent to the executors (the "
-                        "handler's own module is sent without asking)")
-    replay.add_argument("--shared-local-checkpoint", action="store_true",
-                        help="the checkpoint is a local path mounted at the same place on every machine "
-                        "(NFS, say); without it a local path is refused on a cluster master")
-    replay.add_argument("--flush-every", type=_positive, default=10_000, metavar="N",
-                        help="tasks save progress after this many events (default: 10000)")
-    replay.add_argument("--flush-interval", type=float, default=5.0, metavar="SECONDS",
-                        help="... or after this many seconds (default: 5)")
-    replay.add_argument("--concurrency", type=_positive, default=1, metavar="N",
-                        help="handler calls in flight at once in each segment's task, on a thread pool "
-                        "(an async def handler: as tasks on one event loop); never two of one key "
-                        "(default: 1, one call at a time)")
-    replay.add_argument("--max-pending", type=_positive, default=None, metavar="M",
-                        help="a task reads ahead at most this many events not yet committed "
-                        "(default: 4 x --concurrency)")
-    replay.add_argument("--policy", choices=SEQUENCING_POLICIES, default="per-key",
-                        help="what may run at once: per-key (events of other keys), sequential (one "
-                        "event per segment), concurrent (any events; for handlers that need no order)")
-    replay.add_argument("--retries", type=_non_negative, default=0, metavar="R",
-                        help="make a call that raises again, up to R times, before the run fails "
-                        "(default: 0)")
-    replay.add_argument("--retry-delay", type=float, default=0.1, metavar="SECONDS",
-                        help="wait this long before the first retry, twice as long before each next "
-                        "(default: 0.1)")
-    replay.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                        help="a call may take this long: an async def call is cancelled (and retried if "
-                        "--retries allows); a thread cannot be stopped, so the run fails (default: none)")
-    replay.add_argument("--on-error", choices=("stop", "dead-letter"), default="stop",
-                        help="after a call's last retry: stop the run (default), or set the event and its "
-                        "key's later events aside in CHECKPOINT/dead-letters/ and go on with other keys")
-    replay.add_argument("--retry-dead-letters", action="store_true",
-                        help="first handle the checkpoint's dead letters again, each key's in order; those "
-                        "that fail again stay, and their keys' newer events are set aside behind them")
-    replay.add_argument("--claim-timeout", type=float, default=60.0, metavar="SECONDS",
-                        help="another run may take the checkpoint over once this run's claim has gone "
-                        "unextended this long (default: 60)")
-    replay.add_argument("--verify", choices=VERIFY_CHOICES, default="auto",
-                        help="a resume first checks that the events done are still the input's (a pass over "
-                        "them); auto (the default) skips that when the input is the same files, unchanged, "
-                        "as the checkpoint's last run read; always checks every time")
-
-    plan = commands.add_parser(
-        "plan", help="plan segments from the events' load, and show the limit the hottest key sets",
-        description="Count INPUT's events per key group and its hottest keys (two Spark jobs), then "
-        "print the set of at most N segments, made by splitting the root, whose largest load is "
-        "smallest, beside a balanced set of N, and the speed-up the hottest key allows at most.",
-    )
-    plan.add_argument("input", metavar="INPUT", help="a file or directory Spark can read")
-    plan.add_argument("--key", required=True, metavar="COL", help="the sequencing key column")
-    plan.add_argument("--order", default=None, metavar="COL",
-                      help="the order column, checked to exist (the plan does not depend on it)")
-    plan.add_argument("--format", choices=["parquet", "csv", "json"], default="parquet",
-                      help="the input format (default: parquet; csv needs a header line)")
-    plan.add_argument("--hash", choices=HASHES, default="spark",
-                      help="spark: Spark's hash(); java: Axon's hashCode (default: spark)")
-    plan.add_argument("--workers", type=_positive, default=None, metavar="N",
-                      help="plan for N workers (default: the session's spark.sql.shuffle.partitions)")
-    plan.add_argument("--key-group-bits", type=int, default=12, metavar="K",
-                      help="the key-group resolution of the checkpoint you will use (default: 12)")
-    plan.add_argument("--sample", type=float, default=None, metavar="FRACTION",
-                      help="count this fraction of the events, for a faster estimate (default: all)")
-    plan.add_argument("--top", type=_positive, default=5, metavar="N",
-                      help="hottest keys to show (default: 5)")
-    _add_session_options(plan)
-
-    status = commands.add_parser(
-        "status", help="show a checkpoint",
-        description="Print a checkpoint's progress (events, done, per segment of the last run), its "
-        "size, and the settings of the run that wrote it.",
-    )
-    status.add_argument("checkpoint", metavar="CHECKPOINT", help="a local directory or a pyarrow.fs URI")
-
-    dead = commands.add_parser(
-        "dead-letters", help="list the events a replay set aside (--on-error dead-letter)",
-        description="Print how many events a checkpoint's runs set aside as dead letters, per key, "
-        "with the first error of each key.",
-    )
-    dead.add_argument("checkpoint", metavar="CHECKPOINT", help="a local directory or a pyarrow.fs URI")
-    dead.add_argument("--top", type=_positive, default=20, metavar="N", help="keys to list (default: 20)")
-
-    release = commands.add_parser(
-        "release", help="release a checkpoint's claim whose owner is gone",
-        description="Release the claim a run holds on a checkpoint, for an operator who knows the run "
-        "is gone (its machine lost, say) and will not wait for the claim to expire. Should the run come "
-        "back, it is fenced: it stops without saving anything more.",
-    )
-    release.add_argument("checkpoint", metavar="CHECKPOINT", help="a local directory or a pyarrow.fs URI")
-    release.add_argument("--force", action="store_true", required=True,
-                         help="required: say that the owner is gone")
-
-    rescale_note = ("On a checkpoint no run holds, the change is recorded at once and the next run "
-                    "starts over the new set. On one a live run holds, it is asked of that run, which "
-                    "applies it within seconds without exiting (a stream: at its next micro-batch); "
-                    "the command does not wait.")
-    split = commands.add_parser(
-        "split", help="split one segment of a checkpoint, now or in its live run",
-        description=f"Split live segment SEGMENT_ID of CHECKPOINT in two. {rescale_note}",
-    )
-    merge = commands.add_parser(
-        "merge", help="merge one segment of a checkpoint with its sibling, now or in its live run",
-        description="Merge live segment SEGMENT_ID of CHECKPOINT with its sibling (as Axon's "
-        f"mergeSegment), which must be live too. {rescale_note}",
-    )
-    for command in (split, merge):
-        command.add_argument("checkpoint", metavar="CHECKPOINT", help="a local directory or a pyarrow.fs URI")
-        command.add_argument("segment_id", type=_non_negative, metavar="SEGMENT_ID",
-                             help="a live segment's id (`segack status` lists them)")
-    scale = commands.add_parser(
-        "scale", help="give a checkpoint a whole new segment set, now or in its live run",
-        description=f"Give CHECKPOINT a new set of segments. {rescale_note}",
-    )
-    scale.add_argument("checkpoint", metavar="CHECKPOINT", help="a local directory or a pyarrow.fs URI")
-    scale.add_argument("--segments", type=_replay_segments, required=True, metavar="N|ID,ID,...|auto",
-                       help="a balanced set of N segments, the live segment ids, or auto: planned from the "
-                       "load of each key group measured so far")
-    scale.add_argument("--workers", type=_positive, default=None, metavar="N",
-                       help="with --segments auto: plan for N workers (default: the current count)")
-    for command in (split, merge, scale):
-        command.add_argument("--claim-timeout", type=float, default=60.0, metavar="SECONDS",
-                             help="the claim the change takes on a checkpoint no run holds expires after "
-                             "this long unextended (default: 60)")
-
-    demo = commands.add_parser(
-        "demo", help="replay a generated event log into SQLite, crash it, resume it, check it",
-        description="Generate a skewed event log, replay it into a SQLite database through an "
-        "idempotent handler on an embedded local Spark, kill the run partway, resume it with another "
-        "segment count, and check the database against sequential processing.",
-    )
-    demo.add_argument("--events", type=_positive, default=120_000, metavar="N",
-                      help="events to generate (default: 120000)")
-    demo.add_argument("--workdir", default=None, metavar="DIR",
-                      help="where to put the log, checkpoint and databases (default: a temporary directory)")
-    return parser
-
-
-def _add_session_options(command: argparse.ArgumentParser) -> None:
-    """Where a command's Spark session runs, and how it logs."""
-    where = command.add_mutually_exclusive_group()
-    where.add_argument("--master", default=None, metavar="URL",
-                       help="the Spark master: local[N], local-cluster[...], spark://..., yarn, k8s://... "
-                       "(default: local[2])")
-    where.add_argument("--remote", default=None, metavar="sc://HOST:PORT",
-                       help="a Spark Connect server to run on instead of a master")
-    command.add_argument("--conf", action="append", type=_conf, default=[], metavar="KEY=VALUE",
-                         help="a Spark setting, as spark-submit takes it (repeatable)")
-    command.add_argument("--verbose", action="store_true",
-                         help="let Spark's driver log as it would by default (its banner, warnings)")
-
-
 def _int_at_least(least: int, what: str) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
@@ -253,6 +60,226 @@ def _int_at_least(least: int, what: str) -> Callable[[str], int]:
 
 _positive = _int_at_least(1, "a positive integer")
 _non_negative = _int_at_least(0, "a non-negative integer")
+
+#: How the flag of each run option parses (:mod:`segack.spark_adapter.options` gives its default,
+#: help and metavar): a function of the text, the choices (a tuple or an enum), or ``bool`` for a
+#: flag that takes no value. ``segack replay`` has a flag for each, in this order.
+RUN_FLAGS: dict[str, Any] = {
+    "segments": _replay_segments,
+    "hash": HASHES,
+    "key_group_bits": int,
+    "shared_local_checkpoint": bool,
+    "flush_every": _positive,
+    "flush_interval": float,
+    "concurrency": _positive,
+    "max_pending": _positive,
+    "policy": Policy,
+    "retries": _non_negative,
+    "retry_delay": float,
+    "timeout": float,
+    "on_error": OnError,
+    "retry_dead_letters": bool,
+    "claim_timeout": float,
+    "verify": Verify,
+}
+
+
+def _add_run_flags(command: argparse.ArgumentParser) -> None:
+    """A flag for each run option in :data:`RUN_FLAGS`, with the option's default and help."""
+    specs = {spec.name: spec for spec in option_fields()}
+    for name, parse in RUN_FLAGS.items():
+        spec = specs[name]
+        flag = "--" + name.replace("_", "-")
+        default = str(spec.default) if isinstance(spec.default, Enum) else spec.default
+        if parse is bool:
+            command.add_argument(flag, action="store_true", help=spec.metadata["help"])
+        elif isinstance(parse, tuple) or (isinstance(parse, type) and issubclass(parse, Enum)):
+            command.add_argument(flag, choices=[str(choice) for choice in parse], default=default,
+                                 help=spec.metadata["help"])
+        else:
+            command.add_argument(flag, type=parse, default=default, metavar=spec.metadata["metavar"],
+                                 help=spec.metadata["help"])
+
+
+def run_keywords(args: argparse.Namespace) -> dict[str, Any]:
+    """The run options the command line gave, as keyword arguments of
+    :func:`~segack.spark_adapter.replay`."""
+    return {name: getattr(args, name) for name in RUN_FLAGS}
+
+
+def _add_session_options(command: argparse.ArgumentParser) -> None:
+    """Where a command's Spark session runs, and how it logs."""
+    where = command.add_mutually_exclusive_group()
+    where.add_argument("--master", default=None, metavar="URL",
+                       help="the Spark master: local[N], local-cluster[...], spark://..., yarn, k8s://... "
+                       "(default: local[2])")
+    where.add_argument("--remote", default=None, metavar="sc://HOST:PORT",
+                       help="a Spark Connect server to run on instead of a master")
+    command.add_argument("--conf", action="append", type=_conf, default=[], metavar="KEY=VALUE",
+                         help="a Spark setting, as spark-submit takes it (repeatable)")
+    command.add_argument("--verbose", action="store_true",
+                         help="let Spark's driver log as it would by default (its banner, warnings), and "
+                         "say what the run decides: claims, jobs, merges, changes of segments")
+
+
+_CHECKPOINT_HELP = "a local directory or a pyarrow.fs URI"
+
+
+def _add_format(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--format", choices=["parquet", "csv", "json"], default="parquet",
+                         help="the input format (default: parquet; csv needs a header line)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``segack`` command (also used to document it)."""
+    parser = argparse.ArgumentParser(
+        prog="segack", description="Ordered, resumable, rescalable event processing on Spark."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_locate, _add_replay, _add_plan, _add_status, _add_dead_letters, _add_release,
+                _add_rescale, _add_demo):
+        add(commands)
+    return parser
+
+
+def _add_locate(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    locate = commands.add_parser(
+        "locate", help="print the segment that owns each key",
+        description="Print the owning segment of each key: its index, id, mask and share.",
+    )
+    locate.add_argument("keys", nargs="+", metavar="KEY", help="sequencing keys (strings)")
+    locate.add_argument(
+        "--segments", type=_segment_set, default=SegmentSet.balanced(1), metavar="N|ID,ID,...",
+        help="a balanced set of N segments, or the live segment ids (default: 1)",
+    )
+    locate.add_argument(
+        "--hash", choices=HASHES, default="java",
+        help="java: Axon's String.hashCode; spark: Spark SQL's hash() (default: java)",
+    )
+
+
+def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    replay = commands.add_parser(
+        "replay", help="replay events through a handler, in order per key, resumably",
+        description="Call a handler once per event of INPUT, never before every earlier event of its "
+        "key (by the order column) has been handled. Progress is checkpointed as it goes; running "
+        "again with the same checkpoint resumes, with another --segments it rescales.",
+    )
+    replay.add_argument("input", metavar="INPUT", help="a file or directory Spark can read")
+    replay.add_argument("--key", required=True, metavar="COL", help="the sequencing key column")
+    replay.add_argument("--order", required=True, metavar="COL",
+                        help="the column that orders each key's events (need not be sorted)")
+    replay.add_argument("--handler", required=True, metavar="MODULE:FUNCTION",
+                        help="called with each event as a dict of its columns")
+    replay.add_argument("--checkpoint", required=True, metavar="DIR", help=_CHECKPOINT_HELP)
+    _add_format(replay)
+    _add_session_options(replay)
+    replay.add_argument("--py-files", default="", metavar="FILE,FILE,...",
+                        help=".py, .zip or .egg files the handler imports, sent to the executors (the "
+                        "handler's own module is sent without asking)")
+    _add_run_flags(replay)
+
+
+def _add_plan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    plan = commands.add_parser(
+        "plan", help="plan segments from the events' load, and show the limit the hottest key sets",
+        description="Count INPUT's events per key group and its hottest keys (two Spark jobs), then "
+        "print the set of at most N segments, made by splitting the root, whose largest load is "
+        "smallest, beside a balanced set of N, and the speed-up the hottest key allows at most.",
+    )
+    plan.add_argument("input", metavar="INPUT", help="a file or directory Spark can read")
+    plan.add_argument("--key", required=True, metavar="COL", help="the sequencing key column")
+    plan.add_argument("--order", default=None, metavar="COL",
+                      help="the order column, checked to exist (the plan does not depend on it)")
+    _add_format(plan)
+    plan.add_argument("--hash", choices=HASHES, default="spark",
+                      help="spark: Spark's hash(); java: Axon's hashCode (default: spark)")
+    plan.add_argument("--workers", type=_positive, default=None, metavar="N",
+                      help="plan for N workers (default: the session's spark.sql.shuffle.partitions)")
+    plan.add_argument("--key-group-bits", type=int, default=12, metavar="K",
+                      help="the key-group resolution of the checkpoint you will use (default: 12)")
+    plan.add_argument("--sample", type=float, default=None, metavar="FRACTION",
+                      help="count this fraction of the events, for a faster estimate (default: all)")
+    plan.add_argument("--top", type=_positive, default=5, metavar="N",
+                      help="hottest keys to show (default: 5)")
+    _add_session_options(plan)
+
+
+def _add_status(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    status = commands.add_parser(
+        "status", help="show a checkpoint",
+        description="Print a checkpoint's progress (events, done, per segment of the last run), its "
+        "size, and the settings of the run that wrote it.",
+    )
+    status.add_argument("checkpoint", metavar="CHECKPOINT", help=_CHECKPOINT_HELP)
+
+
+def _add_dead_letters(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    dead = commands.add_parser(
+        "dead-letters", help="list the events a replay set aside (--on-error dead-letter)",
+        description="Print how many events a checkpoint's runs set aside as dead letters, per key, "
+        "with the first error of each key.",
+    )
+    dead.add_argument("checkpoint", metavar="CHECKPOINT", help=_CHECKPOINT_HELP)
+    dead.add_argument("--top", type=_positive, default=20, metavar="N", help="keys to list (default: 20)")
+
+
+def _add_release(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    release = commands.add_parser(
+        "release", help="release a checkpoint's claim whose owner is gone",
+        description="Release the claim a run holds on a checkpoint, for an operator who knows the run "
+        "is gone (its machine lost, say) and will not wait for the claim to expire. Should the run come "
+        "back, it is fenced: it stops without saving anything more.",
+    )
+    release.add_argument("checkpoint", metavar="CHECKPOINT", help=_CHECKPOINT_HELP)
+    release.add_argument("--force", action="store_true", required=True,
+                         help="required: say that the owner is gone")
+
+
+def _add_rescale(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    note = ("On a checkpoint no run holds, the change is recorded at once and the next run starts over "
+            "the new set. On one a live run holds, it is asked of that run, which applies it within "
+            "seconds without exiting (a stream: at its next micro-batch); the command does not wait.")
+    split = commands.add_parser(
+        "split", help="split one segment of a checkpoint, now or in its live run",
+        description=f"Split live segment SEGMENT_ID of CHECKPOINT in two. {note}",
+    )
+    merge = commands.add_parser(
+        "merge", help="merge one segment of a checkpoint with its sibling, now or in its live run",
+        description="Merge live segment SEGMENT_ID of CHECKPOINT with its sibling (as Axon's "
+        f"mergeSegment), which must be live too. {note}",
+    )
+    for command in (split, merge):
+        command.add_argument("checkpoint", metavar="CHECKPOINT", help=_CHECKPOINT_HELP)
+        command.add_argument("segment_id", type=_non_negative, metavar="SEGMENT_ID",
+                             help="a live segment's id (`segack status` lists them)")
+    scale = commands.add_parser(
+        "scale", help="give a checkpoint a whole new segment set, now or in its live run",
+        description=f"Give CHECKPOINT a new set of segments. {note}",
+    )
+    scale.add_argument("checkpoint", metavar="CHECKPOINT", help=_CHECKPOINT_HELP)
+    scale.add_argument("--segments", type=_replay_segments, required=True, metavar="N|ID,ID,...|auto",
+                       help="a balanced set of N segments, the live segment ids, or auto: planned from the "
+                       "load of each key group measured so far")
+    scale.add_argument("--workers", type=_positive, default=None, metavar="N",
+                       help="with --segments auto: plan for N workers (default: the current count)")
+    for command in (split, merge, scale):
+        command.add_argument("--claim-timeout", type=float, default=60.0, metavar="SECONDS",
+                             help="the claim the change takes on a checkpoint no run holds expires after "
+                             "this long unextended (default: 60)")
+
+
+def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    demo = commands.add_parser(
+        "demo", help="replay a generated event log into SQLite, crash it, resume it, check it",
+        description="Generate a skewed event log, replay it into a SQLite database through an "
+        "idempotent handler on an embedded local Spark, kill the run partway, resume it with another "
+        "segment count, and check the database against sequential processing.",
+    )
+    demo.add_argument("--events", type=_positive, default=120_000, metavar="N",
+                      help="events to generate (default: 120000)")
+    demo.add_argument("--workdir", default=None, metavar="DIR",
+                      help="where to put the log, checkpoint and databases (default: a temporary directory)")
 
 
 def _locate(args: argparse.Namespace) -> int:
@@ -488,10 +515,31 @@ def _dead_letters(args: argparse.Namespace) -> int:
     return 0
 
 
+class _LogLines(logging.Formatter):
+    """``segack: message``, with the level for warnings and errors."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = f"{record.levelname.lower()}: " if record.levelno >= logging.WARNING else ""
+        return f"segack: {level}{record.getMessage()}"
+
+
+def _log_to_stderr(verbose: bool) -> None:
+    """Show the package's warnings on stderr, and with ``verbose`` what its runs decide."""
+    logger = logging.getLogger("segack")
+    handler = next((h for h in logger.handlers if isinstance(h.formatter, _LogLines)), None)
+    if handler is None:
+        handler = logging.StreamHandler()
+        handler.setFormatter(_LogLines())
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``segack`` command; returns the exit status."""
     try:
-        return _run(build_parser().parse_args(argv))
+        args = build_parser().parse_args(argv)
+        _log_to_stderr(getattr(args, "verbose", False))
+        return _run(args)
     except BrokenPipeError:
         # The reader went away (``segack status CK | head``): not an error of ours.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -12,9 +12,10 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, TextIO
 
-from segack.errors import SegackValueError
+from segack.cli import run_keywords
 from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore, resolve_location
-from segack.spark_adapter.errors import HandlerFailedError, ReplayError
+from segack.spark_adapter.errors import HandlerFailedError, InputError, OptionError, ReplayError
+from segack.spark_adapter.options import RunOptions
 from segack.spark_adapter.replay import Progress, load_handler, replay, worker_error
 
 if TYPE_CHECKING:
@@ -83,11 +84,12 @@ def replay_command(args: argparse.Namespace) -> int:
     py_files = [path for path in args.py_files.split(",") if path]
     try:
         handler = load_handler(args.handler)
+        RunOptions.from_keywords(run_keywords(args))  # refused before Spark starts
         store = CheckpointStore(args.checkpoint)
         store.load()
         missing = [path for path in py_files if not os.path.isfile(path)]
         if missing:
-            raise SegackValueError(f"--py-files: no such file {missing[0]!r}")
+            raise OptionError(f"--py-files: no such file {missing[0]!r}")
     except (ValueError, OSError) as error:
         print(f"segack replay: {error}", file=sys.stderr)
         return 1
@@ -98,15 +100,9 @@ def replay_command(args: argparse.Namespace) -> int:
         spark = spark_session(master=master, remote=args.remote, conf=dict(args.conf), quiet=not args.verbose)
         ship_module(spark, args.handler.partition(":")[0])
         ship_py_files(spark, py_files)
-        result = replay(
-            _read(spark, args.input, args.format), key=args.key, order=args.order, handler=handler,
-            checkpoint=store, segments=args.segments, hash=args.hash, key_group_bits=args.key_group_bits,
-            flush_every=args.flush_every, flush_interval=args.flush_interval, progress=printer,
-            source=args.input, shared_local_checkpoint=args.shared_local_checkpoint,
-            concurrency=args.concurrency, max_pending=args.max_pending, policy=args.policy,
-            retries=args.retries, retry_delay=args.retry_delay, timeout=args.timeout, on_error=args.on_error,
-            retry_dead_letters=args.retry_dead_letters, claim_timeout=args.claim_timeout, verify=args.verify,
-        )
+        events = _read(spark, args.input, args.format)
+        result = replay(events, key=args.key, order=args.order, handler=handler, checkpoint=store,
+                        progress=printer, source=args.input, **run_keywords(args))
     except (HandlerFailedError, ReplayError, CheckpointError, ValueError, OSError) as error:
         printer.close()
         print(f"segack replay: {error}", file=sys.stderr)
@@ -162,7 +158,7 @@ def plan_command(args: argparse.Namespace) -> int:
         spark = spark_session(master=master, remote=args.remote, conf=dict(args.conf), quiet=not args.verbose)
         events = _read(spark, args.input, args.format)
         if args.order is not None and args.order not in events.columns:
-            raise SegackValueError(f"no column {args.order!r}; the columns are {events.columns}")
+            raise InputError(f"no column {args.order!r}; the columns are {events.columns}")
         result = plan(events, key=args.key, hash=args.hash, workers=args.workers,
                       key_group_bits=args.key_group_bits, sample=args.sample, top=args.top)
     except (ValueError, OSError) as error:

@@ -4,10 +4,22 @@ segments changed while a run goes on, sessions."""
 from __future__ import annotations
 
 from segack.spark_adapter import errors as _errors
-from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore, resolve_location
-from segack.spark_adapter.claims import CheckpointClaimedError, ClaimLostError
+from segack.spark_adapter.checkpoint import Checkpoint, CheckpointStore, resolve_location
 from segack.spark_adapter.columns import hash_column, member_index_column, segment_column
-from segack.spark_adapter.errors import HandlerFailedError, ReplayError
+from segack.spark_adapter.errors import (
+    CheckpointClaimedError,
+    CheckpointError,
+    CheckpointLocationError,
+    ClaimLostError,
+    ForeignInputError,
+    HandlerFailedError,
+    InputError,
+    OptionError,
+    ReplayError,
+    SegmentChangeError,
+    SessionError,
+    TokenError,
+)
 from segack.spark_adapter.planning import Plan, plan
 from segack.spark_adapter.replay import (
     Progress,
@@ -24,22 +36,28 @@ from segack.spark_adapter.session import (
     spark_session,
 )
 from segack.spark_adapter.streaming import foreach_batch
-from segack.spark_adapter.tokens import DEFAULT_KEY_GROUP_BITS, KeyGroupTokens, TokenError
+from segack.spark_adapter.tokens import DEFAULT_KEY_GROUP_BITS, KeyGroupTokens
 
 __all__ = [
     "DEFAULT_KEY_GROUP_BITS",
     "Checkpoint",
     "CheckpointClaimedError",
     "CheckpointError",
+    "CheckpointLocationError",
     "CheckpointStore",
     "ClaimLostError",
+    "ForeignInputError",
     "HandlerFailedError",
+    "InputError",
     "KeyGroupTokens",
+    "OptionError",
     "Plan",
     "Progress",
     "ReplayError",
     "ReplayResult",
     "Rescale",
+    "SegmentChangeError",
+    "SessionError",
     "TokenError",
     "foreach_batch",
     "hash_column",

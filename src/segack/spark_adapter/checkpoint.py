@@ -20,20 +20,22 @@ key-group resolution, segments, flush policy, status), ``tokens`` (the
 ``crc32`` of the canonical JSON of everything else. Its size depends on the
 number of key groups, never on the number of events.
 
-Every write is atomic: a temporary file in the same directory, flushed and
-fsynced, then renamed over the target (and the directory fsynced) on local
-disk; elsewhere a temporary object moved into place. A reader sees the old
-file or the new one, never a torn one. A damaged checkpoint is refused with
-:class:`CheckpointError` and never overwritten.
+Every write is atomic (:mod:`~segack.spark_adapter.storage`): a reader sees the old file or the
+new one, never a torn one. A damaged checkpoint is refused with
+:class:`~segack.spark_adapter.CheckpointError` and never overwritten.
+
+The same files have two views, as Flink's checkpoint storage has: the run's coordinator on the
+driver holds a :class:`CheckpointStore` (the state, claims, segment requests, dead letters and
+progress of every run); each task holds a :class:`TaskStore`, which may only write its own
+progress and dead letters, look for a stop request and for a newer claim, and read what earlier
+attempts of its segment recorded.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
-import uuid
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -42,10 +44,11 @@ from typing import Any
 import pyarrow as pa
 
 from segack._version import __version__
-from segack.errors import SegackValueError
-from segack.spark_adapter.tokens import KeyGroupTokens, TokenError, decode_updates, encode_updates
+from segack.spark_adapter.errors import CheckpointError, CheckpointLocationError, TokenError
+from segack.spark_adapter.storage import Files, LocalFiles, open_files
+from segack.spark_adapter.tokens import KeyGroupTokens, decode_updates, encode_updates
 
-__all__ = ["Checkpoint", "CheckpointError", "CheckpointStore", "resolve_location"]
+__all__ = ["Checkpoint", "CheckpointError", "CheckpointStore", "TaskStore", "resolve_location"]
 
 FORMAT = "segack-checkpoint"
 VERSION = 2
@@ -73,10 +76,6 @@ _IN_FLIGHT = b"segack.in_flight"
 _PENDING = b"segack.pending"
 
 
-class CheckpointError(SegackValueError):
-    """A checkpoint that cannot be trusted: damaged, foreign, from another input or another version."""
-
-
 def resolve_location(location: str) -> str:
     """``location`` in a form every machine reads the same way.
 
@@ -85,7 +84,7 @@ def resolve_location(location: str) -> str:
     process that calls this (the driver), before anything is sent to executors.
     """
     if not isinstance(location, str) or not location:
-        raise SegackValueError("a checkpoint location is required")
+        raise CheckpointLocationError("a checkpoint location is required")
     if location.startswith("file://"):
         location = location.removeprefix("file://")
     elif "://" in location:
@@ -109,7 +108,8 @@ class Checkpoint:
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str = "checkpoint") -> Checkpoint:
-        """Parse a checkpoint; a damaged, foreign or other-version one is a :class:`CheckpointError`."""
+        """Parse a checkpoint; a damaged, foreign or other-version one is a
+        :class:`~segack.spark_adapter.CheckpointError`."""
         try:
             body = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -147,23 +147,62 @@ def _canonical(body: dict[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
-class CheckpointStore:
-    """A checkpoint directory on local disk or on any filesystem :mod:`pyarrow.fs` opens.
+def _claim_numbers(files: Files) -> list[int]:
+    """The numbers of the claim files present now, ascending."""
+    numbers = []
+    for path, _ in files.list(files.path(CLAIMS_DIR)):
+        name = path.rsplit("/", 1)[-1]
+        if name.endswith(".json") and name[:-5].isdigit():
+            numbers.append(int(name[:-5]))
+    return sorted(numbers)
 
-    The location is resolved at once (:func:`resolve_location`), so the store
-    means the same directory wherever it is unpickled. Spark tasks carry it to
-    write their progress files.
+
+def _progress_files(files: Files, prefix: str) -> list[str]:
+    start = files.path(PROGRESS_DIR, prefix)
+    return sorted(path for path, _ in files.list(files.path(PROGRESS_DIR))
+                  if path.endswith(PROGRESS_SUFFIX) and path.startswith(start))
+
+
+def _read_progress(files: Files, paths: list[str]) -> Iterator[tuple[str, pa.Table]]:
+    for path in paths:
+        data = files.read(path)
+        if data is None:
+            continue
+        try:
+            yield path, decode_updates(data, what=f"progress file {path}")
+        except TokenError as error:
+            raise CheckpointError(str(error)) from None
+
+
+def _stop_path(files: Files, run_id: str) -> str:
+    return files.path(PROGRESS_DIR, f"{run_id}{STOP_SUFFIX}")
+
+
+def _dead_letter_file(files: Files, path: str, columns: list[str] | None, schema_only: bool) -> Any:
+    import pyarrow.parquet as pq
+
+    try:
+        source = files.parquet_source(path)
+        if schema_only:
+            return pq.read_schema(source)
+        return pq.read_table(source, columns=columns)
+    except FileNotFoundError:
+        return None
+    except (pa.ArrowException, KeyError) as error:
+        raise CheckpointError(f"dead-letter file {path} cannot be read: {error}") from None
+
+
+class CheckpointStore:
+    """A checkpoint directory on local disk or on any filesystem :mod:`pyarrow.fs` opens: what a
+    run's coordinator, on the driver, and the ``segack`` command do with it.
+
+    The location is resolved at once (:func:`resolve_location`), so the store means the same
+    directory wherever it is unpickled. Tasks get a :class:`TaskStore` (:meth:`for_tasks`).
     """
 
     def __init__(self, location: str) -> None:
         self.location = resolve_location(location)
-        self.is_local = "://" not in self.location
-        if self.is_local:
-            self.root = self.location
-        else:
-            from pyarrow import fs
-
-            self._filesystem, self.root = fs.FileSystem.from_uri(self.location)
+        self.files = open_files(self.location)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"location": self.location}
@@ -174,103 +213,21 @@ class CheckpointStore:
     def __repr__(self) -> str:
         return f"CheckpointStore({self.location!r})"
 
-    # -------------------------------------------------------------- paths
+    @property
+    def is_local(self) -> bool:
+        """Whether the checkpoint is a path on this machine's file system (or a mount)."""
+        return isinstance(self.files, LocalFiles)
 
-    def _path(self, *parts: str) -> str:
-        return "/".join([self.root.rstrip("/"), *parts])
-
-    def _makedirs(self, path: str) -> None:
-        if self.is_local:
-            os.makedirs(path, exist_ok=True)
-        else:
-            self._filesystem.create_dir(path, recursive=True)
-
-    def _read(self, path: str) -> bytes | None:
-        if self.is_local:
-            try:
-                with open(path, "rb") as handle:
-                    return handle.read()
-            except FileNotFoundError:
-                return None
-        from pyarrow import fs
-
-        if self._filesystem.get_file_info(path).type == fs.FileType.NotFound:
-            return None
-        with self._filesystem.open_input_stream(path) as stream:
-            return bytes(stream.read())
-
-    def _exists(self, path: str) -> bool:
-        if self.is_local:
-            return os.path.exists(path)
-        from pyarrow import fs
-
-        return bool(self._filesystem.get_file_info(path).type != fs.FileType.NotFound)
-
-    def _write_temporary(self, path: str, data: bytes) -> str:
-        """Write ``data`` durably to a new temporary file beside ``path``; returns its path."""
-        self._makedirs(path.rsplit("/", 1)[0])
-        temporary = f"{path}.{uuid.uuid4().hex}.tmp"
-        if self.is_local:
-            with open(temporary, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-        else:
-            with self._filesystem.open_output_stream(temporary) as stream:
-                stream.write(data)
-        return temporary
-
-    @staticmethod
-    def _fsync_directory(directory: str) -> None:
-        """Make a rename or link in a local ``directory`` durable."""
-        descriptor = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-
-    def write_atomic(self, path: str, data: bytes) -> None:
-        """Replace ``path`` with ``data`` so that a reader sees the old bytes or the new ones."""
-        temporary = self._write_temporary(path, data)
-        if self.is_local:
-            os.replace(temporary, path)
-            self._fsync_directory(path.rsplit("/", 1)[0])
-        else:
-            self._filesystem.move(temporary, path)
-
-    def _delete(self, path: str) -> None:
-        if self.is_local:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
-        else:
-            from pyarrow import fs
-
-            if self._filesystem.get_file_info(path).type != fs.FileType.NotFound:
-                self._filesystem.delete_file(path)
-
-    def _list(self, directory: str) -> list[tuple[str, int]]:
-        """``(path, size)`` of each file in ``directory`` (none if it does not exist)."""
-        if self.is_local:
-            try:
-                names = os.listdir(directory)
-            except FileNotFoundError:
-                return []
-            found = []
-            for name in names:
-                with contextlib.suppress(FileNotFoundError):
-                    found.append((f"{directory}/{name}", os.stat(f"{directory}/{name}").st_size))
-            return found
-        from pyarrow import fs
-
-        infos = self._filesystem.get_file_info(fs.FileSelector(directory, allow_not_found=True))
-        return [(info.path, int(info.size or 0)) for info in infos if info.type == fs.FileType.File]
+    def for_tasks(self, run_id: str, claim_number: int) -> TaskStore:
+        """The view of the tasks of ``run_id``, which holds claim ``claim_number``."""
+        return TaskStore(self.location, run_id, claim_number)
 
     # ---------------------------------------------------------- the state
 
     def _state_files(self) -> list[tuple[int, str, int]]:
         """``(claim number, path, size)`` of each state file present now, newest last."""
         found = []
-        for path, size in self._list(self.root.rstrip("/")):
+        for path, size in self.files.list(self.files.root.rstrip("/")):
             name = path.rsplit("/", 1)[-1]
             if name.startswith(STATE_PREFIX) and name.endswith(STATE_SUFFIX):
                 number = name[len(STATE_PREFIX):-len(STATE_SUFFIX)]
@@ -288,7 +245,8 @@ class CheckpointStore:
         return self.state_file() is not None
 
     def load(self) -> Checkpoint | None:
-        """The stored checkpoint, ``None`` if there is none; damage is a :class:`CheckpointError`.
+        """The stored checkpoint, ``None`` if there is none; damage is a
+        :class:`~segack.spark_adapter.CheckpointError`.
 
         That is the newest state file: the one written under the highest claim number, so a run
         fenced by a newer claim cannot bring back its older state by saving late.
@@ -297,7 +255,7 @@ class CheckpointStore:
             path = self.state_file()
             if path is None:
                 return None
-            data = self._read(path)
+            data = self.files.read(path)
             if data is not None:
                 return Checkpoint.from_bytes(data, where=f"checkpoint {self.location}")
             # Pruned after a newer one was written: look again.
@@ -310,56 +268,35 @@ class CheckpointStore:
         if claim_number is None:
             files = self._state_files()
             claim_number = files[-1][0] if files else 0
-        path = self._path(f"{STATE_PREFIX}{claim_number:012d}{STATE_SUFFIX}")
-        self.write_atomic(path, checkpoint.to_bytes())
+        self.files.write(self.files.path(f"{STATE_PREFIX}{claim_number:012d}{STATE_SUFFIX}"),
+                         checkpoint.to_bytes())
         for number, older, _ in self._state_files():
             if number < claim_number:
-                self._delete(older)
+                self.files.delete(older)
 
     def size_bytes(self) -> int:
         """Bytes the checkpoint takes now: its state file and the progress files."""
         files = self._state_files()
-        return (files[-1][2] if files else 0) + sum(size for _, size in self._list(self._path(PROGRESS_DIR)))
+        progress = self.files.list(self.files.path(PROGRESS_DIR))
+        return (files[-1][2] if files else 0) + sum(size for _, size in progress)
 
     # ------------------------------------------------------- dead letters
 
-    def write_dead_letters(self, name: str, letters: pa.Table) -> None:
-        """Record, atomically, dead letters of one task attempt as a new Parquet file ``name``."""
-        import pyarrow.parquet as pq
-
-        sink = pa.BufferOutputStream()
-        pq.write_table(letters, sink)
-        self._makedirs(self._path(DEAD_LETTERS_DIR))
-        self.write_atomic(self._path(DEAD_LETTERS_DIR, f"{name}.parquet"), sink.getvalue().to_pybytes())
-
     def dead_letter_files(self, prefix: str = "") -> list[str]:
         """The dead-letter files present now whose names start with ``prefix``, sorted."""
-        start = self._path(DEAD_LETTERS_DIR, prefix)
-        return sorted(path for path, _ in self._list(self._path(DEAD_LETTERS_DIR))
+        start = self.files.path(DEAD_LETTERS_DIR, prefix)
+        return sorted(path for path, _ in self.files.list(self.files.path(DEAD_LETTERS_DIR))
                       if path.endswith(".parquet") and path.startswith(start))
-
-    def _dead_letter_file(self, path: str, columns: list[str] | None, schema_only: bool) -> Any:
-        import pyarrow.parquet as pq
-
-        try:
-            source = path if self.is_local else self._filesystem.open_input_file(path)
-            if schema_only:
-                return pq.read_schema(source)
-            return pq.read_table(source, columns=columns)
-        except FileNotFoundError:
-            return None
-        except (pa.ArrowException, KeyError) as error:
-            raise CheckpointError(f"dead-letter file {path} cannot be read: {error}") from None
 
     def read_dead_letter_file(self, path: str, columns: list[str] | None = None) -> pa.Table | None:
         """One dead-letter file (only ``columns``, if given); ``None`` if it has gone. A file
-        that is not Parquet, or lacks a column, is a :class:`CheckpointError`."""
-        table: pa.Table | None = self._dead_letter_file(path, columns, schema_only=False)
+        that is not Parquet, or lacks a column, is a :class:`~segack.spark_adapter.CheckpointError`."""
+        table: pa.Table | None = _dead_letter_file(self.files, path, columns, schema_only=False)
         return table
 
     def dead_letter_schema(self, path: str) -> pa.Schema | None:
         """The schema of one dead-letter file, read from its footer; ``None`` if it has gone."""
-        schema: pa.Schema | None = self._dead_letter_file(path, None, schema_only=True)
+        schema: pa.Schema | None = _dead_letter_file(self.files, path, None, schema_only=True)
         return schema
 
     def read_dead_letters(self) -> pa.Table | None:
@@ -387,7 +324,7 @@ class CheckpointStore:
     def delete_dead_letters(self, paths: list[str]) -> None:
         """Remove dead-letter files whose events are handled, or recorded again elsewhere."""
         for path in paths:
-            self._delete(path)
+            self.files.delete(path)
 
     # ------------------------------------------------------------- claims
 
@@ -395,100 +332,55 @@ class CheckpointStore:
     def claims_are_atomic(self) -> bool:
         """Whether two runs claiming at once cannot both win: true on local disks (and NFS) and
         HDFS, whose rename refuses to replace a file; elsewhere a claim is made by looking first."""
-        return self.is_local or self._filesystem.type_name == "hdfs"
+        return self.files.exclusive_create
 
     def claim_numbers(self) -> list[int]:
         """The numbers of the claim files present now, ascending."""
-        numbers = []
-        for path, _ in self._list(self._path(CLAIMS_DIR)):
-            name = path.rsplit("/", 1)[-1]
-            if name.endswith(".json") and name[:-5].isdigit():
-                numbers.append(int(name[:-5]))
-        return sorted(numbers)
+        return _claim_numbers(self.files)
 
     def _claim_path(self, number: int) -> str:
-        return self._path(CLAIMS_DIR, f"{number:012d}.json")
+        return self.files.path(CLAIMS_DIR, f"{number:012d}.json")
 
     def read_claim_file(self, number: int) -> bytes | None:
         """The bytes of claim ``number``, or ``None`` if it has gone."""
-        return self._read(self._claim_path(number))
+        return self.files.read(self._claim_path(number))
 
     def create_claim_file(self, number: int, data: bytes) -> bool:
         """Create claim ``number`` unless it exists: ``False`` if it did (another run won)."""
-        path = self._claim_path(number)
-        if not self.is_local and self._exists(path):
-            return False
-        temporary = self._write_temporary(path, data)
-        if self.is_local:
-            try:
-                os.link(temporary, path)  # fails if the path exists, also on NFS
-            except FileExistsError:
-                return False
-            finally:
-                os.remove(temporary)
-            self._fsync_directory(self._path(CLAIMS_DIR))
-            return True
-        try:
-            self._filesystem.move(temporary, path)  # HDFS refuses to replace; others replace
-        except OSError:
-            self._delete(temporary)
-            if self._exists(path):
-                return False
-            raise
-        return True
+        return self.files.create(self._claim_path(number), data)
 
     def write_claim_file(self, number: int, data: bytes) -> None:
         """Rewrite claim ``number`` (its owner extends or releases it)."""
-        self.write_atomic(self._claim_path(number), data)
+        self.files.write(self._claim_path(number), data)
 
     def delete_claim_files(self, numbers: list[int]) -> None:
         for number in numbers:
-            self._delete(self._claim_path(number))
+            self.files.delete(self._claim_path(number))
 
     # ---------------------------------------------------- segment requests
 
     def read_segments_request(self) -> bytes | None:
         """The pending change of segments, or ``None``."""
-        return self._read(self._path(SEGMENTS_REQUEST))
+        return self.files.read(self.files.path(SEGMENTS_REQUEST))
 
     def write_segments_request(self, data: bytes) -> None:
         """Record, atomically, a change of segments for the run that holds the checkpoint."""
-        self.write_atomic(self._path(SEGMENTS_REQUEST), data)
+        self.files.write(self.files.path(SEGMENTS_REQUEST), data)
 
     def delete_segments_request(self) -> None:
         """Remove the pending change of segments, once applied."""
-        self._delete(self._path(SEGMENTS_REQUEST))
+        self.files.delete(self.files.path(SEGMENTS_REQUEST))
 
     # ------------------------------------------------------- task progress
 
-    @staticmethod
-    def progress_name(run_id: str, segment: int, attempt: int) -> str:
-        """The progress file name of one task attempt."""
-        return f"{run_id}-s{segment:05d}-a{attempt}"
-
-    def write_progress(self, name: str, updates: pa.Table, in_flight: int = 0, pending: int = 0) -> None:
-        """Record, atomically, what one task attempt has finished so far (its update table), and
-        how many of its calls run now and rows wait uncommitted (for the progress line)."""
-        load = {_IN_FLIGHT: str(in_flight).encode("ascii"), _PENDING: str(pending).encode("ascii")}
-        self.write_atomic(self._path(PROGRESS_DIR, f"{name}{PROGRESS_SUFFIX}"),
-                          encode_updates(updates.replace_schema_metadata(load)))
-
     def progress_files(self, prefix: str = "") -> list[str]:
         """The progress files present now whose names start with ``prefix``, sorted."""
-        start = self._path(PROGRESS_DIR, prefix)
-        return sorted(path for path, _ in self._list(self._path(PROGRESS_DIR))
-                      if path.endswith(PROGRESS_SUFFIX) and path.startswith(start))
+        return _progress_files(self.files, prefix)
 
     def read_progress(self, paths: list[str]) -> Iterator[tuple[str, pa.Table]]:
-        """Each readable progress file's updates; a damaged one is a :class:`CheckpointError`."""
-        for path in paths:
-            data = self._read(path)
-            if data is None:
-                continue
-            try:
-                yield path, decode_updates(data, what=f"progress file {path}")
-            except TokenError as error:
-                raise CheckpointError(str(error)) from None
+        """Each readable progress file's updates; a damaged one is a
+        :class:`~segack.spark_adapter.CheckpointError`."""
+        return _read_progress(self.files, paths)
 
     @staticmethod
     def task_load(updates: pa.Table) -> tuple[int, int]:
@@ -503,18 +395,86 @@ class CheckpointStore:
     def delete_progress(self, paths: list[str]) -> None:
         """Remove progress files already merged into a durable checkpoint."""
         for path in paths:
-            self._delete(path)
+            self.files.delete(path)
 
     # ------------------------------------------------------------ stopping
 
     def request_stop(self, run_id: str, reason: str) -> None:
         """Ask the tasks of ``run_id`` to stop at their next flush."""
-        self.write_atomic(self._path(PROGRESS_DIR, f"{run_id}{STOP_SUFFIX}"), reason.encode("utf-8"))
-
-    def stop_requested(self, run_id: str) -> bool:
-        """Whether someone asked the tasks of ``run_id`` to stop."""
-        return self._exists(self._path(PROGRESS_DIR, f"{run_id}{STOP_SUFFIX}"))
+        self.files.write(_stop_path(self.files, run_id), reason.encode("utf-8"))
 
     def clear_stop(self, run_id: str) -> None:
         """Remove the stop request of a run that has ended."""
-        self._delete(self._path(PROGRESS_DIR, f"{run_id}{STOP_SUFFIX}"))
+        self.files.delete(_stop_path(self.files, run_id))
+
+
+class TaskStore:
+    """What the tasks of run ``run_id`` may do with its checkpoint (the worker view): write their
+    progress and dead letters, read what earlier attempts of their segment recorded, and look for
+    a stop request and for a claim newer than theirs, ``claim_number``.
+
+    It pickles as its location, run and claim: a task carries nothing else of the checkpoint.
+    """
+
+    def __init__(self, location: str, run_id: str, claim_number: int) -> None:
+        self.location, self.run_id, self.claim_number = location, run_id, claim_number
+        self.files = open_files(location)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"location": self.location, "run_id": self.run_id, "claim_number": self.claim_number}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"TaskStore({self.location!r}, {self.run_id!r}, {self.claim_number})"
+
+    @property
+    def cheap_looks(self) -> bool:
+        """Whether a look for a stop request costs no request: then tasks look between flushes."""
+        return self.files.cheap_looks
+
+    def progress_name(self, segment: int, attempt: int) -> str:
+        """The progress file name of one task attempt."""
+        return f"{self.run_id}-s{segment:05d}-a{attempt}"
+
+    def write_progress(self, name: str, updates: pa.Table, in_flight: int = 0, pending: int = 0) -> None:
+        """Record, atomically, what one task attempt has finished so far (its update table), and
+        how many of its calls run now and rows wait uncommitted (for the progress line)."""
+        load = {_IN_FLIGHT: str(in_flight).encode("ascii"), _PENDING: str(pending).encode("ascii")}
+        self.files.write(self.files.path(PROGRESS_DIR, f"{name}{PROGRESS_SUFFIX}"),
+                         encode_updates(updates.replace_schema_metadata(load)))
+
+    def earlier_attempts(self, segment: int) -> Iterator[pa.Table]:
+        """The updates that earlier attempts of ``segment`` in this run recorded."""
+        prefix = f"{self.run_id}-s{segment:05d}-a"
+        for _, updates in _read_progress(self.files, _progress_files(self.files, prefix)):
+            yield updates
+
+    def write_dead_letters(self, name: str, letters: pa.Table) -> None:
+        """Record, atomically, dead letters of one task attempt as a new Parquet file ``name``."""
+        import pyarrow.parquet as pq
+
+        sink = pa.BufferOutputStream()
+        pq.write_table(letters, sink)
+        self.files.write(self.files.path(DEAD_LETTERS_DIR, f"{name}.parquet"), sink.getvalue().to_pybytes())
+
+    def read_dead_letter_file(self, path: str) -> pa.Table | None:
+        """One dead-letter file, to handle its events again; ``None`` if it has gone."""
+        table: pa.Table | None = _dead_letter_file(self.files, path, None, schema_only=False)
+        return table
+
+    def stop_requested(self) -> bool:
+        """Whether someone asked the run's tasks to stop."""
+        return self.files.exists(_stop_path(self.files, self.run_id))
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the run's other tasks to stop at their next flush."""
+        self.files.write(_stop_path(self.files, self.run_id), reason.encode("utf-8"))
+
+    def fenced(self) -> bool:
+        """Whether a newer claim than the run's exists: another run took the checkpoint over, and
+        nothing these tasks write counts any more. A lower number means the tasks cannot see the
+        claims (an in-process store), and stopping them would help no one."""
+        numbers = _claim_numbers(self.files)
+        return bool(numbers) and numbers[-1] > self.claim_number

@@ -14,7 +14,7 @@ The rules:
 3. **An expired claim may be taken over.** The new claim's higher number fences the old owner:
    its tasks look at the newest claim number at every flush and stop, writing nothing more,
    once it is not theirs; its driver checks before every save and stops with
-   :class:`ClaimLostError`, naming the new owner.
+   :class:`~segack.spark_adapter.ClaimLostError`, naming the new owner.
 4. **Nothing a fenced run writes counts.** A new owner merges the progress files the previous
    claim's run left (a crash's progress is kept); files of any older run were written after it
    lost its claim, and are deleted unread. State files are named after their writer's claim
@@ -31,6 +31,7 @@ writes the state file of its own, older claim number, which the checkpoint ignor
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -38,13 +39,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from segack.errors import SegackValueError
-from segack.spark_adapter.checkpoint import CheckpointError
-from segack.spark_adapter.errors import ReplayError
+from segack.spark_adapter.errors import CheckpointClaimedError, CheckpointError, ClaimLostError, OptionError
 from segack.spark_adapter.periodic import Periodic
 
 if TYPE_CHECKING:
-    from segack.spark_adapter.checkpoint import CheckpointStore
+    from segack.spark_adapter.checkpoint import Checkpoint, CheckpointStore
 
 __all__ = ["DEFAULT_CLAIM_TIMEOUT", "CheckpointClaimedError", "Claim", "ClaimKeeper", "ClaimLostError",
            "acquire", "check_claim_timeout", "force_release", "latest_claim", "latest_claim_number",
@@ -52,6 +51,8 @@ __all__ = ["DEFAULT_CLAIM_TIMEOUT", "CheckpointClaimedError", "Claim", "ClaimKee
 
 #: Seconds a claim lives without being extended, unless a run says otherwise.
 DEFAULT_CLAIM_TIMEOUT = 60.0
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class Claim:
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> Claim:
         """A claim file's claim; anything else is a
-        :class:`~segack.spark_adapter.checkpoint.CheckpointError`."""
+        :class:`~segack.spark_adapter.CheckpointError`."""
         try:
             body = json.loads(data.decode("utf-8"))
             claim = cls(**body)
@@ -113,39 +114,16 @@ class Claim:
         return f"run {self.run_id} (pid {self.pid} on {self.host})"
 
 
-class CheckpointClaimedError(CheckpointError):
-    """Another run holds the checkpoint's claim; nothing was changed."""
-
-    def __init__(self, location: str, claim: Claim, now: float) -> None:
-        super().__init__(
-            f"checkpoint {location} is claimed by {claim.owner()}, last extended "
-            f"{max(0.0, now - claim.extended_at):.1f} s ago. Only one run may use a checkpoint at a time: "
-            f"wait for that run to end, or, if it is gone, for its claim to expire ({claim.timeout:g} s "
-            f"unextended) or for `segack release {location} --force`")
-        self.claim = claim
-
-
-class ClaimLostError(ReplayError):
-    """This run's claim was taken over by another run: it stopped, and saved nothing more."""
-
-    def __init__(self, location: str, mine: Claim, newer: Claim | None) -> None:
-        by = "was released by an operator" if newer is not None and newer.released_by else (
-            f"was taken over by {newer.owner()}" if newer is not None else "is gone")
-        super().__init__(f"run {mine.run_id} lost its claim on checkpoint {location}: it {by}; this "
-                         f"run stopped and saved nothing more")
-        self.newer = newer
-
-
 def check_claim_timeout(value: Any) -> float:
     """``value`` as a claim timeout; a ``ValueError`` unless it is a positive number of seconds."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise SegackValueError(f"claim_timeout must be a positive number of seconds, not {value!r}")
+        raise OptionError(f"claim_timeout must be a positive number of seconds, not {value!r}")
     return float(value)
 
 
 def latest_claim(store: CheckpointStore) -> Claim | None:
     """The newest claim of ``store`` (``None``: never claimed); a damaged one is a
-    :class:`~segack.spark_adapter.checkpoint.CheckpointError`."""
+    :class:`~segack.spark_adapter.CheckpointError`."""
     for number in reversed(store.claim_numbers()):
         data = store.read_claim_file(number)
         if data is not None:
@@ -183,9 +161,10 @@ def _prune(store: CheckpointStore, number: int) -> None:
 
 
 def acquire(store: CheckpointStore, run_id: str, timeout: float, *, handles_events: bool = True) -> Claim:
-    """Claim ``store`` for ``run_id`` (rules 1-3); :class:`CheckpointClaimedError` if a live claim
-    holds it, or if another run claimed it in the same moment. A claimant that ``handles_events``
-    not (a command changing the segments) leaves the previous run's progress to the next run."""
+    """Claim ``store`` for ``run_id`` (rules 1-3); :class:`~segack.spark_adapter.CheckpointClaimedError`
+    if a live claim holds it, or if another run claimed it in the same moment. A claimant that
+    ``handles_events`` not (a command changing the segments) leaves the previous run's progress to
+    the next run."""
     now = time.time()
     latest = latest_claim(store)
     if latest is not None and latest.live(now):
@@ -196,8 +175,13 @@ def acquire(store: CheckpointStore, run_id: str, timeout: float, *, handles_even
     if not store.create_claim_file(claim.number, claim.to_bytes()):
         winner = latest_claim(store)
         assert winner is not None
+        log.info("%s: %s claimed it in the same moment as run %s", store.location, winner.owner(), run_id)
         raise CheckpointClaimedError(store.location, winner, time.time())
     _prune(store, claim.number)
+    if latest is not None and not latest.released:
+        log.warning("%s: run %s took the checkpoint over from %s, whose claim %s", store.location, run_id,
+                    latest.owner(), "lapsed" if not latest.owner_gone() else "outlived its process")
+    log.info("%s: run %s holds claim %d", store.location, run_id, claim.number)
     return claim
 
 
@@ -216,15 +200,16 @@ def force_release(store: CheckpointStore, by: str) -> Claim | None:
     if not store.create_claim_file(released.number, released.to_bytes()):
         raise CheckpointError(f"checkpoint {store.location} was claimed again while it was being released")
     _prune(store, released.number)
+    log.warning("%s: %s released the claim of %s", store.location, by, latest.owner())
     return latest
 
 
 class ClaimKeeper(Periodic):
     """Extends a run's claim on a timer while the run lives, and releases it at the end.
 
-    When the claim turns out lost, it records :class:`ClaimLostError` in ``lost`` and calls
-    ``on_lost`` (which stops the run's job). :meth:`check` raises it: the driver calls it before
-    every save.
+    When the claim turns out lost, it records :class:`~segack.spark_adapter.ClaimLostError` in
+    ``lost`` and calls ``on_lost`` (which stops the run's job). :meth:`check` raises it: the driver
+    calls it before every save (:meth:`save`).
     """
 
     def __init__(self, store: CheckpointStore, claim: Claim,
@@ -234,13 +219,19 @@ class ClaimKeeper(Periodic):
         self.lost: ClaimLostError | None = None
 
     def check(self) -> None:
-        """Raise :class:`ClaimLostError` unless this run still holds the newest claim."""
+        """Raise :class:`~segack.spark_adapter.ClaimLostError` unless this run still holds the newest
+        claim."""
         if self.lost is None:
             latest = latest_claim(self.store)
             if latest is None or latest.number != self.claim.number or latest.released:
                 self.lost = ClaimLostError(self.store.location, self.claim, latest)
         if self.lost is not None:
             raise self.lost
+
+    def save(self, state: Checkpoint) -> None:
+        """Save ``state`` as this run's, once :meth:`check` has found the claim still held."""
+        self.check()
+        self.store.save(state, self.claim.number)
 
     def extend(self) -> None:
         self.check()
@@ -250,12 +241,16 @@ class ClaimKeeper(Periodic):
     def tick(self) -> bool:
         try:
             self.extend()
-        except ClaimLostError:
+        except ClaimLostError as lost:
+            log.warning("%s", lost)
             if self.on_lost is not None:
                 self.on_lost()
             return True
-        except OSError:
-            pass  # the store is unreachable for a moment; the claim holds until it expires
+        except OSError as error:
+            # The store is unreachable for a moment; the claim holds until it expires.
+            log.warning("%s: could not extend the claim of run %s (it expires %g s after %s): %s",
+                        self.store.location, self.claim.run_id, self.claim.timeout,
+                        time.strftime("%H:%M:%S", time.localtime(self.claim.extended_at)), error)
         return False
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -265,5 +260,12 @@ class ClaimKeeper(Periodic):
                 self.check()
                 released = replace(self.claim, extended_at=time.time(), released=True)
                 self.store.write_claim_file(released.number, released.to_bytes())
-            except (ClaimLostError, OSError):
-                pass  # a lost claim is another run's now; an unreachable store lets it expire
+            except ClaimLostError as lost:
+                log.info("%s", lost)  # the claim is another run's now: nothing to release
+            except OSError as error:
+                log.warning("%s: could not release the claim of run %s; it expires %g s after it was "
+                            "last extended: %s", self.store.location, self.claim.run_id, self.claim.timeout,
+                            error)
+            else:
+                log.info("%s: run %s released claim %d", self.store.location, self.claim.run_id,
+                         self.claim.number)

@@ -18,8 +18,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from segack._shared import HASHES
-from segack.errors import SegackTypeError, SegackValueError
+from segack.errors import SegackTypeError
 from segack.kernel import SegmentSet
+from segack.spark_adapter.errors import InputError, OptionError
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -71,11 +72,11 @@ def hash_column(key: Column | str, key_type: str, hash: str = "spark", method: s
     from pyspark.sql import functions as F
 
     if hash not in HASHES:
-        raise SegackValueError(f"hash must be one of {HASHES}, not {hash!r}")
+        raise OptionError(f"hash must be one of {HASHES}, not {hash!r}")
     if method not in ("auto", *JAVA_HASH_METHODS):
-        raise SegackValueError(f"method must be 'auto' or one of {JAVA_HASH_METHODS}, not {method!r}")
+        raise OptionError(f"method must be 'auto' or one of {JAVA_HASH_METHODS}, not {method!r}")
     if key_type not in ("string", "int", "bigint", "smallint", "tinyint"):
-        raise SegackValueError(f"key columns must be strings or integers, not {key_type}")
+        raise InputError(f"key columns must be strings or integers, not {key_type}")
     column = _column(key)
     if hash == "spark":
         return F.hash(column)
@@ -133,6 +134,6 @@ def segment_column(
     ``ValueError`` naming an absent key column.
     """
     if key not in df.columns:
-        raise SegackValueError(f"no column {key!r}; the columns are {df.columns}")
+        raise InputError(f"no column {key!r}; the columns are {df.columns}")
     key_type = df.schema[key].dataType.simpleString()
     return member_index_column(hash_column(key, key_type, hash, method), segments)

@@ -22,6 +22,7 @@ set of parked keys.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
 import pickle
@@ -41,11 +42,13 @@ from segack.spark_adapter.checkpoint import (
     DEAD_POSITION,
     CheckpointError,
     CheckpointStore,
+    TaskStore,
 )
-from segack.spark_adapter.claims import ClaimKeeper, latest_claim_number
+from segack.spark_adapter.claims import ClaimKeeper
 from segack.spark_adapter.columns import member_index_column
-from segack.spark_adapter.dispatch import Dispatcher, Handling
+from segack.spark_adapter.dispatch import Dispatcher
 from segack.spark_adapter.errors import HandlerFailedError, ReplayError, worker_error
+from segack.spark_adapter.options import Handling, OnError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -72,21 +75,20 @@ class RetryOutcome:
 
 @dataclass(frozen=True)
 class _RetryPlan:
-    run_id: str
-    store: CheckpointStore
+    #: The tasks' view of the checkpoint: the retrying run, its claim.
+    store: TaskStore
     handler: Callable[[dict[str, Any]], Any]
     key: str
     columns: tuple[str, ...]
     schema: pa.Schema
     handling: Handling
-    claim_number: int
 
 
 def _retry_file_prefix(run_id: str) -> str:
     return f"{run_id}-retry-"
 
 
-def _read_files(store: CheckpointStore, schema: pa.Schema, batches: Iterator[pa.RecordBatch]
+def _read_files(store: TaskStore, schema: pa.Schema, batches: Iterator[pa.RecordBatch]
                 ) -> Iterator[pa.RecordBatch]:
     """``mapInArrow``: file paths in, their dead letters out (in ``schema``)."""
     for batch in batches:
@@ -102,13 +104,9 @@ class _RetryTask:
     def __init__(self, plan: _RetryPlan, partition: int, attempt: int) -> None:
         self.plan = plan
         self.partition, self.attempt = partition, attempt
-        handling = plan.handling
         # A letter that fails again stays a dead letter: the retry never stops the run for it.
-        self.dispatcher = Dispatcher(plan.handler, operator.itemgetter(plan.key),
-                                     concurrency=handling.concurrency, max_pending=handling.pending_bound,
-                                     policy=handling.policy, retries=handling.retries,
-                                     retry_delay=handling.retry_delay, timeout=handling.timeout,
-                                     on_error="dead-letter")
+        handling = dataclasses.replace(plan.handling, on_error=OnError.DEAD_LETTER)
+        self.dispatcher = Dispatcher(plan.handler, operator.itemgetter(plan.key), handling)
         self.rows = 0
         self.duplicates = 0
         self.last_place: tuple[int, int] | None = None
@@ -171,8 +169,8 @@ class _RetryTask:
                 failure.event.get(self.plan.key), None, int(batch.column(DEAD_POSITION)[row].as_py()),
                 int(batch.column(DEAD_KEY_GROUP)[row].as_py()),
                 f"{type(error).__name__}: {error} (retrying a dead letter)", failure.traceback)
-        if self.kept and latest_claim_number(self.plan.store) <= self.plan.claim_number:
-            name = f"{_retry_file_prefix(self.plan.run_id)}s{self.partition:05d}-a{self.attempt}"
+        if self.kept and not self.plan.store.fenced():
+            name = f"{_retry_file_prefix(self.plan.store.run_id)}s{self.partition:05d}-a{self.attempt}"
             self.plan.store.write_dead_letters(name, pa.concat_tables(self.kept))
         return None
 
@@ -211,9 +209,9 @@ def retry_dead_letters(
 
     Raises :class:`~segack.spark_adapter.HandlerFailedError` when a call fails the run (a plain
     call past its ``timeout``), :class:`~segack.spark_adapter.ReplayError` when the Spark job fails, and
-    :class:`~segack.spark_adapter.checkpoint.CheckpointError` for a dead-letter file it cannot read;
+    :class:`~segack.spark_adapter.CheckpointError` for a dead-letter file it cannot read;
     in each case every dead letter stays. Raises
-    :class:`~segack.spark_adapter.claims.ClaimLostError`, removing nothing, when another run took
+    :class:`~segack.spark_adapter.ClaimLostError`, removing nothing, when another run took
     the checkpoint over.
     """
     from pyspark.sql import functions as F
@@ -229,11 +227,12 @@ def retry_dead_letters(
     if any(name not in schema.names for name in (*_FIELDS, key)):
         raise CheckpointError(f"checkpoint {store.location}: its dead-letter files lack segack's columns")
     columns = tuple(name for name in schema.names if name not in _FIELDS)
-    plan = _RetryPlan(run_id=run_id, store=store, handler=handler, key=key, columns=columns, schema=schema,
-                      handling=handling, claim_number=keeper.claim.number)
+    tasks = store.for_tasks(run_id, keeper.claim.number)
+    plan = _RetryPlan(store=tasks, handler=handler, key=key, columns=columns, schema=schema,
+                      handling=handling)
     files = spark.createDataFrame([(path,) for path in old], "path string")
     letters = files.repartition(max(1, min(len(old), len(segments)))).mapInArrow(
-        functools.partial(_read_files, store, schema), from_arrow_schema(schema))
+        functools.partial(_read_files, tasks, schema), from_arrow_schema(schema))
     ordered = (
         letters.withColumn(_SEGMENT, member_index_column(F.col(DEAD_KEY_GROUP), segments))
         .repartitionById(len(segments), _SEGMENT)

@@ -43,21 +43,26 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Collection, Hashable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from segack._shared import SEQUENCING_POLICIES
-from segack.errors import SegackValueError
+from segack.errors import SegackTypeError
 from segack.kernel import OffsetAcker
+from segack.spark_adapter.options import Handling, OnError
+from segack.spark_adapter.sequencing import (
+    PARKED,
+    DeadLetter,
+    Failure,
+    Rules,
+    retry_after_failure,
+    sequencing_value,
+)
 
 __all__ = ["ON_ERROR", "PARKED", "POLICIES", "DeadLetter", "Dispatcher", "Failure", "Handling", "is_async",
            "retry_after_failure", "sequencing_value"]
 
 #: What a failure (after its retries) stops: the run, or only its key (its events become dead letters).
-ON_ERROR = ("stop", "dead-letter")
-
-#: The error a dead letter records when its key was parked by dead letters of an earlier run.
-PARKED = "waits behind its key's dead letters from an earlier run"
+ON_ERROR = tuple(choice.value for choice in OnError)
 
 #: How the sequencing value of an event is chosen: its key, one value for all (one event in
 #: flight), or the row itself (no order between any two events).
@@ -75,151 +80,41 @@ def _call_now(call: Callable[[], None]) -> None:
     call()
 
 
-def sequencing_value(policy: str, row: int, key: Hashable) -> Hashable:
-    """What orders an event under ``policy``: its key, one value for all, or its own row."""
-    if policy == "per-key":
-        return ("key", key)
-    if policy == "sequential":
-        return ("all",)
-    return ("row", row)
-
-
-def retry_after_failure(
-    handler: Callable[[dict[str, Any]], Any], event: dict[str, Any], error: BaseException, retry_delay: float,
-    gives_up: Callable[[int], bool],
-) -> tuple[BaseException | None, str, int]:
-    """Call ``handler(event)`` again after its first call raised ``error`` (being handled now),
-    the n-th retry after ``retry_delay * 2**(n - 1)`` seconds, until a call succeeds or
-    ``gives_up(attempts made)``. Returns the last error (``None``: a retry succeeded), its
-    traceback and the attempts made."""
-    text, attempt = traceback.format_exc(), 1
-    while not gives_up(attempt):
-        time.sleep(retry_delay * 2 ** (attempt - 1))
-        attempt += 1
-        try:
-            handler(event)
-        except Exception as again:
-            error, text = again, traceback.format_exc()
-        else:
-            return None, "", attempt
-    return error, text, attempt
-
-
-@dataclass(frozen=True)
-class Handling:
-    """How a task calls the handler: ``concurrency`` calls at once (1: in the task's own thread),
-    at most ``max_pending`` rows read but not committed (default ``4 * concurrency``), the
-    sequencing ``policy`` (one of :data:`POLICIES`), ``retries`` more attempts for a call
-    that raises, the n-th after ``retry_delay * 2**(n - 1)`` seconds, and a ``timeout`` in
-    seconds per event (``None``: none). An ``async def`` call past its timeout is cancelled and
-    counts as a failure (retried like one); a thread cannot be stopped, so a plain call past its
-    timeout fails the run at once and is left behind."""
-
-    concurrency: int = 1
-    max_pending: int | None = None
-    policy: str = "per-key"
-    retries: int = 0
-    retry_delay: float = 0.1
-    timeout: float | None = None
-    on_error: str = "stop"
-
-    def __post_init__(self) -> None:
-        for name in ("concurrency", "max_pending"):
-            value = getattr(self, name)
-            if value is None and name == "max_pending":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SegackValueError(f"{name} must be a positive int, not {value!r}")
-        if self.policy not in POLICIES:
-            raise SegackValueError(f"policy must be one of {POLICIES}, not {self.policy!r}")
-        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
-            raise SegackValueError(f"retries must be a non-negative int, not {self.retries!r}")
-        if (isinstance(self.retry_delay, bool) or not isinstance(self.retry_delay, (int, float))
-                or not self.retry_delay >= 0):
-            raise SegackValueError(f"retry_delay must be a non-negative number of seconds, not "
-                                   f"{self.retry_delay!r}")
-        if self.on_error not in ON_ERROR:
-            raise SegackValueError(f"on_error must be one of {ON_ERROR}, not {self.on_error!r}")
-        if self.timeout is not None and (isinstance(self.timeout, bool) or not isinstance(
-                self.timeout, (int, float)) or not self.timeout > 0):
-            raise SegackValueError(
-                f"timeout must be a positive number of seconds or None, not {self.timeout!r}")
-
-    @property
-    def pending_bound(self) -> int:
-        """``max_pending``, or its default."""
-        return 4 * self.concurrency if self.max_pending is None else self.max_pending
-
-    @property
-    def dispatched(self) -> bool:
-        """Whether calls go through a :class:`Dispatcher`: more than one at a time, or a timeout
-        (a watchdog thread). Otherwise the task calls the handler itself, one event after the
-        other, with the same retries, dead letters and parked keys."""
-        return self.concurrency > 1 or self.timeout is not None
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """An event not handled in this run: it failed, or an earlier event of its key did."""
-
-    row: int
-    event: dict[str, Any]
-    #: The failure's ``"Type: message"``; for the events behind it, that of the event that failed.
-    error: str
-    #: Calls made for this event (0 for one held behind a failed event of its key).
-    attempts: int
-
-
-@dataclass(frozen=True)
-class Failure:
-    """The first handler call that raised."""
-
-    row: int
-    event: dict[str, Any]
-    error: BaseException
-    traceback: str
-    #: How many times the call was made (1 + the retries it used).
-    attempts: int = 1
-
-
 class Dispatcher:
     """Runs ``handler(event)`` for offered events under the rules above.
 
-    ``key_of(event)`` is the event's key (used by the ``per-key`` policy). Rejects
-    (``ValueError``) a ``concurrency`` or ``max_pending`` below 1 and an unknown ``policy``.
+    ``key_of(event)`` is the event's key (used by the ``per-key`` policy); ``handling`` says how
+    calls are made (or give its settings as keywords: ``concurrency=8``, ...); ``parked`` keys
+    have dead letters from earlier runs. ``start``, given each call as a function of no arguments,
+    runs plain calls instead of the thread pool (a test's own order). A bad setting is an
+    :class:`~segack.spark_adapter.OptionError`.
     """
 
     def __init__(
         self,
         handler: Callable[[dict[str, Any]], Any],
         key_of: Callable[[dict[str, Any]], Hashable],
+        handling: Handling | None = None,
         *,
-        concurrency: int,
-        max_pending: int,
-        policy: str = "per-key",
-        start: Callable[[Callable[[], None]], Any] | None = None,
-        retries: int = 0,
-        retry_delay: float = 0.1,
-        timeout: float | None = None,
-        on_error: str = "stop",
         parked: Collection[Hashable] = frozenset(),
+        start: Callable[[Callable[[], None]], Any] | None = None,
+        **settings: Any,
     ) -> None:
-        Handling(concurrency, max_pending, policy, retries, retry_delay, timeout, on_error)  # checks them
-        self.on_error = on_error
-        # Keys with dead letters from earlier runs: their events wait behind those, as dead letters.
-        self.parked = frozenset(parked) if policy != "concurrent" else frozenset()
-        # Keys whose event failed (dead-letter mode), with that failure's text; and the dead
-        # letters not yet taken by the task.
-        self._poisoned: dict[Hashable, str] = {}
+        if handling is None:
+            handling = Handling(**settings)  # checks them
+        elif settings:
+            raise SegackTypeError("give a Handling or its settings as keywords, not both")
+        self.handling = handling
+        #: The task's sequencing rules: parked keys, poisoned keys (:mod:`~segack.spark_adapter.sequencing`).
+        self.rules = Rules(handling, key_of, parked)
+        # The dead letters not yet taken by the task.
         self._dead: list[DeadLetter] = []
-        self.retries = retries
-        self.retry_delay = retry_delay
-        self.timeout = timeout
+        self.retries = handling.retries
+        self.retry_delay = handling.retry_delay
+        self.timeout = timeout = handling.timeout
         self.handler = handler
-        self.key_of = key_of
-        self.concurrency = concurrency
-        self.max_pending = max_pending
-        self.policy = policy
+        self.concurrency = concurrency = handling.concurrency
+        self.max_pending = handling.pending_bound
         self._pool: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -288,11 +183,10 @@ class Dispatcher:
             row = self._rows_read
             self._rows_read += 1
             self.peak_pending = max(self.peak_pending, self._rows_read - self._acker.next_index)
-            key = self._sequencing_value(row, event)
-            if self.parked and self.key_of(event) in self.parked:
-                self._dead_letter(row, event, PARKED, 0)
-            elif key in self._poisoned:
-                self._dead_letter(row, event, self._poisoned[key], 0)
+            key = self.rules.value(row, event)
+            letter = self.rules.set_aside(row, event, key) if self.rules.may_set_aside else None
+            if letter is not None:
+                self._dead_letter(letter)
             elif key in self._held:
                 self._held[key].append((row, event))
             else:
@@ -347,9 +241,6 @@ class Dispatcher:
 
     # ------------------------------------------------------------ inside
 
-    def _sequencing_value(self, row: int, event: dict[str, Any]) -> Hashable:
-        return sequencing_value(self.policy, row, self.key_of(event))
-
     def _idle(self) -> bool:
         return (self._in_flight == 0 or self._abandoned) and (self.failure is not None or not self._ready)
 
@@ -387,10 +278,10 @@ class Dispatcher:
                     self._running[row] = (time.monotonic(), event)
                 self._start(functools.partial(self._call, row, key, event))
 
-    def _dead_letter(self, row: int, event: dict[str, Any], error: str, attempts: int) -> None:
+    def _dead_letter(self, letter: DeadLetter) -> None:
         """Record a dead letter and count its row done for now (the lock is held)."""
-        self._dead.append(DeadLetter(row, event, error, attempts))
-        self._acker.ack(row)
+        self._dead.append(letter)
+        self._acker.ack(letter.row)
         self._lock.notify_all()
 
     def _gives_up(self, attempt: int) -> bool:
@@ -440,16 +331,15 @@ class Dispatcher:
             try:
                 self._in_flight -= 1
                 self._running.pop(row, None)
-                if error is not None and self.on_error == "dead-letter":
-                    # The key stops here: this event and those held behind it, now and later.
-                    reason = f"{type(error).__name__}: {error}"
-                    self._poisoned[key] = reason
-                    self._dead_letter(row, event, reason, attempts)
-                    for held_row, held_event in self._held.pop(key):
-                        self._dead_letter(held_row, held_event, reason, 0)
-                elif error is not None:
-                    if self.failure is None:
-                        self.failure = Failure(row, event, error, text, attempts)
+                if error is not None:
+                    outcome = self.rules.failed(row, event, key, error, text, attempts)
+                    if isinstance(outcome, DeadLetter):
+                        # The key stops here: this event and those held behind it, now and later.
+                        self._dead_letter(outcome)
+                        for held_row, held_event in self._held.pop(key):
+                            self._dead_letter(DeadLetter(held_row, held_event, outcome.error, 0))
+                    elif self.failure is None:
+                        self.failure = outcome
                 else:
                     self._acker.ack(row)
                     held = self._held[key]

@@ -1,13 +1,105 @@
-"""Errors of a replay. Each pickles, so that it can travel from a Spark task to the driver."""
+"""Every error the Spark adapter raises, in one place.
+
+Each is a class to catch, and each derives from :class:`segack.SegackError` and from the builtin it
+refines, so ``except ValueError`` keeps working where it did. Refusals come before anything is
+written; the errors of a run that stopped come after its progress was saved.
+
+=================================  ========================================================
+Refusals (``ValueError``)          why
+=================================  ========================================================
+:class:`OptionError`               a setting out of range, of the wrong type, or not one
+                                   of its choices
+:class:`InputError`                the events cannot be replayed as asked: a column is
+                                   missing, reserved or of a type segack cannot sort or hash
+:class:`SessionError`              the Spark session is not fit for ordered processing
+:class:`CheckpointLocationError`   no location, or one the executors cannot reach
+:class:`CheckpointError`           a checkpoint that cannot be trusted: damaged, foreign,
+                                   of another version
+:class:`ForeignInputError`         a checkpoint of other input, or cut otherwise
+:class:`CheckpointClaimedError`    another run holds the checkpoint
+:class:`SegmentChangeError`        a split, merge or scale that does not apply to the
+                                   checkpoint's segments
+:class:`TokenError`                key-group progress that is damaged or contradicts itself
+=================================  ========================================================
+
+A run that stopped (``RuntimeError``): :class:`HandlerFailedError` (the handler raised, after
+its retries), :class:`ReplayError` (a Spark task or the saving of progress failed) and its
+subclass :class:`ClaimLostError` (another run took the checkpoint over). Each pickles, so that it
+can travel from a Spark task to the driver.
+"""
 
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from segack.errors import SegackError
+from segack.errors import SegackError, SegackValueError
 
-__all__ = ["HandlerFailedError", "ReplayError", "worker_error"]
+if TYPE_CHECKING:
+    from segack.spark_adapter.claims import Claim
+
+__all__ = [
+    "CheckpointClaimedError",
+    "CheckpointError",
+    "CheckpointLocationError",
+    "ClaimLostError",
+    "ForeignInputError",
+    "HandlerFailedError",
+    "InputError",
+    "OptionError",
+    "ReplayError",
+    "SegmentChangeError",
+    "SessionError",
+    "TokenError",
+    "worker_error",
+]
+
+
+class OptionError(SegackValueError):
+    """A setting is out of range, of the wrong type, or not one of its choices; nothing ran."""
+
+
+class InputError(SegackValueError):
+    """The events cannot be replayed as asked: a key or order column is missing, the two are one,
+    a column uses a name segack reserves, or a type cannot be sorted or hashed; nothing ran."""
+
+
+class SessionError(SegackValueError):
+    """The Spark session is not fit for ordered processing (speculative execution is on)."""
+
+
+class CheckpointLocationError(SegackValueError):
+    """No checkpoint location was given, or a local path the executors would not reach."""
+
+
+class CheckpointError(SegackValueError):
+    """A checkpoint that cannot be trusted: damaged, foreign, from another input or another version."""
+
+
+class ForeignInputError(CheckpointError):
+    """The checkpoint belongs to other input (other columns, types or events than were done), or
+    cuts the hashes into another number of key groups than asked."""
+
+
+class TokenError(SegackValueError):
+    """Tokens or updates that cannot be trusted: damaged, foreign or inconsistent."""
+
+
+class SegmentChangeError(SegackValueError):
+    """A split, merge or scale that does not apply to the checkpoint's segments: a segment that is
+    not live, a sibling that is split further, a plan with no events measured yet."""
+
+
+class CheckpointClaimedError(CheckpointError):
+    """Another run holds the checkpoint's claim; nothing was changed."""
+
+    def __init__(self, location: str, claim: Claim, now: float) -> None:
+        super().__init__(
+            f"checkpoint {location} is claimed by {claim.owner()}, last extended "
+            f"{max(0.0, now - claim.extended_at):.1f} s ago. Only one run may use a checkpoint at a time: "
+            f"wait for that run to end, or, if it is gone, for its claim to expire ({claim.timeout:g} s "
+            f"unextended) or for `segack release {location} --force`")
+        self.claim = claim
 
 
 class HandlerFailedError(SegackError, RuntimeError):
@@ -40,6 +132,17 @@ class ReplayError(SegackError, RuntimeError):
     The message names the cause as the worker reported it (for example
     ``ModuleNotFoundError: No module named 'h'``); progress up to the failure was saved.
     """
+
+
+class ClaimLostError(ReplayError):
+    """This run's claim was taken over by another run: it stopped, and saved nothing more."""
+
+    def __init__(self, location: str, mine: Claim, newer: Claim | None) -> None:
+        by = "was released by an operator" if newer is not None and newer.released_by else (
+            f"was taken over by {newer.owner()}" if newer is not None else "is gone")
+        super().__init__(f"run {mine.run_id} lost its claim on checkpoint {location}: it {by}; this "
+                         f"run stopped and saved nothing more")
+        self.newer = newer
 
 
 def worker_error(error: BaseException) -> str:

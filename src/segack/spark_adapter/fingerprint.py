@@ -30,6 +30,7 @@ all of that stays the same:
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = ["input_fingerprint"]
+
+log = logging.getLogger(__name__)
 
 _LOGICAL_RELATION = "org.apache.spark.sql.execution.datasources.LogicalRelation"
 _FILE_RELATION = "org.apache.spark.sql.execution.datasources.HadoopFsRelation"
@@ -61,8 +64,10 @@ def input_fingerprint(df: DataFrame) -> str | None:
 
     try:
         return _digest(df)
-    except Py4JError:
-        return None  # a plan Spark cannot describe in full vouches for nothing: the run checks
+    except Py4JError as error:
+        # A plan Spark cannot describe in full vouches for nothing: the run checks.
+        log.info("no input fingerprint: Spark did not describe the plan (%s)", type(error).__name__)
+        return None
 
 
 def _digest(df: DataFrame) -> str | None:

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from segack.errors import SegackValueError
 from segack.kernel import SegmentSet, plan_segments
 from segack.spark_adapter.columns import hash_column
+from segack.spark_adapter.errors import InputError, OptionError
 from segack.spark_adapter.session import default_segment_count
 from segack.spark_adapter.tokens import DEFAULT_KEY_GROUP_BITS, KeyGroupTokens
 
@@ -106,14 +106,14 @@ def plan(
     from pyspark.sql import functions as F
 
     if key not in df.columns:
-        raise SegackValueError(f"no column {key!r}; the columns are {df.columns}")
+        raise InputError(f"no column {key!r}; the columns are {df.columns}")
     KeyGroupTokens.empty(key_group_bits, pa.null(), pa.null())  # validates the bits
     for name, value in (("workers", workers), ("top", top)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise SegackValueError(f"{name} must be a positive int, not {value!r}")
+            raise OptionError(f"{name} must be a positive int, not {value!r}")
     if sample is not None and (isinstance(sample, bool) or not isinstance(sample, (int, float))
                                or not 0 < sample <= 1):
-        raise SegackValueError(f"sample must be a fraction in (0, 1], not {sample!r}")
+        raise OptionError(f"sample must be a fraction in (0, 1], not {sample!r}")
     chosen = default_segment_count(df.sparkSession) if workers is None else workers
     counted = df if sample is None or sample == 1 else df.sample(fraction=float(sample), seed=1)
     scale = 1.0 if sample is None else 1.0 / sample

@@ -27,6 +27,7 @@ new set resumes each key group where it stood. The rules:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -37,7 +38,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from segack.errors import SegackValueError
 from segack.kernel import Segment, SegmentSet, plan_segments
 from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore
 from segack.spark_adapter.claims import (
@@ -47,6 +47,7 @@ from segack.spark_adapter.claims import (
     acquire,
     check_claim_timeout,
 )
+from segack.spark_adapter.errors import OptionError, SegmentChangeError
 from segack.spark_adapter.periodic import Periodic
 
 if TYPE_CHECKING:
@@ -61,6 +62,8 @@ REQUEST_POLL_SECONDS = 0.2
 #: ``auto`` changes a stream's set only when the planned set's largest share is at most this
 #: fraction of the current set's: a smaller gain is not worth a new set, and the set must not flap.
 AUTO_MARGIN = 0.8
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ class SegmentChange:
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> SegmentChange:
         """The change a request file holds; anything else is a
-        :class:`~segack.spark_adapter.checkpoint.CheckpointError`."""
+        :class:`~segack.spark_adapter.CheckpointError`."""
         try:
             body = json.loads(data.decode("utf-8"))
             change = cls(tuple(body["segments"]), str(body["why"]), float(body["requested_at"]),
@@ -140,11 +143,11 @@ def record_segments(state: Checkpoint, segments: SegmentSet, why: str) -> None:
 
 def _live_member(segments: SegmentSet, segment_id: Any, what: str) -> Segment:
     if isinstance(segment_id, bool) or not isinstance(segment_id, int):
-        raise SegackValueError(f"{what} needs a segment id (an int), not {segment_id!r}")
+        raise OptionError(f"{what} needs a segment id (an int), not {segment_id!r}")
     for member in segments:
         if member.segment_id == segment_id:
             return member
-    raise SegackValueError(f"segment {segment_id} is not live; the live segments are {list(segments.ids)}")
+    raise SegmentChangeError(f"segment {segment_id} is not live; the live segments are {list(segments.ids)}")
 
 
 def split_of(segments: SegmentSet, segment_id: int) -> SegmentSet:
@@ -157,13 +160,14 @@ def merge_of(segments: SegmentSet, segment_id: int) -> SegmentSet:
     (rule 1)."""
     member = _live_member(segments, segment_id, "merge")
     if member.mask == 0:
-        raise SegackValueError(f"segment {segment_id} is the whole hash space: it has no sibling to merge "
-                               f"with")
+        raise SegmentChangeError(f"segment {segment_id} is the whole hash space: it has no sibling to "
+                                 f"merge with")
     sibling_id = member.mergeable_segment_id()
     sibling = next((other for other in segments if other.segment_id == sibling_id), None)
     if sibling is None or not member.is_mergeable_with(sibling):
-        raise SegackValueError(f"segment {segment_id} cannot be merged: its sibling (id {sibling_id} at mask "
-                               f"{member.mask}) is not live, it is split further; merge its parts first")
+        raise SegmentChangeError(f"segment {segment_id} cannot be merged: its sibling (id {sibling_id} at "
+                                 f"mask {member.mask}) is not live, it is split further; merge its parts "
+                                 f"first")
     return segments.merge(member, sibling)
 
 
@@ -201,11 +205,11 @@ def _whole_set(segments: Any) -> SegmentSet:
         return segments
     if isinstance(segments, int) and not isinstance(segments, bool):
         if segments < 1:
-            raise SegackValueError(f"segments must be a positive int, not {segments}")
+            raise OptionError(f"segments must be a positive int, not {segments}")
         return SegmentSet.balanced(segments)
     if isinstance(segments, Sequence) and not isinstance(segments, str):
         return SegmentSet.from_ids(segments)
-    raise SegackValueError(f"segments must be a count, a SegmentSet, a list of segment ids or 'auto', "
+    raise OptionError(f"segments must be a count, a SegmentSet, a list of segment ids or 'auto', "
                            f"not {segments!r}")
 
 
@@ -229,6 +233,8 @@ def _change(store: CheckpointStore, make: Callable[[SegmentSet, Checkpoint], tup
         claim = acquire(store, f"rescale-{uuid.uuid4().hex[:8]}", claim_timeout, handles_events=False)
     except CheckpointClaimedError as claimed:
         store.write_segments_request(SegmentChange(segments.ids, why, time.time(), by).to_bytes())
+        log.info("%s: %s (%d -> %d segments) asked of %s", store.location, why, len(current), len(segments),
+                 claimed.claim.owner())
         return Rescale(current, segments, applied=False, run=claimed.claim.owner())
     with ClaimKeeper(store, claim) as keeper:
         state = store.load()
@@ -237,6 +243,8 @@ def _change(store: CheckpointStore, make: Callable[[SegmentSet, Checkpoint], tup
         keeper.check()
         store.save(state, claim.number)
         store.delete_segments_request()
+    log.info("%s: %s (%d -> %d segments) recorded for the next run", store.location, why, len(current),
+             len(segments))
     return Rescale(current, segments, applied=True)
 
 
@@ -251,7 +259,7 @@ def split(checkpoint: str | CheckpointStore, segment_id: int, *,
 
     Refuses (``ValueError``, nothing written) an id that is not live, a split finer than the
     checkpoint's key groups, and a checkpoint that records no segments yet
-    (:class:`~segack.spark_adapter.checkpoint.CheckpointError`).
+    (:class:`~segack.spark_adapter.CheckpointError`).
     """
     claim_timeout = check_claim_timeout(claim_timeout)
     return _change(_store(checkpoint), lambda current, _: (split_of(current, segment_id),
@@ -285,7 +293,7 @@ def scale(checkpoint: str | CheckpointStore, segments: int | SegmentSet | Sequen
     """
     claim_timeout = check_claim_timeout(claim_timeout)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise SegackValueError(f"workers must be a positive int, not {workers!r}")
+        raise OptionError(f"workers must be a positive int, not {workers!r}")
 
     def make(current: SegmentSet, state: Checkpoint) -> tuple[SegmentSet, str]:
         if segments == "auto":
@@ -293,7 +301,7 @@ def scale(checkpoint: str | CheckpointStore, segments: int | SegmentSet | Sequen
             assert tokens is not None
             load = key_group_load(tokens)
             if not load.any():
-                raise SegackValueError("scale to 'auto' plans from the events measured so far, and there "
+                raise SegmentChangeError("scale to 'auto' plans from the events measured so far, and there "
                                        "are none yet")
             count = len(current) if workers is None else workers
             return SegmentSet.from_ids(plan_segments(load, count)), f"scale to auto for {count} workers"
@@ -313,14 +321,21 @@ class RequestWatcher(Periodic):
         super().__init__(poll, "segack-requests")
         self.store, self.segments, self.on_change = store, segments, on_change
         self.change: SegmentChange | None = None
+        self._reported: str | None = None
 
     def tick(self) -> bool:
         try:
             change = pending_change(self.store)
-        except (CheckpointError, OSError):
-            return False  # a damaged or unreachable request is no reason to stop a run
+        except (CheckpointError, OSError) as error:
+            # A damaged or unreachable request is no reason to stop a run: say so once, go on.
+            if str(error) != self._reported:
+                log.warning("%s: ignoring the segment request: %s", self.store.location, error)
+                self._reported = str(error)
+            return False
         if change is None or change.segment_set == self.segments:
             return False
+        log.info("%s: %s (by %s): the run's tasks stop at their next flush", self.store.location,
+                 change.why, change.by)
         self.change = change
         self.on_change(change)
         return True

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import ipaddress
+import logging
 import os
 import site
 import socket
@@ -19,10 +20,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from segack.errors import SegackValueError
+from segack.spark_adapter.errors import OptionError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "default_segment_count",
@@ -71,7 +74,7 @@ def spark_session(
     from pyspark.sql import SparkSession
 
     if remote is not None and master is not None:
-        raise SegackValueError("give a master or a Spark Connect remote, not both")
+        raise OptionError("give a master or a Spark Connect remote, not both")
     settings = dict(_DEFAULTS)
     if remote is None:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -111,7 +114,8 @@ def setting(spark: SparkSession, key: str, fallback: str) -> str:
     """
     try:
         value = spark.conf.get(key)
-    except Exception:
+    except Exception as error:
+        log.debug("%s is not set (%s): taking %r", key, type(error).__name__, fallback)
         return fallback
     return fallback if value is None else str(value)
 
@@ -128,7 +132,8 @@ def _is_local_master(master: str) -> bool:
 def _is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-    except (OSError, ValueError):
+    except (OSError, ValueError) as error:
+        log.debug("%s does not resolve (%s): taking it as another machine", host, error)
         return False
 
 
@@ -201,6 +206,6 @@ def ship_py_files(spark: SparkSession, paths: list[str]) -> None:
     """
     for path in paths:
         if not os.path.isfile(path):
-            raise SegackValueError(f"--py-files: no such file {path!r}")
+            raise OptionError(f"--py-files: no such file {path!r}")
     for path in paths:
         spark.addArtifacts(os.path.abspath(path), pyfile=True)

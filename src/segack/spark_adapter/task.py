@@ -16,7 +16,7 @@ run has taken the checkpoint over, and the task stops and writes nothing more.
 
 When the handler raises, the task commits everything before the failing
 event, writes its progress, asks the run's other tasks to stop, and returns
-the failure as a :class:`~segack.spark_adapter.errors.HandlerFailedError` in its
+the failure as a :class:`~segack.spark_adapter.HandlerFailedError` in its
 result: a handler failure is not a task failure, so Spark does not retry it.
 A retried attempt (after a lost executor, say) starts from what earlier
 attempts of its segment in this run recorded, not from the run's start.
@@ -32,7 +32,7 @@ import operator
 import pickle
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,22 +44,15 @@ from segack.spark_adapter.checkpoint import (
     DEAD_ERROR,
     DEAD_KEY_GROUP,
     DEAD_POSITION,
-    CheckpointStore,
+    TaskStore,
 )
-from segack.spark_adapter.claims import latest_claim_number
-from segack.spark_adapter.dispatch import (
-    PARKED,
-    DeadLetter,
-    Dispatcher,
-    Handling,
-    is_async,
-    retry_after_failure,
-    sequencing_value,
-)
+from segack.spark_adapter.dispatch import Dispatcher, is_async
 from segack.spark_adapter.errors import HandlerFailedError
-from segack.spark_adapter.tokens import encode_updates, update_schema
+from segack.spark_adapter.options import RunOptions
+from segack.spark_adapter.sequencing import DeadLetter, Failure, Rules, retry_after_failure
+from segack.spark_adapter.tokens import KeyGroupTokens, encode_updates, update_schema
 
-__all__ = ["KG", "RESULT_SCHEMA", "TIE", "TaskPlan", "run_task"]
+__all__ = ["KG", "RESULT_SCHEMA", "TIE", "TaskPlan", "TaskStart", "run_task"]
 
 #: The key group column the JVM adds.
 KG = "__segack_kg"
@@ -72,28 +65,39 @@ _STOP_LOOK_SECONDS = 0.1
 
 
 @dataclass(frozen=True)
-class TaskPlan:
-    """Everything a task needs, pickled once for all tasks of a run."""
+class TaskStart:
+    """Where each key group stands when a job starts: what its tasks continue from."""
 
-    run_id: str
-    store: CheckpointStore
+    committed: np.ndarray
+    done_xor: np.ndarray
+    done_sum: np.ndarray
+    #: The position of the first event the JVM keeps in each key group.
+    first_positions: np.ndarray
+    #: Positions past the committed point that are done.
+    extras: dict[int, frozenset[int]]
+
+    @classmethod
+    def of(cls, tokens: KeyGroupTokens) -> TaskStart:
+        return cls(tokens.committed.copy(), tokens.done_xor.copy(), tokens.done_sum.copy(),
+                   tokens.first_kept_positions(),
+                   {group: frozenset(positions) for group, positions in tokens.extras.items()})
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """Everything a job's tasks need, pickled once for all of them."""
+
+    #: The tasks' view of the checkpoint: their job, its claim.
+    store: TaskStore
     handler: Callable[[dict[str, Any]], Any]
     columns: tuple[str, ...]
     key: str
     order: str
-    committed: np.ndarray
-    done_xor: np.ndarray
-    done_sum: np.ndarray
-    first_positions: np.ndarray
-    extras: dict[int, frozenset[int]]
-    flush_every: int
-    flush_interval: float
-    #: How the handler is called: concurrency, pending bound, sequencing policy.
-    handling: Handling
+    #: The run's options: the flush policy and how the handler is called.
+    options: RunOptions
+    start: TaskStart
     #: Keys with dead letters from earlier runs: their events are set aside behind them.
     parked: frozenset[Any] = frozenset()
-    #: The run's claim number: a newer claim fences the run, and its tasks stop writing.
-    claim_number: int = 0
 
 
 #: What each task returns: one row, its updates sealed as bytes (their types are the data's).
@@ -115,11 +119,14 @@ class _SegmentTask:
     def __init__(self, plan: TaskPlan, partition: int, attempt: int) -> None:
         self.plan = plan
         self.partition = partition
-        self.name = CheckpointStore.progress_name(plan.run_id, partition, attempt)
-        self.committed = plan.committed.copy()
-        self.done_xor = plan.done_xor.copy()
-        self.done_sum = plan.done_sum.copy()
-        self.next_position = plan.first_positions.copy()
+        self.name = plan.store.progress_name(partition, attempt)
+        self.handling = plan.options.handling
+        self.flush_every, self.flush_interval = plan.options.flush_every, plan.options.flush_interval
+        start = plan.start
+        self.committed = start.committed.copy()
+        self.done_xor = start.done_xor.copy()
+        self.done_sum = start.done_sum.copy()
+        self.next_position = start.first_positions.copy()
         # The update table's types are the data's; the first batch tells them.
         self.schema: pa.Schema | None = None
         self.sent: pa.Table | None = None
@@ -140,21 +147,16 @@ class _SegmentTask:
         self.dead_pending: list[pa.Table] = []
         self.dead_letters = 0
         self.dead_files = 0
-        # One call at a time, in the task's thread: the keys it sets aside (parked by earlier
-        # runs' dead letters, or stopped by a failure here), with why, and the dead letters
-        # not yet held for a flush.
-        self.parked = plan.parked if plan.handling.policy != "concurrent" else frozenset()
-        self.poisoned: dict[Hashable, str] = {}
-        self.watch_keys = bool(self.parked)
+        # One call at a time, in the task's thread: the rules that set events aside (parked keys,
+        # keys stopped by a failure here), whether any may now, and the dead letters not yet held
+        # for a flush.
+        self.rules = Rules(self.handling, operator.itemgetter(plan.key), plan.parked)
+        self.watch_keys = self.rules.may_set_aside
         self.letters: list[DeadLetter] = []
         # An async handler always goes through the dispatcher: its calls must be awaited on a loop.
-        if plan.handling.dispatched or is_async(plan.handler):
-            handling = plan.handling
-            self.dispatcher = Dispatcher(plan.handler, operator.itemgetter(plan.key),
-                                         concurrency=handling.concurrency, max_pending=handling.pending_bound,
-                                         policy=handling.policy, retries=handling.retries,
-                                         retry_delay=handling.retry_delay, timeout=handling.timeout,
-                                         on_error=handling.on_error, parked=plan.parked)
+        if self.handling.dispatched or is_async(plan.handler):
+            self.dispatcher = Dispatcher(plan.handler, operator.itemgetter(plan.key), self.handling,
+                                         parked=plan.parked)
         if attempt > 0:
             self._adopt_earlier_attempts(partition, attempt)
         # Events below these points are in the prefix digests already; those above are added once.
@@ -162,9 +164,7 @@ class _SegmentTask:
 
     def _adopt_earlier_attempts(self, partition: int, attempt: int) -> None:
         """Start from what earlier attempts of this segment in this run committed."""
-        store = self.plan.store
-        prefix = CheckpointStore.progress_name(self.plan.run_id, partition, attempt)[:-len(str(attempt))]
-        for _, updates in store.read_progress(store.progress_files(prefix)):
+        for updates in self.plan.store.earlier_attempts(partition):
             columns = {name: updates.column(name).to_numpy(zero_copy_only=False)
                        for name in ("kg", "committed", "done_xor", "done_sum")}
             further = columns["committed"] > self.committed[columns["kg"]]
@@ -219,9 +219,10 @@ class _SegmentTask:
     def _done(self, groups: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
         """Rows already done (by an earlier run or attempt); ``None`` when there are none."""
         done = positions < self.committed[groups]
-        if self.plan.extras:
-            for row in np.flatnonzero(np.isin(groups, list(self.plan.extras))).tolist():
-                if int(positions[row]) in self.plan.extras[int(groups[row])]:
+        extras = self.plan.start.extras
+        if extras:
+            for row in np.flatnonzero(np.isin(groups, list(extras))).tolist():
+                if int(positions[row]) in extras[int(groups[row])]:
                     done[row] = True
         return done if done.any() else None
 
@@ -268,33 +269,37 @@ class _SegmentTask:
     def _set_aside(self, row: int, event: dict[str, Any]) -> bool:
         """Whether ``event`` waits behind dead letters (its key is parked, or an earlier event
         of its sequencing value failed in this task); if so, it is one too."""
-        key = event[self.plan.key]
-        reason = PARKED if key in self.parked else self.poisoned.get(
-            sequencing_value(self.plan.handling.policy, self.rows_seen + row, key))
-        if reason is None:
+        letter = self.rules.set_aside(self.rows_seen + row, event)
+        if letter is None:
             return False
-        self.letters.append(DeadLetter(self.rows_seen + row, event, reason, 0))
+        self.letters.append(letter)
         return True
 
     def _failed(self, current: _Batch, row: int, event: dict[str, Any], error: Exception,
                 ) -> HandlerFailedError | None:
         """The call for ``row`` raised ``error``: retry it as the handling says, then either
         set the event aside and stop its key (``None``), or return the run's failure."""
-        handling = self.plan.handling
+        handling = self.handling
         last, text, attempts = retry_after_failure(self.plan.handler, event, error, handling.retry_delay,
                                                    lambda attempt: attempt > handling.retries)
         if last is None:
             return None
-        reason = f"{type(last).__name__}: {last}"
-        if handling.on_error == "dead-letter":
-            value = sequencing_value(handling.policy, self.rows_seen + row, event[self.plan.key])
-            self.poisoned[value] = reason
+        number = self.rows_seen + row
+        outcome = self.rules.failed(number, event, self.rules.value(number, event), last, text, attempts)
+        if isinstance(outcome, DeadLetter):
             self.watch_keys = True
-            self.letters.append(DeadLetter(self.rows_seen + row, event, reason, attempts))
+            self.letters.append(outcome)
             return None
-        tries = f" (after {attempts} attempts)" if attempts > 1 else ""
-        return HandlerFailedError(event.get(self.plan.key), event.get(self.plan.order),
-                                  int(current.positions[row]), int(current.groups[row]), reason + tries, text)
+        return self._handler_failed(outcome, current, row)
+
+    def _handler_failed(self, failure: Failure, batch: _Batch, row: int) -> HandlerFailedError:
+        """The run's error for ``failure``, the call for ``row`` of ``batch``."""
+        tries = f" (after {failure.attempts} attempts)" if failure.attempts > 1 else ""
+        error = failure.error
+        return HandlerFailedError(
+            failure.event.get(self.plan.key), failure.event.get(self.plan.order), int(batch.positions[row]),
+            int(batch.groups[row]), f"{type(error).__name__}: {error}{tries}", failure.traceback,
+        )
 
     def _commit_in_order(self, current: _Batch, upto: int) -> None:
         """:meth:`_commit`, after holding the dead letters set aside so far for the next flush."""
@@ -316,7 +321,7 @@ class _SegmentTask:
                 while not dispatcher.offer(event):
                     if dispatcher.failure is not None:
                         return self._dispatch_failure()
-                    dispatcher.wait_for_room(self.plan.flush_interval)
+                    dispatcher.wait_for_room(self.flush_interval)
                     self._commit_dispatched()
             if row % _CHECK_EVERY == _CHECK_EVERY - 1:
                 self._commit_dispatched()
@@ -346,13 +351,7 @@ class _SegmentTask:
         failure = dispatcher.failure
         assert failure is not None
         batch = next(b for b in self.open_batches if b.base <= failure.row < b.base + len(b.groups))
-        row = failure.row - batch.base
-        error = failure.error
-        tries = f" (after {failure.attempts} attempts)" if failure.attempts > 1 else ""
-        return HandlerFailedError(
-            failure.event.get(self.plan.key), failure.event.get(self.plan.order), int(batch.positions[row]),
-            int(batch.groups[row]), f"{type(error).__name__}: {error}{tries}", failure.traceback,
-        )
+        return self._handler_failed(failure, batch, failure.row - batch.base)
 
     def _commit_dispatched(self) -> None:
         """Commit the rows below the dispatcher's committed point, batch by batch."""
@@ -399,12 +398,12 @@ class _SegmentTask:
         of segments waits for it), which is looked for more often than a flush where a look is a
         local file's metadata; on an object store each look is a request, so only at a flush."""
         now = time.monotonic()
-        if (rows_seen - self.rows_at_flush >= self.plan.flush_every
-                or now - self.last_flush >= self.plan.flush_interval):
+        if (rows_seen - self.rows_at_flush >= self.flush_every
+                or now - self.last_flush >= self.flush_interval):
             return True
-        if self.plan.store.is_local and now - self.last_stop_look >= _STOP_LOOK_SECONDS:
+        if self.plan.store.cheap_looks and now - self.last_stop_look >= _STOP_LOOK_SECONDS:
             self.last_stop_look = now
-            return self.plan.store.stop_requested(self.plan.run_id)
+            return self.plan.store.stop_requested()
         return False
 
     # ---------------------------------------------------- commits, flushes
@@ -444,7 +443,7 @@ class _SegmentTask:
         return self.sent
 
     def _flush(self, rows_seen: int) -> None:
-        if self.fenced or latest_claim_number(self.plan.store) > self.plan.claim_number:
+        if self.fenced or self.plan.store.fenced():
             self.fenced = self.stopped = True
             return
         # Dead letters first: once progress calls their rows done, they must be on record.
@@ -456,7 +455,7 @@ class _SegmentTask:
                 (0, 0) if dispatcher is None else (dispatcher.in_flight, dispatcher.pending)))
         self.rows_at_flush = rows_seen
         self.last_flush = time.monotonic()
-        if self.plan.store.stop_requested(self.plan.run_id):
+        if self.plan.store.stop_requested():
             self.stopped = True
 
     def result(self, failure: HandlerFailedError | None) -> pa.RecordBatch:
@@ -501,7 +500,7 @@ def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     failure = None
     # A task that starts after its run was asked to stop (a change of segments, a failure
     # elsewhere) handles nothing: the next job, or run, has its events.
-    task.stopped = plan.store.stop_requested(plan.run_id)
+    task.stopped = plan.store.stop_requested()
     for batch in () if task.stopped else batches:
         failure = task.handle(batch)
         if failure is not None or task.stopped:
@@ -511,7 +510,7 @@ def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     if failure is not None:
         task._flush(task.rows_seen)
         if not task.fenced:
-            plan.store.request_stop(plan.run_id, f"the handler failed in segment {partition}")
+            plan.store.request_stop(f"the handler failed in segment {partition}")
     elif not task.stopped:
         task._flush(task.rows_seen)
     if not task.fenced:

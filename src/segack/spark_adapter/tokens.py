@@ -61,11 +61,13 @@ import pyarrow as pa
 
 from segack.errors import SegackValueError
 from segack.kernel import MAX_KEY_GROUP_BITS
+from segack.spark_adapter.errors import OptionError, TokenError
 
 __all__ = [
     "DEFAULT_KEY_GROUP_BITS",
     "KeyGroupTokens",
     "TokenError",
+    "check_key_group_bits",
     "decode_updates",
     "encode_updates",
     "update_schema",
@@ -76,10 +78,6 @@ DEFAULT_KEY_GROUP_BITS = 12
 
 _TOKENS_MAGIC = b"SGKT\x02"
 _UPDATES_MAGIC = b"SGKU\x02"
-
-
-class TokenError(SegackValueError):
-    """Tokens or updates that cannot be trusted: damaged, foreign or inconsistent."""
 
 
 def update_schema(order_type: pa.DataType, key_type: pa.DataType) -> pa.Schema:
@@ -151,10 +149,19 @@ def encode_updates(updates: pa.Table) -> bytes:
 
 
 def decode_updates(data: bytes, what: str = "progress") -> pa.Table:
-    """The update table in ``data``; anything damaged or foreign is a :class:`TokenError`."""
+    """The update table in ``data``; anything damaged or foreign is a
+    :class:`~segack.spark_adapter.TokenError`."""
     table = _unseal(_UPDATES_MAGIC, data, what)
     _check_schema(table, update_schema(pa.null(), pa.null()), what)
     return table
+
+
+def check_key_group_bits(bits: Any) -> int:
+    """``bits`` as a key-group resolution: an :class:`~segack.spark_adapter.OptionError` unless it is
+    an int in ``0..16``."""
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 0 <= bits <= MAX_KEY_GROUP_BITS:
+        raise OptionError(f"key_group_bits must be an int in 0..{MAX_KEY_GROUP_BITS}, not {bits!r}")
+    return bits
 
 
 def _column(table: pa.Table, name: str) -> np.ndarray:
@@ -187,9 +194,7 @@ class KeyGroupTokens:
     @classmethod
     def empty(cls, bits: int, order_type: pa.DataType, key_type: pa.DataType) -> KeyGroupTokens:
         """Tokens with nothing done and the events not yet counted."""
-        if isinstance(bits, bool) or not isinstance(bits, int) or not 0 <= bits <= MAX_KEY_GROUP_BITS:
-            raise SegackValueError(f"key_group_bits must be an int in 0..{MAX_KEY_GROUP_BITS}, not {bits!r}")
-        size = 1 << bits
+        size = 1 << check_key_group_bits(bits)
 
         def zeros() -> np.ndarray:
             return np.zeros(size, dtype=np.int64)
@@ -272,7 +277,7 @@ class KeyGroupTokens:
         An update whose committed point is not past the current one changes only
         the extras. Updates that contradict the tokens (a key group out of range,
         a committed point past the input, a boundary missing) are a
-        :class:`TokenError`, and nothing is changed.
+        :class:`~segack.spark_adapter.TokenError`, and nothing is changed.
         """
         groups = _column(updates, "kg")
         committed = _column(updates, "committed")
@@ -329,12 +334,14 @@ class KeyGroupTokens:
     def boundary_table(self) -> pa.Table:
         """One row per key group with a boundary: ``kg``, ``order``, ``key``, ``tie``."""
         groups = sorted(self.boundaries)
+        schema = pa.schema([("kg", pa.int32()), ("order", self.order_type), ("key", self.key_type),
+                            ("tie", pa.int64())])
         return pa.table({
-            "kg": pa.array(groups, pa.int32()),
-            "order": pa.array([self.boundaries[g][0] for g in groups], self.order_type),
-            "key": pa.array([self.boundaries[g][1] for g in groups], self.key_type),
-            "tie": pa.array([self.boundaries[g][2] for g in groups], pa.int64()),
-        })
+            "kg": groups,
+            "order": [self.boundaries[g][0] for g in groups],
+            "key": [self.boundaries[g][1] for g in groups],
+            "tie": [self.boundaries[g][2] for g in groups],
+        }, schema=schema)
 
     def first_kept_positions(self) -> np.ndarray:
         """Per key group, the position of the first event ``(order, key, tie) >= boundary`` keeps."""
@@ -344,8 +351,9 @@ class KeyGroupTokens:
     # ----------------------------------------------------------- bytes
 
     def to_bytes(self) -> bytes:
-        """The tokens as sealed bytes: rows only for key groups with events or progress."""
-        used = np.flatnonzero((self.count > 0) | (self.base > 0) | (self.committed > 0)
+        """The tokens as sealed bytes: rows only for key groups with events or progress (a key group
+        with a base has a committed point at least as far)."""
+        used = np.flatnonzero((self.count > 0) | (self.committed > 0)
                               | np.isin(np.arange(self.size), list(self.extras)))
         groups = used.tolist()
         bounds = [self.boundaries.get(group) for group in groups]
@@ -353,27 +361,28 @@ class KeyGroupTokens:
         def bound(part: int) -> list[Any]:
             return [None if entry is None else entry[part] for entry in bounds]
 
+        # The schema gives every column its type.
         table = pa.table({
-            "kg": pa.array(groups, pa.int32()),
-            "base": pa.array(self.base[used], pa.int64()),
-            "count": pa.array(self.count[used] if self.counted else [None] * len(groups), pa.int64()),
-            "committed": pa.array(self.committed[used], pa.int64()),
-            "run_start": pa.array([None if entry is None else int(self.run_start[group])
-                                   for group, entry in zip(groups, bounds, strict=True)], pa.int64()),
-            "order": pa.array(bound(0), self.order_type),
-            "key": pa.array(bound(1), self.key_type),
-            "tie": pa.array(bound(2), pa.int64()),
-            "extras": pa.array([sorted(self.extras.get(group, ())) or None for group in groups],
-                               pa.list_(pa.int64())),
-            "done_xor": pa.array(self.done_xor[used], pa.int64()),
-            "done_sum": pa.array(self.done_sum[used], pa.int64()),
+            "kg": groups,
+            "base": self.base[used],
+            "count": self.count[used] if self.counted else [None] * len(groups),
+            "committed": self.committed[used],
+            "run_start": [None if group not in self.boundaries else int(self.run_start[group])
+                          for group in groups],
+            "order": bound(0),
+            "key": bound(1),
+            "tie": bound(2),
+            "extras": [sorted(self.extras.get(group, ())) or None for group in groups],
+            "done_xor": self.done_xor[used],
+            "done_sum": self.done_sum[used],
         }, schema=_token_schema(self.order_type, self.key_type).with_metadata(
             {b"counted": b"1" if self.counted else b"0"}))
         return _seal(_TOKENS_MAGIC, table)
 
     @classmethod
     def from_bytes(cls, data: bytes, bits: int, what: str = "tokens") -> KeyGroupTokens:
-        """Tokens from :meth:`to_bytes`; anything damaged or inconsistent is a :class:`TokenError`."""
+        """Tokens from :meth:`to_bytes`; anything damaged or inconsistent is a
+        :class:`~segack.spark_adapter.TokenError`."""
         table = _unseal(_TOKENS_MAGIC, data, what)
         _check_schema(table, _token_schema(pa.null(), pa.null()), what)
         tokens = cls.empty(bits, table.schema.field("order").type, table.schema.field("key").type)

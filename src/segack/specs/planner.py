@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from segack.errors import SegackTypeError, SegackValueError
-from segack.specs.segments import MAX_KEY_GROUP_BITS, _as_int
+from segack.specs.segments import MAX_KEY_GROUP_BITS, as_int
 
 __all__ = ["plan_segments"]
 
@@ -40,7 +40,7 @@ def _counts(counts: Any) -> list[int]:
     """``counts`` as a list of non-negative ints whose length is ``2**bits``."""
     if isinstance(counts, (str, bytes)) or not hasattr(counts, "__len__"):
         raise SegackTypeError(f"counts must be a sequence of integers, not {type(counts).__name__}")
-    values = [_as_int(value, "a count") for value in counts]
+    values = [as_int(value, "a count") for value in counts]
     size = len(values)
     if size < 1 or size & (size - 1) or size > 1 << MAX_KEY_GROUP_BITS:
         raise SegackValueError(f"counts must hold one count per key group: 2**bits of them with bits in "
@@ -67,7 +67,7 @@ def plan_segments(counts: Sequence[int] | np.ndarray, workers: int) -> tuple[int
     (0, 1, 2)
     """
     values = _counts(counts)
-    workers = _as_int(workers, "workers")
+    workers = as_int(workers, "workers")
     if workers < 1:
         raise SegackValueError(f"workers must be at least 1, got {workers}")
     bits = len(values).bit_length() - 1

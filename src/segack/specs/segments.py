@@ -35,7 +35,7 @@ MAX_KEY_GROUP_BITS = 16
 _HASH_SPACE = 1 << MAX_MASK_BITS
 
 
-def _as_int(value: Any, what: str) -> int:
+def as_int(value: Any, what: str) -> int:
     """``value`` as a Python int; ``TypeError`` for anything that is not an integer."""
     try:
         return operator.index(value)
@@ -50,7 +50,7 @@ def _mask_bits(mask: int) -> int:
 
 def _key_group_bits(bits: Any) -> int:
     """``bits`` as an int in 0..MAX_KEY_GROUP_BITS; ``ValueError`` or ``TypeError`` otherwise."""
-    width = _as_int(bits, "bits")
+    width = as_int(bits, "bits")
     if width < 0 or width > MAX_KEY_GROUP_BITS:
         raise SegackValueError(f"key-group bits must be in 0..{MAX_KEY_GROUP_BITS}, got {width}")
     return width
@@ -85,8 +85,8 @@ class Segment:
     __slots__ = ("_mask", "_segment_id")
 
     def __init__(self, segment_id: int, mask: int) -> None:
-        segment_id = _as_int(segment_id, "segment_id")
-        mask = _as_int(mask, "mask")
+        segment_id = as_int(segment_id, "segment_id")
+        mask = as_int(mask, "mask")
         if mask < 0 or mask >= _HASH_SPACE or mask & (mask + 1) != 0:
             raise SegackValueError(f"mask must be 2**k - 1 for k in 0..31, got {mask}")
         if segment_id < 0 or segment_id & ~mask != 0:
@@ -142,7 +142,7 @@ class Segment:
         >>> Segment(1, 1).matches(7), Segment(1, 1).matches(6)
         (True, False)
         """
-        hash_value = _as_int(hash_value, "hash_value")
+        hash_value = as_int(hash_value, "hash_value")
         return self._mask == 0 or (hash_value & self._mask) == self._segment_id
 
     def split_segment_id(self) -> int:
@@ -276,7 +276,7 @@ class Segment:
         >>> Segment.compute_segment(2, [0, 1, 2])
         Segment(2, 3)
         """
-        segment_id = _as_int(segment_id, "segment_id")
+        segment_id = as_int(segment_id, "segment_id")
         available = set(_id_list(available_segment_ids))
         if segment_id not in available:
             raise SegackValueError(f"segment id {segment_id} is not among the available ids")
@@ -294,7 +294,7 @@ class Segment:
         [Segment(0, 3), Segment(1, 3), Segment(2, 3), Segment(3, 3)]
         """
         segment = _as_segment(segment, "segment")
-        times = _as_int(times, "times")
+        times = as_int(times, "times")
         if times < 0:
             raise SegackValueError(f"times must be non-negative, got {times}")
         members = [segment]
@@ -354,7 +354,7 @@ def _as_segment(value: Any, what: str) -> Segment:
 
 def _id_list(segment_ids: Iterable[int]) -> list[int]:
     """The ids as ints, each in 0..2**31-1 and none repeated."""
-    ids = [_as_int(segment_id, "segment id") for segment_id in segment_ids]
+    ids = [as_int(segment_id, "segment id") for segment_id in segment_ids]
     seen: set[int] = set()
     for segment_id in ids:
         if segment_id < 0 or segment_id >= _HASH_SPACE:
@@ -396,7 +396,7 @@ class SegmentSet:
         >>> SegmentSet.balanced(3)
         SegmentSet([(0, 3), (1, 1), (2, 3)])
         """
-        count = _as_int(count, "count")
+        count = as_int(count, "count")
         if count < 1:
             raise SegackValueError(f"count must be at least 1, got {count}")
         return cls(Segment.split_balanced(ROOT, count - 1))
@@ -454,7 +454,7 @@ class SegmentSet:
         >>> SegmentSet.balanced(3).owner_index(6)
         2
         """
-        hash_value = _as_int(hash_value, "hash_value")
+        hash_value = as_int(hash_value, "hash_value")
         for position, member in enumerate(self._members):
             if member.matches(hash_value):
                 return position

@@ -1,0 +1,226 @@
+"""One Spark job of a run over one segment set, and the driver thread that merges its progress.
+
+A run has more than one job when its segments change while it goes on
+(:mod:`~segack.spark_adapter.rescale`): the job's tasks stop at their next flush, the driver merges
+what they did, and the run's next job starts over the new set, each key group where it stood.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import pickle
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from segack.kernel import SegmentSet
+from segack.spark_adapter.checkpoint import CheckpointStore
+from segack.spark_adapter.errors import HandlerFailedError, ReplayError, TokenError, worker_error
+from segack.spark_adapter.periodic import Periodic
+from segack.spark_adapter.rescale import RequestWatcher, SegmentChange
+from segack.spark_adapter.results import Progress
+from segack.spark_adapter.task import TaskPlan, TaskStart
+from segack.spark_adapter.tokens import decode_updates
+
+if TYPE_CHECKING:
+    from segack.spark_adapter.run import Run
+
+__all__ = ["Job", "JobOutcome", "ProgressMerger", "run_tag"]
+
+log = logging.getLogger(__name__)
+
+
+def run_tag(run_id: str) -> str:
+    """The Spark job tag of a run's jobs (interrupting it stops them)."""
+    return f"segack-{run_id}"
+
+
+class ProgressMerger(Periodic):
+    """The driver side of a job: merges its tasks' progress files into the checkpoint on a timer
+    (an atomic rewrite of the state file), and reports :class:`~segack.spark_adapter.Progress`.
+
+    An error while merging stops the job: the merger records it, interrupts the job, and
+    :meth:`Job.execute` raises it once the job has ended.
+    """
+
+    def __init__(self, run: Run, job_id: str, segments: int) -> None:
+        super().__init__(run.options.flush_interval, "segack-merger")
+        self.run, self.job_id, self.segments = run, job_id, segments
+        self._lock = threading.Lock()
+        self.error: BaseException | None = None
+
+    def merge(self, results: Sequence[pa.Table] | None = None) -> None:
+        """Fold this job's progress files (and, once the job has ended, its results) into the
+        checkpoint, and save it."""
+        run = self.run
+        with self._lock:
+            tokens = run.tokens
+            in_flight = pending = 0
+            for _, updates in run.store.read_progress(run.store.progress_files(self.job_id)):
+                tokens.apply(updates)
+                calls, rows = CheckpointStore.task_load(updates)
+                in_flight, pending = in_flight + calls, pending + rows
+            if results is not None:
+                in_flight = pending = 0  # the job has ended
+                for updates in results:
+                    tokens.apply(updates)
+            run.state.settings["updated_at"] = time.time()
+            run.keeper.save(run.state)
+            self.report(in_flight, pending)
+
+    def report(self, in_flight: int, pending: int) -> None:
+        run = self.run
+        if run.progress is not None:
+            done = run.tokens.done
+            run.progress(Progress(done=done, handled=done - run.already_done, total=run.tokens.total,
+                                  segments=self.segments, seconds=time.monotonic() - run.began,
+                                  in_flight=in_flight, pending=pending))
+
+    def tick(self) -> bool:
+        try:
+            self.merge()
+        except BaseException as error:
+            log.warning("%s: merging the progress of job %s failed, stopping it: %s", self.run.store.location,
+                        self.job_id, error)
+            self.error = error
+            self.run.spark.interruptTag(run_tag(self.run.run_id))
+            return True
+        return False
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """How a job ended, when it ended without an error."""
+
+    #: The tasks' peak of rows read but not committed.
+    peak_pending: int
+    #: Dead letters the tasks wrote.
+    dead_letters: int
+    #: The change of segments the job stopped for (``None``: it ran to its end).
+    change: SegmentChange | None
+
+
+@dataclass
+class _Ending:
+    """What a job's tasks and its driver threads reported, gathered before anything is raised."""
+
+    failures: list[HandlerFailedError] = field(default_factory=list)
+    updates: list[pa.Table] = field(default_factory=list)
+    peak_pending: int = 0
+    dead_letters: int = 0
+    job_error: BaseException | None = None
+    merge_error: BaseException | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.merge_error is None and self.job_error is None and not self.failures
+
+
+class Job:
+    """The Spark job of ``run`` over ``segments``, named ``job_id`` (its tasks' progress files
+    start with it)."""
+
+    def __init__(self, run: Run, job_id: str, segments: SegmentSet) -> None:
+        self.run, self.job_id, self.segments = run, job_id, segments
+
+    def execute(self, watch_requests: bool) -> JobOutcome:
+        """Handle the remaining events over the segments; leaves the state saved.
+
+        1. **Plan** the tasks: what each needs, pickled once for all of them.
+        2. **Run** the Spark job, while the merger saves progress on a timer and, with
+           ``watch_requests``, the watcher stops the tasks at their next flush when a change of
+           segments is asked for.
+        3. **Gather** the tasks' results: their failures, final updates and counts.
+        4. **Save**: merge the last progress files and the results, count the input if every task
+           read all of it, record the status, and clean up the job's files.
+        5. **Raise** what stopped the job, if anything: :class:`~segack.spark_adapter.ClaimLostError`
+           (nothing more is saved), then the first :class:`~segack.spark_adapter.HandlerFailedError`,
+           then :class:`~segack.spark_adapter.ReplayError`.
+        """
+        run = self.run
+        plan = self._plan()  # 1
+        merger = ProgressMerger(run, self.job_id, len(self.segments))
+        watcher = RequestWatcher(run.store, self.segments, lambda change: run.store.request_stop(
+            self.job_id, f"segments change: {change.why}")) if watch_requests else None
+        log.info("%s: job %s started over %d segments", run.store.location, self.job_id, len(self.segments))
+        ending = _Ending()
+        results: pa.Table | None = None
+        run.spark.addTag(run_tag(run.run_id))
+        try:
+            with merger, watcher or contextlib.nullcontext():  # 2
+                try:
+                    results = run.events.job(run.tokens, self.segments, plan).toArrow()
+                except Exception as error:
+                    ending.job_error = error
+        finally:
+            run.spark.removeTag(run_tag(run.run_id))
+        change = None if watcher is None else watcher.change
+        ending.merge_error = merger.error
+        self._gather(results, ending)  # 3
+        self._save(merger, ending, change)  # 4
+        self._raise(ending)  # 5
+        log.info("%s: job %s ended%s", run.store.location, self.job_id,
+                 "" if change is None else f" for a change of segments ({change.why})")
+        return JobOutcome(ending.peak_pending, ending.dead_letters, change)
+
+    def _plan(self) -> TaskPlan:
+        run = self.run
+        return TaskPlan(
+            store=run.store.for_tasks(self.job_id, run.keeper.claim.number), handler=run.handler,
+            columns=tuple(run.events.df.columns), key=run.events.key, order=run.events.order,
+            options=run.options, start=TaskStart.of(run.tokens),
+            parked=run.store.dead_letter_keys(run.events.key),
+        )
+
+    @staticmethod
+    def _gather(results: pa.Table | None, ending: _Ending) -> None:
+        if results is None:
+            return
+        ending.failures = [pickle.loads(blob) for blob in results.column("failure").to_pylist()
+                           if blob is not None]
+        ending.peak_pending = max(results.column("peak_pending").to_pylist(), default=0)
+        ending.dead_letters = sum(results.column("dead_letters").to_pylist())
+        try:
+            ending.updates = [decode_updates(blob, "a task's result")
+                              for blob in results.column("updates").to_pylist() if blob is not None]
+        except TokenError as error:
+            ending.merge_error = ending.merge_error or error
+
+    def _save(self, merger: ProgressMerger, ending: _Ending, change: SegmentChange | None) -> None:
+        run, tokens = self.run, self.run.tokens
+        try:
+            merger.merge(ending.updates)
+        except Exception as error:
+            ending.merge_error = ending.merge_error or error
+        if ending.finished and change is None and not tokens.counted:
+            # Every task read all of its events: each key group's committed point is its count.
+            tokens.count_from_committed()
+            run.state.settings["total"] = tokens.total
+        status = ("running" if change is not None else "complete" if tokens.complete else "incomplete"
+                  ) if ending.finished else "failed"
+        run.state.settings.update(status=status, updated_at=time.time())
+        try:
+            run.keeper.save(run.state)
+            run.store.delete_progress(run.store.progress_files(self.job_id))
+            run.store.clear_stop(self.job_id)
+        except Exception as error:
+            ending.merge_error = ending.merge_error or error
+
+    def _raise(self, ending: _Ending) -> None:
+        keeper = self.run.keeper
+        if keeper.lost is not None:
+            raise keeper.lost
+        if ending.failures:
+            failure = ending.failures[0]
+            if ending.merge_error is not None:
+                failure.add_note(f"saving progress afterwards failed too: {ending.merge_error!r}")
+            raise failure
+        if ending.merge_error is not None:
+            raise ReplayError(f"saving progress failed: {ending.merge_error}") from ending.merge_error
+        if ending.job_error is not None:
+            raise ReplayError(f"a Spark task failed: {worker_error(ending.job_error)}") from ending.job_error

@@ -1,0 +1,70 @@
+"""What a run tells its caller: :class:`Progress` while it goes on, :class:`ReplayResult` at its end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Progress", "ReplayResult"]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the driver knows during a run (passed to the ``progress`` callback at each merge).
+
+    ``total`` is ``None`` during a checkpoint's first run: the events are counted as they are done.
+    """
+
+    #: Events done, over all runs.
+    done: int
+    #: Events done in this run.
+    handled: int
+    #: Events in the input, once counted.
+    total: int | None
+    #: Segments of the set the run uses now.
+    segments: int
+    #: Seconds since the run's first job started.
+    seconds: float
+    #: Handler calls running now, over all tasks (as of their last progress files).
+    in_flight: int = 0
+    #: Rows read but not yet committed, over all tasks (as of their last progress files).
+    pending: int = 0
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """The outcome of :func:`~segack.spark_adapter.replay`."""
+
+    #: Events in the input.
+    total: int
+    #: Events done before this run started (by earlier runs).
+    already_done: int
+    #: Events the handler finished in this run (dead letters not counted).
+    handled: int
+    #: Events done now: ``already_done``, ``handled``, and this run's dead letters.
+    done: int
+    #: Segments of the last set the run used.
+    segments: int
+    #: The checkpoint's key-group resolution: ``2**key_group_bits`` key groups.
+    key_group_bits: int
+    #: Seconds the run took, from its checks to its last save.
+    seconds: float
+    #: The most rows any task held read but not committed (0 when the handler ran one call at a time).
+    peak_pending: int = 0
+    #: Events set aside as dead letters in this run: they or an earlier event of their key failed
+    #: (``on_error="dead-letter"``), or their key had dead letters already; ``done`` counts them,
+    #: ``handled`` does not.
+    dead_letters: int = 0
+    #: Dead letters of earlier runs handled this time (``retry_dead_letters=True``).
+    retried: int = 0
+    #: Dead letters retried that failed again, or wait behind one of their key that did: they stay.
+    retry_failed: int = 0
+    #: Times the segments changed while the run went on (``segments`` counts the last set).
+    segment_changes: int = 0
+    #: Whether the run checked the checkpoint's done events against the input: a resumed run does,
+    #: unless the input has the fingerprint the checkpoint recorded (``verify="auto"``).
+    input_checked: bool = False
+
+    @property
+    def complete(self) -> bool:
+        """Whether every event is done."""
+        return self.done == self.total
