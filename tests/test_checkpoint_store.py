@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from segack._version import __version__
+from segack.spark_adapter import CheckpointLocationError
 from segack.spark_adapter.checkpoint import (
     DEAD_ATTEMPTS,
     DEAD_ERROR,
@@ -136,7 +137,7 @@ def test_locations_are_resolved_once_on_the_driver(tmp_path, monkeypatch):
     assert resolve_location("s3://bucket/x") == "s3://bucket/x"
     assert resolve_location("~/ck") == os.path.expanduser("~/ck")
     for bad in ("", None, 3):
-        with pytest.raises(ValueError, match=exactly("a checkpoint location is required")):
+        with pytest.raises(CheckpointLocationError, match=exactly("a checkpoint location is required")):
             resolve_location(bad)
 
 

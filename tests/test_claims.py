@@ -11,7 +11,7 @@ import time
 import pytest
 
 from segack.cli import main
-from segack.errors import SegackValueError
+from segack.spark_adapter import OptionError
 from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore
 from segack.spark_adapter.claims import (
     CheckpointClaimedError,
@@ -181,7 +181,7 @@ def test_a_claim_file_under_another_number_is_refused(store):
 
 @pytest.mark.parametrize("value", [0, -1, True, "60", None, float("nan")])
 def test_the_claim_timeout_must_be_a_positive_number(value):
-    with pytest.raises(SegackValueError, match="claim_timeout must be a positive number"):
+    with pytest.raises(OptionError, match="claim_timeout must be a positive number"):
         check_claim_timeout(value)
 
 

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from segack.errors import SegackValueError
+from segack.spark_adapter import OptionError
 from segack.spark_adapter.dispatch import ON_ERROR, PARKED, POLICIES, Dispatcher
 
 
@@ -347,7 +347,7 @@ def test_an_async_call_past_its_timeout_without_retries_fails_with_a_timeout():
     {"concurrency": 1, "max_pending": 1, "timeout": 0},
 ])
 def test_bad_settings_are_refused(arguments):
-    with pytest.raises(SegackValueError):
+    with pytest.raises(OptionError):
         Dispatcher(lambda event: None, lambda event: None, start=lambda thunk: None, **arguments)
 
 

@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from segack.demo import generate_events
-from segack.spark_adapter import HandlerFailedError, replay
-from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore
+from segack.spark_adapter import ForeignInputError, HandlerFailedError, replay
+from segack.spark_adapter.checkpoint import CheckpointStore
 from segack.spark_adapter.fingerprint import input_fingerprint
 from tests import expected
 from tests.spark_handlers import Recorder, read_log
@@ -184,7 +184,7 @@ def test_a_file_changed_after_a_run_is_checked_again_and_refused(spark, tmp_path
     assert os.path.getsize(events) == size
     state_file = Path(CheckpointStore(checkpoint).state_file())
     before = state_file.read_bytes()
-    with pytest.raises(CheckpointError, match="other input: in key group"):
+    with pytest.raises(ForeignInputError, match="other input: in key group"):
         replay(spark.read.parquet(events), key="user", order="ts", checkpoint=checkpoint, verify=verify,
                handler=Recorder(str(tmp_path / "b.jsonl")))
     assert state_file.read_bytes() == before

@@ -12,9 +12,8 @@ import pyarrow as pa
 import pytest
 
 from segack.cli import main
-from segack.errors import SegackValueError
 from segack.kernel import SegmentSet
-from segack.spark_adapter import merge, scale, split
+from segack.spark_adapter import OptionError, SegmentChangeError, merge, scale, split
 from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore
 from segack.spark_adapter.claims import ClaimKeeper, acquire, latest_claim, previous_run
 from segack.spark_adapter.rescale import (
@@ -82,24 +81,27 @@ def test_the_same_set_again_changes_nothing(tmp_path):
     assert _files(tmp_path) == before
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    (lambda store: split(store, 7), "segment 7 is not live; the live segments are [0, 1, 3]"),
-    (lambda store: merge(store, 0), "its sibling (id 1 at mask 1) is not live, it is split further"),
-    (lambda store: merge(store, 5), "segment 5 is not live"),
-    (lambda store: split(store, True), "split needs a segment id"),
-    (lambda store: scale(store, [0, 2]), "segment id 2 cannot arise from splits of the root"),
-    (lambda store: scale(store, [0, 1, 1, 3]), "segment id 1 is given twice"),
-    (lambda store: scale(store, 0), "segments must be a positive int"),
-    (lambda store: scale(store, "many"), "not 'many'"),
-    (lambda store: scale(store, 32), "finer than"),
-    (lambda store: scale(store, "auto"), "there are none yet"),
-    (lambda store: scale(store, 2, workers=0), "workers must be a positive int"),
-    (lambda store: split(store, 1, claim_timeout=0), "claim_timeout must be a positive number"),
+CHANGE = SegmentChangeError
+
+
+@pytest.mark.parametrize(("change", "error", "message"), [
+    (lambda store: split(store, 7), CHANGE, "segment 7 is not live; the live segments are [0, 1, 3]"),
+    (lambda store: merge(store, 0), CHANGE, "its sibling (id 1 at mask 1) is not live, it is split further"),
+    (lambda store: merge(store, 5), SegmentChangeError, "segment 5 is not live"),
+    (lambda store: split(store, True), OptionError, "split needs a segment id"),
+    (lambda store: scale(store, [0, 2]), CHANGE, "segment id 2 cannot arise from splits of the root"),
+    (lambda store: scale(store, [0, 1, 1, 3]), SegmentChangeError, "segment id 1 is given twice"),
+    (lambda store: scale(store, 0), OptionError, "segments must be a positive int"),
+    (lambda store: scale(store, "many"), OptionError, "not 'many'"),
+    (lambda store: scale(store, 32), SegmentChangeError, "finer than"),
+    (lambda store: scale(store, "auto"), SegmentChangeError, "there are none yet"),
+    (lambda store: scale(store, 2, workers=0), OptionError, "workers must be a positive int"),
+    (lambda store: split(store, 1, claim_timeout=0), OptionError, "claim_timeout must be a positive number"),
 ])
-def test_a_change_that_is_not_valid_is_refused_and_changes_nothing(tmp_path, change, message):
+def test_a_change_that_is_not_valid_is_refused_and_changes_nothing(tmp_path, change, error, message):
     store = _checkpoint(tmp_path, SegmentSet.from_ids([0, 1, 3]))
     before = _files(tmp_path)
-    with pytest.raises(SegackValueError) as refused:
+    with pytest.raises(error) as refused:
         change(store)
     assert message in str(refused.value)
     assert _files(tmp_path) == before
@@ -107,11 +109,11 @@ def test_a_change_that_is_not_valid_is_refused_and_changes_nothing(tmp_path, cha
 
 def test_a_merge_of_the_root_and_a_split_finer_than_the_key_groups_are_refused(tmp_path):
     root = _checkpoint(tmp_path / "root", SegmentSet.balanced(1))
-    with pytest.raises(SegackValueError, match="whole hash space"):
+    with pytest.raises(SegmentChangeError, match="whole hash space"):
         merge(root, 0)
     fine = _checkpoint(tmp_path / "fine", SegmentSet.balanced(2), bits=1)
     before = _files(tmp_path / "fine")
-    with pytest.raises(SegackValueError, match="finer than"):
+    with pytest.raises(SegmentChangeError, match="finer than"):
         split(fine, 0)
     assert _files(tmp_path / "fine") == before
 
@@ -139,7 +141,7 @@ def test_on_a_live_run_a_change_is_asked_of_it_and_the_next_builds_on_the_reques
     merge(store, 6)
     assert pending_change(store).segment_set == SegmentSet.from_ids([0, 1, 2])
     before = _files(tmp_path)
-    with pytest.raises(SegackValueError, match="segment 6 is not live"):
+    with pytest.raises(SegmentChangeError, match="segment 6 is not live"):
         merge(store, 6)
     assert _files(tmp_path) == before
 
@@ -293,9 +295,9 @@ def test_recording_the_same_set_again_keeps_it_and_a_checkpoint_without_segments
 
 def test_merge_and_split_refuse_with_what_was_asked(tmp_path):
     store = _checkpoint(tmp_path)
-    with pytest.raises(SegackValueError, match=starting("merge needs a segment id")):
+    with pytest.raises(OptionError, match=starting("merge needs a segment id")):
         merge(store, "0")
-    with pytest.raises(SegackValueError, match=starting("split needs a segment id")):
+    with pytest.raises(OptionError, match=starting("split needs a segment id")):
         split(store, None)
     assert merge(store, 1).segments == SegmentSet.balanced(1)
 
@@ -337,7 +339,7 @@ def test_scale_to_small_counts_and_auto_for_one_worker(tmp_path, count):
 @pytest.mark.parametrize("workers", [0, True, 2.0, "2"])
 def test_scale_refuses_workers_that_are_not_a_positive_int(tmp_path, workers):
     store = _checkpoint(tmp_path)
-    with pytest.raises(SegackValueError, match=exactly(f"workers must be a positive int, not {workers!r}")):
+    with pytest.raises(OptionError, match=exactly(f"workers must be a positive int, not {workers!r}")):
         scale(store, "auto", workers=workers)
 
 

@@ -25,7 +25,15 @@ from hypothesis import strategies as st
 
 import segack.kernel as kernel
 from segack.demo import generate_events
-from segack.spark_adapter import HandlerFailedError, KeyGroupTokens, replay
+from segack.spark_adapter import (
+    CheckpointLocationError,
+    ForeignInputError,
+    HandlerFailedError,
+    InputError,
+    KeyGroupTokens,
+    OptionError,
+    replay,
+)
 from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore, resolve_location
 from segack.spark_adapter.columns import hash_column, member_index_column, segment_column
 from tests import expected
@@ -85,13 +93,13 @@ def test_integer_keys_hash_like_the_kernel(spark):
 
 def test_columns_reject_bad_settings(spark):
     frame = _frame(spark, ["a"])
-    with pytest.raises(ValueError, match="hash must be"):
+    with pytest.raises(OptionError, match="hash must be"):
         hash_column("k", "string", "md5")
-    with pytest.raises(ValueError, match="method must be"):
+    with pytest.raises(OptionError, match="method must be"):
         hash_column("k", "string", "java", "guess")
-    with pytest.raises(ValueError, match="strings or integers"):
+    with pytest.raises(InputError, match="strings or integers"):
         hash_column("k", "double", "java")
-    with pytest.raises(ValueError, match="no column 'nope'"):
+    with pytest.raises(InputError, match="no column 'nope'"):
         segment_column(frame, "nope", UNEVEN)
     with pytest.raises(TypeError, match="SegmentSet"):
         member_index_column(frame["k"], [0, 1])
@@ -562,7 +570,7 @@ def test_a_checkpoint_of_other_input_is_refused(spark, tmp_path, change):
         other = pa.concat_tables([table, copy, copy])
     else:
         other, key = table.append_column("account", table.column("user")), "account"
-    with pytest.raises(CheckpointError, match="other input"):
+    with pytest.raises(ForeignInputError, match="other input"):
         replay(spark.createDataFrame(other), key=key, order="ts",
                handler=Recorder(str(tmp_path / "b.jsonl")), checkpoint=checkpoint)
     assert _state_bytes(tmp_path / "checkpoint") == before
@@ -583,7 +591,7 @@ def test_a_crashed_first_run_then_other_input_is_refused(spark, tmp_path):
     first = table.sort_by("ts").slice(0, 1).to_pylist()[0]
     changed = pa.Table.from_pylist([dict(event, part="edited") if event == first else event
                                     for event in table.to_pylist()], schema=table.schema)
-    with pytest.raises(CheckpointError, match="other input: in key group"):
+    with pytest.raises(ForeignInputError, match="other input: in key group"):
         replay(spark.createDataFrame(changed), key="user", order="ts", checkpoint=checkpoint,
                handler=Recorder(str(tmp_path / "b.jsonl")))
     assert _state_bytes(tmp_path / "checkpoint") == before
@@ -598,22 +606,22 @@ def test_a_crashed_first_run_then_other_input_is_refused(spark, tmp_path):
 
 
 @pytest.mark.parametrize(("kwargs", "error", "message"), [
-    ({"key": "nope"}, ValueError, "no column 'nope'"),
-    ({"order": "user"}, ValueError, "different columns"),
-    ({"flush_every": 0}, ValueError, "flush_every"),
-    ({"flush_interval": 0}, ValueError, "flush_interval"),
-    ({"segments": 0}, ValueError, "segments"),
-    ({"key_group_bits": 17}, ValueError, "key_group_bits"),
+    ({"key": "nope"}, InputError, "no column 'nope'"),
+    ({"order": "user"}, InputError, "different columns"),
+    ({"flush_every": 0}, OptionError, "flush_every"),
+    ({"flush_interval": 0}, OptionError, "flush_interval"),
+    ({"segments": 0}, OptionError, "segments"),
+    ({"key_group_bits": 17}, OptionError, "key_group_bits"),
     ({"key_group_bits": 2, "segments": 8}, ValueError, "finer than 4 key groups"),
     ({"handler": "not callable"}, TypeError, "callable"),
-    ({"concurrency": 0}, ValueError, "concurrency"),
-    ({"max_pending": 0}, ValueError, "max_pending"),
-    ({"policy": "any"}, ValueError, "policy"),
-    ({"retries": -1}, ValueError, "retries"),
-    ({"retry_delay": -1}, ValueError, "retry_delay"),
-    ({"timeout": 0}, ValueError, "timeout"),
-    ({"on_error": "skip"}, ValueError, "on_error"),
-    ({"verify": "never"}, ValueError, "verify must be one of"),
+    ({"concurrency": 0}, OptionError, "concurrency"),
+    ({"max_pending": 0}, OptionError, "max_pending"),
+    ({"policy": "any"}, OptionError, "policy"),
+    ({"retries": -1}, OptionError, "retries"),
+    ({"retry_delay": -1}, OptionError, "retry_delay"),
+    ({"timeout": 0}, OptionError, "timeout"),
+    ({"on_error": "skip"}, OptionError, "on_error"),
+    ({"verify": "never"}, OptionError, "verify must be one of"),
 ])
 def test_replay_rejects_bad_settings_before_writing_anything(spark, tmp_path, kwargs, error, message):
     frame = spark.createDataFrame(generate_events(50, seed=4))
@@ -627,7 +635,7 @@ def test_replay_rejects_bad_settings_before_writing_anything(spark, tmp_path, kw
 
 def test_an_order_column_spark_cannot_compare_simply_is_refused(spark, tmp_path):
     frame = spark.createDataFrame([("a", [1, 2])], "user string, ts array<int>")
-    with pytest.raises(ValueError, match="plain sortable type"):
+    with pytest.raises(InputError, match="plain sortable type"):
         replay(frame, key="user", order="ts", handler=Recorder(str(tmp_path / "log.jsonl")),
                checkpoint=str(tmp_path / "checkpoint"))
     assert not (tmp_path / "checkpoint").exists()
@@ -639,7 +647,7 @@ def test_the_key_group_resolution_is_fixed_by_the_first_run(spark, tmp_path):
     replay(frame, key="user", order="ts", handler=Recorder(str(tmp_path / "a.jsonl")), checkpoint=checkpoint,
            key_group_bits=3, segments=8)
     before = _state_bytes(tmp_path / "checkpoint")
-    with pytest.raises(ValueError, match=r"2\*\*3 key groups; key_group_bits=4"):
+    with pytest.raises(ForeignInputError, match=r"2\*\*3 key groups; key_group_bits=4"):
         replay(frame, key="user", order="ts", handler=Recorder(str(tmp_path / "b.jsonl")),
                checkpoint=checkpoint, key_group_bits=4)
     with pytest.raises(ValueError, match="finer than 8 key groups"):
@@ -689,7 +697,7 @@ def test_a_relative_checkpoint_path_is_made_absolute_before_it_travels(tmp_path,
     assert travelled.location == str(tmp_path / "ck") and travelled.is_local
     assert CheckpointStore("file:///x/y").location == "/x/y"
     assert resolve_location("s3://bucket/ck") == "s3://bucket/ck"
-    with pytest.raises(ValueError, match="location is required"):
+    with pytest.raises(CheckpointLocationError, match="location is required"):
         resolve_location("")
 
 
@@ -882,6 +890,6 @@ def test_a_replay_over_auto_segments_plans_them_first_and_keeps_each_keys_order(
     assert CheckpointStore(str(tmp_path / "c")).load().settings["segments"] == list(expected_set.ids)
     assert result.complete and result.segments == len(expected_set)
     assert_each_key_in_order(read_log(log), table)
-    with pytest.raises(ValueError, match="segments must be a positive int, a SegmentSet or 'auto'"):
+    with pytest.raises(OptionError, match="segments must be a positive int, a SegmentSet or 'auto'"):
         replay(frame, key="user", order="ts", handler=Recorder(log), checkpoint=str(tmp_path / "d"),
                segments="planned")

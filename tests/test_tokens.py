@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from segack.spark_adapter import OptionError
 from segack.spark_adapter.tokens import (
     KeyGroupTokens,
     TokenError,
@@ -212,7 +213,7 @@ def test_update_bytes_round_trip_and_refuse_damage():
 
 @pytest.mark.parametrize("bits", [-1, 17, True, 2.0])
 def test_a_resolution_outside_0_to_16_is_refused(bits):
-    with pytest.raises(ValueError, match="key_group_bits"):
+    with pytest.raises(OptionError, match="key_group_bits"):
         KeyGroupTokens.empty(bits, ORDER, KEY)
 
 

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from segack.errors import SegackValueError
 from segack.kernel import Segment, SegmentSet, plan_segments
 from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore
 from segack.spark_adapter.claims import (
@@ -208,7 +209,10 @@ def _whole_set(segments: Any) -> SegmentSet:
             raise OptionError(f"segments must be a positive int, not {segments}")
         return SegmentSet.balanced(segments)
     if isinstance(segments, Sequence) and not isinstance(segments, str):
-        return SegmentSet.from_ids(segments)
+        try:
+            return SegmentSet.from_ids(segments)
+        except SegackValueError as error:  # ids that cannot arise from splits of the root
+            raise SegmentChangeError(str(error)) from None
     raise OptionError(f"segments must be a count, a SegmentSet, a list of segment ids or 'auto', "
                            f"not {segments!r}")
 
@@ -225,7 +229,10 @@ def _change(store: CheckpointStore, make: Callable[[SegmentSet, Checkpoint], tup
     if pending is not None:
         current = pending.segment_set
     segments, why = make(current, state)
-    segments.key_group_owners(state.tokens.bits)  # finer than the key groups: a ValueError
+    try:
+        segments.key_group_owners(state.tokens.bits)
+    except SegackValueError as error:  # finer than the key groups
+        raise SegmentChangeError(str(error)) from None
     if segments == current:
         return Rescale(current, segments, applied=False)
     by = f"pid {os.getpid()} on {socket.gethostname()}"
