@@ -36,7 +36,7 @@ nitpick_ignore_regex = [
     (r"py:class", r"segack\.(specs\.snapshot|spark_adapter\.replay)\..*"),
     (r"py:.*", r"(int|str|bytes|float|bool|object|list|tuple|dict|None|BaseException|ValueError)"),
     # Words numpydoc puts where a type goes: "handler : callable", "progress : callable, optional".
-    (r"py:class", r"(callable|optional)"),
+    (r"py:class", r"(callable|optional|mapping)"),
     (r"py:.*", r"argparse\..*"),
     # Unqualified names in the spec's docstrings: documented once, under segack.
     (r"py:class", r"(DuplicateAckError|AckerFullError|SegmentSet)"),

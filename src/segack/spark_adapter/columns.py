@@ -63,11 +63,27 @@ def _java_hash_arrow() -> UserDefinedFunctionLike:
 
 
 def hash_column(key: Column | str, key_type: str, hash: str = "spark", method: str = "auto") -> Column:
-    """The 32-bit hash of ``key`` (a column or column name) whose Spark type is ``key_type``.
+    """The 32-bit hash of ``key``, computed in the JVM where it can be.
 
-    ``key_type`` is a simple type string (``"string"``, ``"int"``, ``"bigint"``).
-    Rejects (``ValueError``) an unknown ``hash`` or ``method``, and key types other
-    than string and integers.
+    Parameters
+    ----------
+    key : Column or str
+        The key column, or its name.
+    key_type : str
+        Its Spark type as a simple string: ``"string"``, ``"int"``, ``"bigint"``, ``"smallint"``
+        or ``"tinyint"``.
+    hash : ``{'spark', 'java'}``, default ``'spark'``
+        Spark SQL's ``hash()``, or Java's ``hashCode`` (as Axon Framework).
+    method : ``{'auto', 'reflect', 'arrow'}``, default ``'auto'``
+        How the ``java`` hash of a string is computed: ``reflect`` in the JVM, ``arrow`` in a
+        Python UDF; ``auto`` takes the faster.
+
+    Raises
+    ------
+    OptionError
+        An unknown ``hash`` or ``method``.
+    InputError
+        A key type other than strings and integers.
     """
     from pyspark.sql import functions as F
 
@@ -97,6 +113,18 @@ def member_index_column(hashes: Column, segments: SegmentSet) -> Column:
 
     A lookup array over the deepest mask when it is small, else a CASE chain that
     tries the widest members first.
+
+    Parameters
+    ----------
+    hashes : Column
+        32-bit hashes (or key groups: their low bits are what the members' masks read).
+    segments : SegmentSet
+        A complete set.
+
+    Raises
+    ------
+    SegackTypeError
+        ``segments`` is not a :class:`~segack.SegmentSet`.
     """
     from pyspark.sql import functions as F
 
@@ -130,8 +158,23 @@ def segment_column(
 ) -> Column:
     """The index in ``segments`` of the segment that owns each row's ``key``.
 
-    ``df`` supplies the key's type. Errors as for :func:`hash_column`, plus a
-    ``ValueError`` naming an absent key column.
+    Parameters
+    ----------
+    df : DataFrame
+        Supplies the key's type.
+    key : str
+        The key column.
+    segments : SegmentSet
+        A complete set.
+    hash, method : str
+        As for :func:`hash_column`.
+
+    Raises
+    ------
+    InputError
+        ``key`` is not a column of ``df``, or not a string or an integer.
+    OptionError
+        As for :func:`hash_column`.
     """
     if key not in df.columns:
         raise InputError(f"no column {key!r}; the columns are {df.columns}")

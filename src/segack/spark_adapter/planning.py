@@ -96,12 +96,42 @@ def plan(
     top: int = 5,
     method: str = "auto",
 ) -> Plan:
-    """Count ``df``'s events per key group and its hottest keys, and plan segments for ``workers``
-    (default: the session's default segment count, as :func:`~segack.spark_adapter.replay` uses).
+    """Count ``df``'s events per key group and its hottest keys, and plan segments for ``workers``.
 
-    ``sample`` (a fraction in (0, 1]) counts that share of the events and scales the counts up.
-    Rejects (``ValueError``) a missing key column, ``workers`` or ``top`` below 1, a ``sample``
-    outside (0, 1], and ``key_group_bits`` outside 0..16. Runs two Spark jobs and nothing else.
+    Runs two Spark jobs and nothing else.
+
+    Parameters
+    ----------
+    df : DataFrame
+        The events.
+    key : str
+        The sequencing key column.
+    hash : ``{'spark', 'java'}``, default ``'spark'``
+        How keys are hashed, as the replay will.
+    workers : int, optional
+        Plan for this many workers (default: the session's default segment count, as
+        :func:`~segack.spark_adapter.replay` uses).
+    key_group_bits : int, default ``12``
+        The key-group resolution of the checkpoint the plan is for (0 to 16).
+    sample : float, optional
+        Count this fraction of the events, in (0, 1], and scale the counts up.
+    top : int, default ``5``
+        How many of the hottest keys to report.
+    method : str, default ``'auto'``
+        How the ``java`` hash is computed (``'reflect'`` or ``'arrow'``).
+
+    Returns
+    -------
+    Plan
+        The load, the planned set and what limits any set.
+
+    Raises
+    ------
+    InputError
+        ``key`` is not a column.
+    OptionError
+        ``workers`` or ``top`` below 1, a ``sample`` outside (0, 1], ``key_group_bits`` outside
+        0..16.
     """
     from pyspark.sql import functions as F
 

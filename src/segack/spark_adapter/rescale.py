@@ -264,9 +264,30 @@ def split(checkpoint: str | CheckpointStore, segment_id: int, *,
     """Split live segment ``segment_id`` of ``checkpoint`` in two: now if no run holds it, else
     by the live run within seconds (rules 2-3).
 
-    Refuses (``ValueError``, nothing written) an id that is not live, a split finer than the
-    checkpoint's key groups, and a checkpoint that records no segments yet
-    (:class:`~segack.spark_adapter.CheckpointError`).
+    Parameters
+    ----------
+    segment_id : int
+        A live segment's id (``segack status`` lists them).
+    checkpoint : str or CheckpointStore
+        The checkpoint: its location, or a store.
+    claim_timeout : float, default ``60``
+        On a checkpoint no run holds, the short claim the change takes expires after this long
+        unextended.
+
+    Returns
+    -------
+    Rescale
+        The set before and after, and whether the change was recorded or asked of a live run.
+
+    Raises
+    ------
+    SegmentChangeError
+        An id that is not live, or a split finer than the checkpoint's key groups; nothing is
+        written.
+    OptionError
+        An id that is not an int, or a bad ``claim_timeout``.
+    CheckpointError
+        A checkpoint that records no segments yet.
     """
     claim_timeout = check_claim_timeout(claim_timeout)
     return _change(_store(checkpoint), lambda current, _: (split_of(current, segment_id),
@@ -278,8 +299,30 @@ def merge(checkpoint: str | CheckpointStore, segment_id: int, *,
     """Merge live segment ``segment_id`` of ``checkpoint`` with its sibling, as Axon's
     ``mergeSegment`` does: now if no run holds it, else by the live run (rules 2-3).
 
-    Refuses (``ValueError``, nothing written) an id that is not live, a segment whose sibling is
-    not live (split further), the root, and a checkpoint that records no segments yet.
+    Parameters
+    ----------
+    segment_id : int
+        A live segment whose sibling is live too.
+    checkpoint : str or CheckpointStore
+        The checkpoint: its location, or a store.
+    claim_timeout : float, default ``60``
+        On a checkpoint no run holds, the short claim the change takes expires after this long
+        unextended.
+
+    Returns
+    -------
+    Rescale
+        The set before and after, and whether the change was recorded or asked of a live run.
+
+    Raises
+    ------
+    SegmentChangeError
+        An id that is not live, a segment whose sibling is not live (split further), or the root;
+        nothing is written.
+    OptionError
+        An id that is not an int, or a bad ``claim_timeout``.
+    CheckpointError
+        A checkpoint that records no segments yet.
     """
     claim_timeout = check_claim_timeout(claim_timeout)
     return _change(_store(checkpoint), lambda current, _: (merge_of(current, segment_id),
@@ -288,15 +331,37 @@ def merge(checkpoint: str | CheckpointStore, segment_id: int, *,
 
 def scale(checkpoint: str | CheckpointStore, segments: int | SegmentSet | Sequence[int] | str, *,
           workers: int | None = None, claim_timeout: float = DEFAULT_CLAIM_TIMEOUT) -> Rescale:
-    """Give ``checkpoint`` a whole new set: a count (:meth:`~segack.SegmentSet.balanced`), a
-    :class:`~segack.SegmentSet`, a list of segment ids, or ``"auto"``: planned
-    (:func:`segack.plan_segments`) for ``workers`` (default: the current count) from the load
-    of each key group the checkpoint has measured. Now if no run holds it, else by the live run
+    """Give ``checkpoint`` a whole new set: now if no run holds it, else by the live run
     (rules 2-3).
 
-    Refuses (``ValueError``, nothing written) an incomplete or overlapping list of ids, a set
-    finer than the checkpoint's key groups, ``workers`` that is not a positive int, ``auto``
-    before any event is done, and a checkpoint that records no segments yet.
+    Parameters
+    ----------
+    segments : int, SegmentSet, list of int or ``'auto'``
+        A count (:meth:`~segack.SegmentSet.balanced`), a :class:`~segack.SegmentSet`, the live
+        segment ids, or ``"auto"``: planned (:func:`segack.plan_segments`) from the load of each
+        key group the checkpoint has measured.
+    workers : int, optional
+        With ``"auto"``: plan for this many workers (default: the current count).
+    checkpoint : str or CheckpointStore
+        The checkpoint: its location, or a store.
+    claim_timeout : float, default ``60``
+        On a checkpoint no run holds, the short claim the change takes expires after this long
+        unextended.
+
+    Returns
+    -------
+    Rescale
+        The set before and after, and whether the change was recorded or asked of a live run.
+
+    Raises
+    ------
+    SegmentChangeError
+        Ids that cannot arise from splits of the root, a set finer than the checkpoint's key
+        groups, or ``"auto"`` before any event is done; nothing is written.
+    OptionError
+        ``segments`` or ``workers`` that are not what they must be, or a bad ``claim_timeout``.
+    CheckpointError
+        A checkpoint that records no segments yet.
     """
     claim_timeout = check_claim_timeout(claim_timeout)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):

@@ -61,15 +61,30 @@ def spark_session(
     app_name: str = "segack",
     quiet: bool = False,
 ) -> SparkSession:
-    """A session on ``master`` (classic) or on a Spark Connect server at ``remote``.
+    """A session fit for ordered processing, on a master or a Spark Connect server.
 
-    Speculative execution is off (two attempts of one segment must never run at
-    once), Python workers use this interpreter, and on a local master the UI is
-    off and shuffles are small. ``conf`` (as ``spark-submit --conf``) adds or
-    overrides settings. ``quiet`` starts the driver JVM with a logging setup
-    that prints errors only, without Spark's start-up banner lines (it applies
-    only when this call starts the JVM). Giving both ``master`` and ``remote``
-    is a ``ValueError``.
+    Speculative execution is off (two attempts of one segment must never run at once), Python
+    workers use this interpreter, and on a local master the UI is off and shuffles are small.
+
+    Parameters
+    ----------
+    master : str or None, default ``'local[2]'``
+        A classic session's master: ``local[N]``, ``local-cluster[...]``, ``spark://...``,
+        ``yarn``, ``k8s://...``.
+    remote : str, optional
+        A Spark Connect server, ``sc://HOST:PORT``, instead of a master.
+    conf : mapping, optional
+        Settings, as ``spark-submit --conf`` takes them; they add to or override the above.
+    app_name : str, default ``'segack'``
+        The application's name.
+    quiet : bool, default ``False``
+        Start the driver JVM with a logging setup that prints errors only, without Spark's
+        start-up banner lines (only when this call starts the JVM).
+
+    Raises
+    ------
+    OptionError
+        Both ``master`` and ``remote``.
     """
     from pyspark.sql import SparkSession
 
@@ -100,7 +115,18 @@ def spark_session(
 
 
 def local_session(app_name: str = "segack", master: str = "local[2]", **conf: Any) -> SparkSession:
-    """A classic ``SparkSession`` on an embedded local master (see :func:`spark_session`)."""
+    """A classic ``SparkSession`` on an embedded local master (see :func:`spark_session`).
+
+    Parameters
+    ----------
+    app_name : str, default ``'segack'``
+        The application's name.
+    master : str, default ``'local[2]'``
+        ``local``, ``local[N]`` or ``local-cluster[...]``.
+    **conf
+        Settings (``spark_sql_shuffle_partitions`` is not a name: pass
+        ``**{"spark.sql.shuffle.partitions": 4}``).
+    """
     return spark_session(master=master, conf={key: str(value) for key, value in conf.items()},
                          app_name=app_name)
 
@@ -172,11 +198,22 @@ def _within(path: str, roots: list[str]) -> bool:
 def ship_module(spark: SparkSession, module_name: str) -> str | None:
     """Send the top-level module or package of ``module_name`` to the executors.
 
-    A single-file module goes as it is; a package is zipped (its ``.py`` files).
-    Modules installed in this interpreter (the standard library, site-packages)
-    are not sent: the executors are expected to have them, as they have segack.
-    Returns the path sent, or ``None``. Uses ``addArtifacts(..., pyfile=True)``,
-    which classic sessions and Spark Connect both take.
+    A single-file module goes as it is; a package is zipped (its ``.py`` files). Modules
+    installed in this interpreter (the standard library, site-packages) are not sent: the
+    executors are expected to have them, as they have segack. Uses
+    ``addArtifacts(..., pyfile=True)``, which classic sessions and Spark Connect both take.
+
+    Parameters
+    ----------
+    spark : SparkSession
+        The session whose executors need the module.
+    module_name : str
+        A module's dotted name (a handler's, say); its top-level package is what goes.
+
+    Returns
+    -------
+    str or None
+        The path sent, or ``None`` when nothing was.
     """
     top = module_name.split(".")[0]
     module = importlib.import_module(top)
@@ -202,7 +239,17 @@ def ship_module(spark: SparkSession, module_name: str) -> str | None:
 def ship_py_files(spark: SparkSession, paths: list[str]) -> None:
     """Send ``.py``, ``.zip`` or ``.egg`` files to the executors, as ``spark-submit --py-files`` does.
 
-    A missing file is a ``ValueError`` naming it, before anything is sent.
+    Parameters
+    ----------
+    spark : SparkSession
+        The session whose executors need the files.
+    paths : list of str
+        The files.
+
+    Raises
+    ------
+    OptionError
+        A missing file, named, before anything is sent.
     """
     for path in paths:
         if not os.path.isfile(path):
