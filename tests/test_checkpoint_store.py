@@ -317,3 +317,21 @@ def test_a_dead_letter_file_that_is_not_parquet_is_refused_naming_it(store, wher
         store.read_dead_letters()
     with pytest.raises(CheckpointError, match=starting(f"dead-letter file {path} cannot be read: ")):
         store.dead_letter_schema(path)
+
+
+def test_claims_are_atomic_on_local_disks_and_made_by_looking_first_elsewhere(store, where):
+    assert store.claims_are_atomic is store.is_local
+    assert store.create_claim_file(1, b"first") is True
+    assert store.create_claim_file(1, b"second") is False
+    assert store.read_claim_file(1) == b"first"
+    assert store.claim_numbers() == [1]
+    assert _files(where[1]) == ["claims/000000000001.json"]  # no temporary file left behind
+
+
+def test_a_tasks_view_reads_a_dead_letter_file_to_handle_it_again(store):
+    tasks = store.for_tasks("r1", 0)
+    tasks.write_dead_letters("a", _letters(["a", "b"], [1, 2], [4, 7]))
+    [path] = store.dead_letter_files()
+    assert tasks.read_dead_letter_file(path).column("user").to_pylist() == ["a", "b"]
+    store.delete_dead_letters([path])
+    assert tasks.read_dead_letter_file(path) is None

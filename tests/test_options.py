@@ -122,3 +122,36 @@ def test_options_are_frozen_and_a_handling_that_is_not_one_is_refused():
     with pytest.raises(OptionError, match=exactly("handling must be a Handling, not 4")):
         RunOptions(handling=4)  # type: ignore[arg-type]
     assert dataclasses.replace(built, retry_dead_letters=True).retry_dead_letters
+
+
+def test_the_docs_of_an_option_are_its_type_default_and_meaning_wrapped_under_its_name():
+    doc = replay.__doc__
+    assert ("\nretries : int, default ``0``\n    A call that raises is made again up to this many times.\n"
+            in doc)
+    choices = "{'per-key', 'sequential', 'concurrent'}"
+    assert f"\npolicy : {choices}, default ``'per-key'``\n    What may run" in doc
+    section = doc[doc.index("Other Parameters\n----------------\n"):doc.index("\nReturns\n")]
+    lines = section.splitlines()[2:]
+    assert all(len(line) <= 96 for line in lines)
+    assert all(line.startswith("    ") for line in lines if " : " not in line and line)
+    assert "dead-letter" in section and "dead-\n" not in section  # no break inside a word
+
+
+def test_the_signature_shows_choices_as_strings_and_keeps_the_other_parameters():
+    parameters = inspect.signature(replay).parameters
+    assert parameters["policy"].annotation == "str" and parameters["policy"].default == "per-key"
+    assert type(parameters["policy"].default) is str
+    assert parameters["concurrency"].annotation == "int"
+    assert parameters["timeout"].annotation == "float | None"
+    assert list(parameters)[:6] == ["df", "key", "order", "handler", "checkpoint", "progress"]
+    assert parameters["df"].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    assert "options" not in parameters
+    assert inspect.signature(replay).return_annotation == "ReplayResult"
+
+
+def test_an_option_keeps_its_meaning_its_help_and_where_it_applies():
+    spec = {field.name: field for field in option_fields()}
+    assert spec["verify"].metadata["streams"] is False and spec["retries"].metadata["streams"] is True
+    assert spec["retries"].metadata["metavar"] == "R" and spec["method"].metadata["help"] is None
+    assert spec["retries"].metadata["doc"] == "A call that raises is made again up to this many times."
+    assert spec["retries"].default == 0 and spec["policy"].default is Policy.PER_KEY

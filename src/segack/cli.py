@@ -523,12 +523,23 @@ class _LogLines(logging.Formatter):
         return f"segack: {level}{record.getMessage()}"
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes each record to ``sys.stderr`` as it is when the record comes."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def _log_to_stderr(verbose: bool) -> None:
     """Show the package's warnings on stderr, and with ``verbose`` what its runs decide."""
     logger = logging.getLogger("segack")
-    handler = next((h for h in logger.handlers if isinstance(h.formatter, _LogLines)), None)
-    if handler is None:
-        handler = logging.StreamHandler()
+    if not any(isinstance(handler, _Stderr) for handler in logger.handlers):
+        handler = _Stderr()
         handler.setFormatter(_LogLines())
         logger.addHandler(handler)
     logger.setLevel(logging.INFO if verbose else logging.WARNING)

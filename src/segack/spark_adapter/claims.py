@@ -46,8 +46,7 @@ if TYPE_CHECKING:
     from segack.spark_adapter.checkpoint import Checkpoint, CheckpointStore
 
 __all__ = ["DEFAULT_CLAIM_TIMEOUT", "CheckpointClaimedError", "Claim", "ClaimKeeper", "ClaimLostError",
-           "acquire", "check_claim_timeout", "force_release", "latest_claim", "latest_claim_number",
-           "previous_run"]
+           "acquire", "check_claim_timeout", "force_release", "latest_claim", "previous_run"]
 
 #: Seconds a claim lives without being extended, unless a run says otherwise.
 DEFAULT_CLAIM_TIMEOUT = 60.0
@@ -135,14 +134,6 @@ def latest_claim(store: CheckpointStore) -> Claim | None:
     return None
 
 
-def latest_claim_number(store: CheckpointStore) -> int:
-    """The newest claim's number (0: never claimed): what a task compares with its own. Only a
-    higher number fences the task's run; a lower one means the task cannot see the claims (an
-    in-process store), and stopping it would help no one."""
-    numbers = store.claim_numbers()
-    return numbers[-1] if numbers else 0
-
-
 def previous_run(store: CheckpointStore, claim: Claim) -> str | None:
     """The run id of the claim before ``claim`` (``None``: there was none): rule 4 merges its
     progress files, and only those."""
@@ -179,8 +170,8 @@ def acquire(store: CheckpointStore, run_id: str, timeout: float, *, handles_even
         raise CheckpointClaimedError(store.location, winner, time.time())
     _prune(store, claim.number)
     if latest is not None and not latest.released:
-        log.warning("%s: run %s took the checkpoint over from %s, whose claim %s", store.location, run_id,
-                    latest.owner(), "lapsed" if not latest.owner_gone() else "outlived its process")
+        log.info("%s: run %s took the checkpoint over from %s, whose claim %s", store.location, run_id,
+                 latest.owner(), "outlived its process" if latest.owner_gone() else "lapsed")
     log.info("%s: run %s holds claim %d", store.location, run_id, claim.number)
     return claim
 
@@ -200,7 +191,7 @@ def force_release(store: CheckpointStore, by: str) -> Claim | None:
     if not store.create_claim_file(released.number, released.to_bytes()):
         raise CheckpointError(f"checkpoint {store.location} was claimed again while it was being released")
     _prune(store, released.number)
-    log.warning("%s: %s released the claim of %s", store.location, by, latest.owner())
+    log.info("%s: %s released the claim of %s", store.location, by, latest.owner())
     return latest
 
 
@@ -242,7 +233,7 @@ class ClaimKeeper(Periodic):
         try:
             self.extend()
         except ClaimLostError as lost:
-            log.warning("%s", lost)
+            log.info("%s", lost)  # the run raises it, once its job has stopped
             if self.on_lost is not None:
                 self.on_lost()
             return True

@@ -85,8 +85,9 @@ class ProgressMerger(Periodic):
         try:
             self.merge()
         except BaseException as error:
-            log.warning("%s: merging the progress of job %s failed, stopping it: %s", self.run.store.location,
-                        self.job_id, error)
+            # The job raises it once it has stopped.
+            log.info("%s: merging the progress of job %s failed, stopping it: %s", self.run.store.location,
+                     self.job_id, error)
             self.error = error
             self.run.spark.interruptTag(run_tag(self.run.run_id))
             return True

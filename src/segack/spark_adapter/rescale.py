@@ -247,8 +247,7 @@ def _change(store: CheckpointStore, make: Callable[[SegmentSet, Checkpoint], tup
         state = store.load()
         assert state is not None  # a run that held it saved a state; nothing deletes one
         record_segments(state, segments, f"{why} (by {by})")
-        keeper.check()
-        store.save(state, claim.number)
+        keeper.save(state)
         store.delete_segments_request()
     log.info("%s: %s (%d -> %d segments) recorded for the next run", store.location, why, len(current),
              len(segments))

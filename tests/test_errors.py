@@ -1,0 +1,64 @@
+"""The adapter's errors (no Spark): one module, classes to catch, what a worker's failure reads as."""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+
+import pytest
+
+import segack.spark_adapter as adapter
+from segack.errors import SegackError
+from segack.spark_adapter import errors
+from tests.outcomes import exactly
+
+REFUSALS = ["OptionError", "InputError", "SessionError", "CheckpointLocationError", "CheckpointError",
+            "ForeignInputError", "CheckpointClaimedError", "SegmentChangeError", "TokenError"]
+
+
+def test_every_error_is_importable_from_the_adapter_and_refines_its_builtin():
+    for name in errors.__all__:
+        assert getattr(adapter, name) is getattr(errors, name), name
+    for name in REFUSALS:
+        assert issubclass(getattr(errors, name), (SegackError, ValueError)), name
+        assert issubclass(getattr(errors, name), ValueError), name
+    assert issubclass(errors.ForeignInputError, errors.CheckpointError)
+    assert issubclass(errors.CheckpointClaimedError, errors.CheckpointError)
+    for name in ("HandlerFailedError", "ReplayError", "ClaimLostError"):
+        error = getattr(errors, name)
+        assert issubclass(error, RuntimeError) and issubclass(error, SegackError)
+    assert issubclass(errors.ClaimLostError, errors.ReplayError)
+
+
+def test_a_handler_failure_pickles_with_everything_it_says():
+    failure = errors.HandlerFailedError("k", 3, 7, 2, "ValueError: no", "Traceback ...")
+    back = pickle.loads(pickle.dumps(failure))
+    assert (back.key, back.order, back.position, back.key_group, back.reason, back.traceback) == (
+        "k", 3, 7, 2, "ValueError: no", "Traceback ...")
+    assert str(back) == str(failure) == (
+        "handler failed on the event with key 'k' and order 3 (position 7 of key group 2): ValueError: no")
+
+
+@pytest.mark.parametrize(("text", "read"), [
+    ("py4j error\nTraceback (most recent call last):\n  File \"x\", line 1\n    f()\nValueError: bad row\n"
+     "\tat org.apache.Something", "ValueError: bad row"),
+    ("Traceback (most recent call last):\n  one\nKeyError: 'a'\nTraceback (most recent call last):\n  two\n"
+     "ModuleNotFoundError: No module named 'h'\n", "ModuleNotFoundError: No module named 'h'"),
+    ("Traceback (most recent call last):\n  only indented lines\n",
+     "RuntimeError: Traceback (most recent call last):"),
+    ("\n\n  the first line that says something\nmore", "RuntimeError: the first line that says something"),
+    ("", "RuntimeError"),
+])
+def test_a_workers_failure_is_read_out_of_sparks_wrapping(text, read):
+    assert errors.worker_error(RuntimeError(text)) == read
+
+
+def test_the_old_name_of_a_handler_failure_still_works_with_a_warning():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert adapter.HandlerFailed is errors.HandlerFailedError
+    assert [str(warning.message) for warning in caught] == ["HandlerFailed is now HandlerFailedError"]
+    assert caught[0].category is DeprecationWarning
+    with pytest.raises(AttributeError, match=exactly("module 'segack.spark_adapter.errors' has no attribute "
+                                                     "'Nope'")):
+        errors.__getattr__("Nope")
