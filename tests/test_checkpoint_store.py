@@ -105,6 +105,7 @@ GOOD = {"format": "segack-checkpoint", "version": 2, "segack": "x", "settings": 
      f"{__version__} reads format 2 only. Replay into a new checkpoint location; this one is left as it is"),
     (_sealed({**GOOD, "version": 7}), "the file has format version 7; segack"),
     (_sealed({**GOOD, "version": "1"}), "the file has format version '1'; segack"),
+    (_sealed({**GOOD, "version": [1]}), "the file has format version [1]; segack"),
     (_sealed({**GOOD, "settings": {"key_group_bits": 3}})[:-2] + b"0}", "the file is damaged: its checksum "
      "does not match"),
     (json.dumps(GOOD).encode(), "the file is damaged: its checksum does not match"),
@@ -166,6 +167,8 @@ def test_states_are_named_after_their_claim_and_the_newest_is_the_checkpoint(sto
     assert store.state_file().endswith("/checkpoint-000000000003.json")
     store.save(Checkpoint({"n": 5}), 5)
     assert _files(where[1]) == ["checkpoint-000000000005.json"]
+    store.save(Checkpoint({"n": 6}))  # the only state file: its number is kept
+    assert _files(where[1]) == ["checkpoint-000000000005.json"] and store.load().settings == {"n": 6}
 
 
 def test_files_that_are_not_states_are_not_read_as_states(store, where):
@@ -180,6 +183,12 @@ def test_a_damaged_state_file_is_refused_with_the_checkpoints_location(store, wh
     (where[1] / "checkpoint-000000000001.json").write_bytes(b"{")
     with pytest.raises(CheckpointError, match=starting(f"checkpoint {store.location} is damaged: not JSON")):
         store.load()
+
+
+def test_an_empty_file_takes_no_bytes(store, where):
+    (where[1] / "progress").mkdir(parents=True)
+    (where[1] / "progress" / "r-s00000-a0.sgku").write_bytes(b"")
+    assert store.size_bytes() == 0
 
 
 def test_the_size_is_the_state_file_and_the_progress_files(store, where):
@@ -292,6 +301,10 @@ def test_dead_letters_are_parquet_files_read_back_once_per_event(store, where):
     assert letters.column("user").to_pylist() == ["a", "b", "c"]
     assert letters.column(DEAD_ERROR).to_pylist() == ["ValueError: no", "ValueError: no", "Again: x"]
     assert store.dead_letter_keys("user") == frozenset({"a", "b", "c"})
+    # The same position in another key group is another event.
+    tasks.write_dead_letters("r1-s00001-a0-00000", _letters(["d"], [3], [4]))
+    assert store.read_dead_letters().column("user").to_pylist() == ["a", "b", "c", "d"]
+    store.delete_dead_letters(store.dead_letter_files("r1-s00001"))
     [path] = store.dead_letter_files("r1-s00000-a1")
     assert store.read_dead_letter_file(path, columns=["user"]).column_names == ["user"]
     assert store.read_dead_letter_file(path).num_rows == 2

@@ -517,13 +517,13 @@ def test_closing_stops_the_dispatchers_threads_and_may_be_done_twice(kind):
     async def handle_async(event):
         pass
 
-    before = {thread.name for thread in threading.enumerate()}
+    before = set(threading.enumerate())
     dispatcher = Dispatcher(handle_async if kind == "async" else (lambda event: None),
                             lambda event: event["row"], concurrency=3, max_pending=4, timeout=5.0)
     _offer_all(dispatcher, _rows(10))
     dispatcher.close()
     assert dispatcher.committed_rows == 10
     deadline = time.monotonic() + PATIENCE
-    while {thread.name for thread in threading.enumerate() if thread.is_alive()} - before:
+    while set(threading.enumerate()) - before:
         assert time.monotonic() < deadline, "a dispatcher thread outlived close()"
         time.sleep(0.01)

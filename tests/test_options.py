@@ -76,6 +76,7 @@ def test_keywords_go_to_their_place_and_choices_become_enums():
     assert built.verify is Verify.ALWAYS and built.segments == SegmentSet.balanced(5)
     assert built.claim_timeout == 2.0 and isinstance(built.claim_timeout, float)
     assert RunOptions.from_keywords({"segments": "auto"}).segments == "auto"
+    assert RunOptions(segments=1).segments == SegmentSet.balanced(1)
     assert not Handling().dispatched and Handling(timeout=1).dispatched and Handling().pending_bound == 4
 
 

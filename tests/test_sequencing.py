@@ -34,13 +34,13 @@ def test_the_concurrent_policy_parks_nothing():
 def test_a_failure_stops_the_run_or_poisons_its_value_for_the_later_events():
     error = ValueError("no")
     stop = Rules(Handling(), KEY)
-    outcome = stop.failed(2, {"key": "a"}, ("key", "a"), error, "tb", 3)
-    assert outcome == Failure(2, {"key": "a"}, error, "tb", 3)
+    failure = Failure(2, {"key": "a"}, error, "tb", 3)
+    assert stop.failed(failure, ("key", "a")) is failure
     assert not stop.may_set_aside and stop.set_aside(5, {"key": "a"}) is None
     letters = Rules(Handling(on_error="dead-letter"), KEY)
     assert not letters.may_set_aside
     value = letters.value(2, {"key": "a"})
-    outcome = letters.failed(2, {"key": "a"}, value, error, "tb", 3)
+    outcome = letters.failed(Failure(2, {"key": "a"}, error, "tb", 3), value)
     assert outcome == DeadLetter(2, {"key": "a"}, "ValueError: no", 3)
     assert letters.may_set_aside
     assert letters.set_aside(5, {"key": "a"}) == DeadLetter(5, {"key": "a"}, "ValueError: no", 0)
@@ -50,5 +50,5 @@ def test_a_failure_stops_the_run_or_poisons_its_value_for_the_later_events():
 
 def test_under_the_sequential_policy_one_failure_sets_every_later_event_aside():
     rules = Rules(Handling(policy="sequential", on_error="dead-letter"), KEY)
-    rules.failed(0, {"key": "a"}, rules.value(0, {"key": "a"}), KeyError("k"), "", 1)
+    rules.failed(Failure(0, {"key": "a"}, KeyError("k"), "", 1), rules.value(0, {"key": "a"}))
     assert rules.set_aside(1, {"key": "z"}) == DeadLetter(1, {"key": "z"}, "KeyError: 'k'", 0)

@@ -372,6 +372,10 @@ def test_damage_is_named_with_what_was_read():
         decode_updates(b"SGKU\x01" + bytes(8), what="the file x")
     with pytest.raises(TokenError, match=exactly("the file x is not segack key-group progress")):
         KeyGroupTokens.from_bytes(b"junk", 3, what="the file x")
+    no_tie = _open(encode_updates(_updates([(0, 1, 0, 3, "a", 1, None)])), b"SGKU\x02").drop_columns(["tie"])
+    with pytest.raises(TokenError, match=exactly("the file x is damaged: column 'tie' is missing or has the "
+                                                 "wrong type")):
+        decode_updates(_seal(no_tie, b"SGKU\x02"), what="the file x")
 
 
 def _damaged_tokens(change, bits=3):

@@ -36,6 +36,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import posixpath
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -151,9 +152,10 @@ def _claim_numbers(files: Files) -> list[int]:
     """The numbers of the claim files present now, ascending."""
     numbers = []
     for path, _ in files.list(files.path(CLAIMS_DIR)):
-        name = path.rsplit("/", 1)[-1]
-        if name.endswith(".json") and name[:-5].isdigit():
-            numbers.append(int(name[:-5]))
+        name = posixpath.basename(path)
+        number = name.removesuffix(".json")
+        if number != name and number.isdigit():
+            numbers.append(int(number))
     return sorted(numbers)
 
 
@@ -227,12 +229,11 @@ class CheckpointStore:
     def _state_files(self) -> list[tuple[int, str, int]]:
         """``(claim number, path, size)`` of each state file present now, newest last."""
         found = []
-        for path, size in self.files.list(self.files.root.rstrip("/")):
-            name = path.rsplit("/", 1)[-1]
-            if name.startswith(STATE_PREFIX) and name.endswith(STATE_SUFFIX):
-                number = name[len(STATE_PREFIX):-len(STATE_SUFFIX)]
-                if number.isdigit():
-                    found.append((int(number), path, size))
+        for path, size in self.files.list(self.files.path()):
+            name = posixpath.basename(path)
+            number = name.removeprefix(STATE_PREFIX).removesuffix(STATE_SUFFIX)
+            if name == f"{STATE_PREFIX}{number}{STATE_SUFFIX}" and number.isdigit():
+                found.append((int(number), path, size))
         return sorted(found)
 
     def state_file(self) -> str | None:
@@ -307,9 +308,8 @@ class CheckpointStore:
         if not tables:
             return None
         letters = pa.concat_tables(tables, promote_options="permissive")
-        places = list(zip(letters.column(DEAD_KEY_GROUP).to_pylist(),
-                          letters.column(DEAD_POSITION).to_pylist(), strict=True))
-        first = {place: row for row, place in reversed(list(enumerate(places)))}
+        places = letters.select([DEAD_KEY_GROUP, DEAD_POSITION]).to_pylist()
+        first = {tuple(place.values()): row for row, place in reversed(list(enumerate(places)))}
         return letters.take(sorted(first.values()))
 
     def dead_letter_keys(self, key: str) -> frozenset[Any]:

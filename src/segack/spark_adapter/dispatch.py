@@ -15,14 +15,14 @@ Completions arrive in any order. Each is acked into an :class:`~segack.OffsetAck
 whose committed point (:attr:`Dispatcher.committed_rows`: every row below it is done) is what
 the task may record as done: a crash never skips an unfinished event.
 
-The first handler failure stops the dispatcher: no further event starts, the calls in flight
-finish, and :attr:`Dispatcher.failure` holds the failing row, event and error. The failing row
-is never done, so the committed point stops before it. With ``on_error="dead-letter"`` a failure
-stops only its key instead: the event and every later event of the same sequencing value become
-*dead letters* (taken with :meth:`Dispatcher.take_dead_letters`, never handled in this run, done
-for now), so a key's order is never broken, and the other keys go on. Keys *parked* by dead
-letters of earlier runs (``parked``) are stopped from the start: each of their events is a dead
-letter at once, whatever ``on_error`` says, unless the policy is ``concurrent`` (no order to keep).
+Retries, failures, dead letters and parked keys follow the task's
+:class:`~segack.spark_adapter.sequencing.Rules`, as the task's own loop does at concurrency 1. The
+first failure that stops the run stops the dispatcher: no further event starts, the calls in
+flight finish, and :attr:`Dispatcher.failure` holds the failing row, event and error. The failing
+row is never done, so the committed point stops before it. With ``on_error="dead-letter"`` a
+failure stops only its key instead: the event, the events held behind it and every later event of
+its sequencing value become dead letters (taken with :meth:`Dispatcher.take_dead_letters`, done
+for now), so a key's order is never broken, and the other keys go on.
 
 A dispatcher is not itself a thread: ``offer`` and the waits are called by the task's thread.
 A plain ``def`` handler runs on a pool of ``concurrency`` threads (at concurrency 1 with no
@@ -37,6 +37,7 @@ import asyncio
 import functools
 import heapq
 import inspect
+import itertools
 import threading
 import time
 import traceback
@@ -292,10 +293,10 @@ class Dispatcher:
         try:
             self.handler(event)
         except Exception as error:
-            self._finished(row, key, event, *retry_after_failure(
-                self.handler, event, error, self.retry_delay, self._gives_up))
+            self._finished(row, key, retry_after_failure(self.handler, row, event, error, self.retry_delay,
+                                                         self._gives_up))
         else:
-            self._finished(row, key, event, None, "", 1)
+            self._finished(row, key)
 
     def _spawn(self, row: int, key: Hashable, event: dict[str, Any]) -> None:
         """Start an async call on the loop (its thread); the loop itself keeps tasks only weakly."""
@@ -305,7 +306,7 @@ class Dispatcher:
         task.add_done_callback(self._tasks.discard)
 
     async def _call_async(self, row: int, key: Hashable, event: dict[str, Any]) -> None:
-        for attempt in range(1, self.retries + 2):
+        for attempt in itertools.count(1):
             try:
                 if self.timeout is None:
                     await self.handler(event)
@@ -316,23 +317,24 @@ class Dispatcher:
                         raise TimeoutError(f"the handler took more than {self.timeout} s") from None
             except Exception as error:
                 if self._gives_up(attempt):
-                    self._finished(row, key, event, error, traceback.format_exc(), attempt)
+                    self._finished(row, key, Failure(row, event, error, traceback.format_exc(), attempt))
                     return
                 await asyncio.sleep(self.retry_delay * 2 ** (attempt - 1))
             else:
-                self._finished(row, key, event, None, "", attempt)
+                self._finished(row, key)
                 return
 
-    def _finished(self, row: int, key: Hashable, event: dict[str, Any], error: BaseException | None,
-                  text: str, attempts: int) -> None:
+    def _finished(self, row: int, key: Hashable, failure: Failure | None = None) -> None:
+        """The call for ``row`` (of sequencing value ``key``) has ended: done, or ``failure`` after
+        its retries."""
         with self._lock:
             # Waiters wake up whatever happens here, so a fault in this bookkeeping cannot leave
             # the task waiting for a call that has ended.
             try:
                 self._in_flight -= 1
                 self._running.pop(row, None)
-                if error is not None:
-                    outcome = self.rules.failed(row, event, key, error, text, attempts)
+                if failure is not None:
+                    outcome = self.rules.failed(failure, key)
                     if isinstance(outcome, DeadLetter):
                         # The key stops here: this event and those held behind it, now and later.
                         self._dead_letter(outcome)

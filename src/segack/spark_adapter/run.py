@@ -43,7 +43,7 @@ from segack.spark_adapter.tokens import DEFAULT_KEY_GROUP_BITS, check_key_group_
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from segack.spark_adapter.tokens import KeyGroupTokens as Tokens
+    from segack.spark_adapter.tokens import KeyGroupTokens
 
 __all__ = ["Run", "RunCounts", "check_location", "check_session", "claimed", "new_run_id", "resolution"]
 
@@ -145,7 +145,8 @@ class Run:
         self.began = time.monotonic()
 
     @property
-    def tokens(self) -> Tokens:
+    def tokens(self) -> KeyGroupTokens:
+        """The state's tokens (a run's state always has them)."""
         tokens = self.state.tokens
         assert tokens is not None
         return tokens

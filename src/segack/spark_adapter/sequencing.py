@@ -70,13 +70,12 @@ def sequencing_value(policy: str, row: int, key: Hashable) -> Hashable:
 
 
 def retry_after_failure(
-    handler: Callable[[dict[str, Any]], Any], event: dict[str, Any], error: BaseException, retry_delay: float,
-    gives_up: Callable[[int], bool],
-) -> tuple[BaseException | None, str, int]:
+    handler: Callable[[dict[str, Any]], Any], row: int, event: dict[str, Any], error: BaseException,
+    retry_delay: float, gives_up: Callable[[int], bool],
+) -> Failure | None:
     """Call ``handler(event)`` again after its first call raised ``error`` (being handled now),
-    the n-th retry after ``retry_delay * 2**(n - 1)`` seconds (rule 2), until a call succeeds or
-    ``gives_up(attempts made)``. Returns the last error (``None``: a retry succeeded), its
-    traceback and the attempts made."""
+    the n-th retry after ``retry_delay * 2**(n - 1)`` seconds (rule 2), until a call succeeds
+    (``None``) or ``gives_up(attempts made)``: then the last attempt's :class:`Failure`."""
     text, attempt = traceback.format_exc(), 1
     while not gives_up(attempt):
         time.sleep(retry_delay * 2 ** (attempt - 1))
@@ -86,8 +85,8 @@ def retry_after_failure(
         except Exception as again:
             error, text = again, traceback.format_exc()
         else:
-            return None, "", attempt
-    return error, text, attempt
+            return None
+    return Failure(row, event, error, text, attempt)
 
 
 class Rules:
@@ -126,12 +125,12 @@ class Rules:
         reason = self.poisoned.get(self.value(row, event) if value is None else value)
         return None if reason is None else DeadLetter(row, event, reason, 0)
 
-    def failed(self, row: int, event: dict[str, Any], value: Hashable, error: BaseException, text: str,
-               attempts: int) -> DeadLetter | Failure:
-        """A call that still fails after ``attempts``: with ``on_error="dead-letter"`` it poisons
-        ``value`` and is a dead letter; else it is the run's :class:`Failure` (rule 3)."""
+    def failed(self, failure: Failure, value: Hashable) -> DeadLetter | Failure:
+        """A call that still fails after its retries, of sequencing value ``value``: with
+        ``on_error="dead-letter"`` it poisons ``value`` and is a dead letter; else it is the run's
+        ``failure`` (rule 3)."""
         if self.handling.on_error == OnError.DEAD_LETTER:
-            reason = f"{type(error).__name__}: {error}"
+            reason = f"{type(failure.error).__name__}: {failure.error}"
             self.poisoned[value] = reason
-            return DeadLetter(row, event, reason, attempts)
-        return Failure(row, event, error, text, attempts)
+            return DeadLetter(failure.row, failure.event, reason, failure.attempts)
+        return failure

@@ -280,12 +280,12 @@ class _SegmentTask:
         """The call for ``row`` raised ``error``: retry it as the handling says, then either
         set the event aside and stop its key (``None``), or return the run's failure."""
         handling = self.handling
-        last, text, attempts = retry_after_failure(self.plan.handler, event, error, handling.retry_delay,
-                                                   lambda attempt: attempt > handling.retries)
-        if last is None:
-            return None
         number = self.rows_seen + row
-        outcome = self.rules.failed(number, event, self.rules.value(number, event), last, text, attempts)
+        failure = retry_after_failure(self.plan.handler, number, event, error, handling.retry_delay,
+                                      lambda attempt: attempt > handling.retries)
+        if failure is None:
+            return None
+        outcome = self.rules.failed(failure, self.rules.value(number, event))
         if isinstance(outcome, DeadLetter):
             self.watch_keys = True
             self.letters.append(outcome)

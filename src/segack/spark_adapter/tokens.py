@@ -404,7 +404,8 @@ class KeyGroupTokens:
         if tokens.counted:
             tokens.count[groups] = _column(table, "count")
         limit = tokens.base + tokens.count if tokens.counted else np.full(tokens.size, np.iinfo(np.int64).max)
-        if (tokens.base < 0).any() or (tokens.count < 0).any() or (tokens.committed < tokens.base).any() or (
+        # A negative count puts the limit below the base, so the last comparison covers it.
+        if (tokens.base < 0).any() or (tokens.committed < tokens.base).any() or (
                 tokens.committed > limit).any():
             raise TokenError(f"{what} is damaged: a committed point lies outside its key group")
         tokens.run_start = tokens.base.copy()
