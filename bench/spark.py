@@ -274,8 +274,9 @@ def _rescaling(rows: list[dict[str, Any]]) -> None:
 
     workdir = tempfile.mkdtemp(prefix="segack-bench-rescale-")
     stage_log = os.path.join(workdir, "stages.log")
-    os.environ[STAGE_LOG] = stage_log  # before the session: its Python workers inherit it
-    spark = local_session("segack-bench-rescale", master="local[4]")
+    # Through the session's executor environment: the JVM may have started before this group.
+    spark = local_session("segack-bench-rescale", master="local[4]",
+                          **{f"spark.executorEnv.{STAGE_LOG}": stage_log})
     count = 20_000
     keys = np.random.default_rng(3).integers(0, 5000, count)
     table = pa.table({"user": [f"user-{key}" for key in keys.tolist()], "ts": np.arange(count)})

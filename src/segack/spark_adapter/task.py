@@ -443,19 +443,29 @@ class _SegmentTask:
         return self.sent
 
     def _flush(self, rows_seen: int) -> None:
-        if self.fenced or self.plan.store.fenced():
+        """Make what the task committed durable, the task's side of a commit.
+
+        1. **Fence**: if a newer claim exists, the run was taken over; the task stops and writes
+           nothing more.
+        2. **Dead letters** held so far go to their file first: once progress calls their rows
+           done, they must be on record.
+        3. **Progress**: the task's updates (every key group it moved, cumulative) replace its
+           progress file, with its calls in flight and rows pending.
+        4. **Stop request**: if the run asked its tasks to stop (a change of segments, a failure
+           elsewhere), the task stops here, at a flush.
+        """
+        if self.fenced or self.plan.store.fenced():  # 1
             self.fenced = self.stopped = True
             return
-        # Dead letters first: once progress calls their rows done, they must be on record.
-        self.write_dead_letters()
-        updates = self._updates()
+        self.write_dead_letters()  # 2
+        updates = self._updates()  # 3
         if updates is not None:
             dispatcher = self.dispatcher
             self.plan.store.write_progress(self.name, updates, *(
                 (0, 0) if dispatcher is None else (dispatcher.in_flight, dispatcher.pending)))
         self.rows_at_flush = rows_seen
         self.last_flush = time.monotonic()
-        if self.plan.store.stop_requested():
+        if self.plan.store.stop_requested():  # 4
             self.stopped = True
 
     def result(self, failure: HandlerFailedError | None) -> pa.RecordBatch:
