@@ -22,6 +22,10 @@ def nothing(event: dict[str, Any]) -> None:
     """A no-op handler: what is left is segack's own cost per event."""
 
 
+def nothing_in_lists(events: list[dict[str, Any]]) -> None:
+    """A batch handler that does nothing: what is left is segack's own cost per list."""
+
+
 async def wait_async(event: dict[str, Any]) -> None:
     """The same wait, as an ``async def`` handler."""
     await asyncio.sleep(SECONDS)

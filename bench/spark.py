@@ -137,7 +137,7 @@ def _concurrency(rows: list[dict[str, Any]]) -> None:
     import numpy as np
     import pyarrow as pa
 
-    from bench.sleepy import nothing, unordered_pool, wait, wait_async
+    from bench.sleepy import nothing, nothing_in_lists, unordered_pool, wait, wait_async
     from segack.spark_adapter import local_session, replay
 
     spark = local_session("segack-bench-concurrency")
@@ -169,6 +169,8 @@ def _concurrency(rows: list[dict[str, Any]]) -> None:
     loop = max(segack_rate(1_000_000, 1, nothing)[0] for _ in range(3))
     careful = max(segack_rate(1_000_000, 1, nothing, retries=2, on_error="dead-letter")[0] for _ in range(3))
     dispatched = max(segack_rate(1_000_000, 1, nothing, timeout=60.0)[0] for _ in range(3))
+    in_lists, in_lists_pending = max(segack_rate(1_000_000, 1, nothing_in_lists, batch_size=1000)
+                                     for _ in range(3))
     data = frame(100_000, 8)
     by_hand = 0.0
     for _ in range(2):
@@ -194,7 +196,9 @@ def _concurrency(rows: list[dict[str, Any]]) -> None:
                  "events/s": f"{loop:,.0f}", "vs concurrency 1": "1.0x", "peak pending": "0"})
     for pipeline, rate, pending in (
             ("segack, concurrency 1, retries=2, on_error='dead-letter' (the same loop)", careful, "0"),
-            ("segack, concurrency 1, timeout=60 (through the dispatcher)", dispatched, "1")):
+            ("segack, concurrency 1, timeout=60 (through the dispatcher)", dispatched, "1"),
+            ("segack, concurrency 1, batch_size=1000 (lists, through the dispatcher)", in_lists,
+             f"{in_lists_pending:,}")):
         rows.append({"workload": workload, "pipeline": pipeline, "events/s": f"{rate:,.0f}",
                      "vs concurrency 1": f"{rate / loop:.2f}x (time {loop / rate:.2f}x)",
                      "peak pending": pending})

@@ -129,6 +129,43 @@ class FailsFirstTime(Recorder):
         super().__call__(event)
 
 
+class ListRecorder:
+    """A batch handler: logs each list it is called with as one line (its events' user and seq,
+    its process, when the call started and ended), after sleeping ``seconds``; raises, writing
+    nothing, on a list that holds a (user, seq) pair of ``refused``."""
+
+    def __init__(self, path: str, seconds: float = 0.0,
+                 refused: frozenset[tuple[Any, Any]] = frozenset()) -> None:
+        self.path = path
+        self.seconds = seconds
+        self.refused = refused
+
+    def _line(self, events: list[dict[str, Any]], started: float) -> str:
+        pairs = [(event["user"], event["seq"]) for event in events]
+        bad = [pair for pair in pairs if pair in self.refused]
+        if bad:
+            raise ValueError(f"part {bad[0][1]} of {bad[0][0]} is refused")
+        return json.dumps({"events": pairs, "pid": os.getpid(), "start": started, "end": time.monotonic()})
+
+    def __call__(self, events: list[dict[str, Any]]) -> None:
+        started = time.monotonic()
+        time.sleep(self.seconds)
+        line = self._line(events, started)
+        with open(self.path, "a") as log:
+            log.write(line + "\n")
+
+
+class AsyncListRecorder(ListRecorder):
+    """:class:`ListRecorder` as an ``async def`` handler: it awaits instead of sleeping."""
+
+    async def __call__(self, events: list[dict[str, Any]]) -> None:  # type: ignore[override]
+        started = time.monotonic()
+        await asyncio.sleep(self.seconds)
+        line = self._line(events, started)
+        with open(self.path, "a") as log:
+            log.write(line + "\n")
+
+
 def read_lines(path: str) -> list[str]:
     """The complete lines a :class:`LineRecorder` wrote."""
     if not os.path.exists(path):

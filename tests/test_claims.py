@@ -282,3 +282,68 @@ def test_a_keeper_stops_extending_once_its_claim_is_lost(store):
 
     store.write_claim_file = unreachable
     assert keeper.tick() is False
+
+
+@pytest.mark.parametrize(("timeout", "interval"), [(8.0, 2.0), (20.0, 5.0), (60.0, 5.0)])
+def test_a_keeper_extends_four_times_per_timeout_at_most_every_five_seconds_on_a_named_daemon_thread(
+        store, timeout, interval):
+    claim = acquire(store, "run-a", timeout)
+    keeper = ClaimKeeper(store, claim)
+    assert keeper.interval == interval
+    with keeper:
+        (thread,) = [thread for thread in threading.enumerate() if thread.name == "segack-claim"]
+        assert thread.daemon
+
+
+def test_periodic_work_runs_on_a_named_daemon_thread_until_its_block_ends():
+    from segack.spark_adapter.periodic import Periodic
+
+    ticks = threading.Semaphore(0)
+
+    class Ticks(Periodic):
+        def tick(self):
+            ticks.release()
+            return False
+
+    with Ticks(0.01, "segack-test-ticks"):
+        (thread,) = [thread for thread in threading.enumerate() if thread.name == "segack-test-ticks"]
+        assert thread.daemon and ticks.acquire(timeout=10) and ticks.acquire(timeout=10)
+    assert not thread.is_alive()
+
+
+def test_a_claim_is_live_until_exactly_its_timeout_and_a_refusal_names_the_checkpoint(store):
+    elsewhere = Claim(1, "r", "another-host", 1, 100.0, 100.0, 30.0)
+    assert elsewhere.live(129.9) and not elsewhere.live(130.0)
+    acquire(store, "first", 60)
+    with pytest.raises(CheckpointClaimedError, match=f"^checkpoint {store.location} is claimed by run first"):
+        acquire(store, "second", 60)
+
+
+def test_an_owner_on_this_machine_is_gone_once_its_process_has_ended_and_is_left_alone_meanwhile():
+    import socket
+
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        claim = Claim(1, "r", socket.gethostname(), process.pid, 0.0, 0.0, 30.0)
+        assert not claim.owner_gone()
+        time.sleep(0.2)
+        assert process.poll() is None  # looked at, not signalled
+    finally:
+        process.kill()
+        process.wait()
+    assert claim.owner_gone()
+
+
+def test_a_file_in_the_claims_folder_without_the_json_suffix_is_no_claim(store):
+    acquire(store, "first", 60)
+    with open(store.files.path("claims", "7"), "wb") as stray:
+        stray.write(b"{}")
+    assert store.claim_numbers() == [1]
+
+
+def test_a_released_claim_records_when_it_was_released(store):
+    claim = acquire(store, "first", 60)
+    with ClaimKeeper(store, claim):
+        before = time.time()
+    released = latest_claim(store)
+    assert released.released and released.extended_at >= before

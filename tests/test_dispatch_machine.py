@@ -1,9 +1,10 @@
 """The in-task dispatcher alone (no Spark), driven by a state machine.
 
 The machine offers events of random keys, finishes the running calls in a random order, makes
-some of them fail, and checks after every step that no key has two events in flight, that no
-event started before its key's previous one finished, that the committed point never passes an
-unfinished event, and that the bounds on calls in flight and pending rows hold.
+some of them fail, with single events or lists (``batch_size``), and checks after every step that
+no key is in two calls in flight, that no event started before its key's previous one finished
+(or came earlier in its list), that the committed point never passes an unfinished event, that
+the bounds on calls in flight and pending rows hold, and that the dispatcher is never stuck.
 """
 
 from __future__ import annotations
@@ -17,15 +18,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from segack.errors import SegackTypeError
 from segack.spark_adapter import OptionError
-from segack.spark_adapter.dispatch import ON_ERROR, PARKED, POLICIES, Dispatcher
+from segack.spark_adapter.dispatch import ON_ERROR, PARKED, POLICIES, Dispatcher, is_async
+from segack.spark_adapter.options import Handling
+from tests.outcomes import exactly
 
 
 class DispatcherMachine(RuleBasedStateMachine):
     @initialize(concurrency=st.integers(1, 4), extra=st.integers(0, 6), policy=st.sampled_from(POLICIES),
-                on_error=st.sampled_from(ON_ERROR), parked=st.sets(st.sampled_from("abcd"), max_size=2))
-    def setup(self, concurrency, extra, policy, on_error, parked):
+                on_error=st.sampled_from(ON_ERROR), parked=st.sets(st.sampled_from("abcd"), max_size=2),
+                batch_size=st.sampled_from([None, 1, 2, 3]))
+    def setup(self, concurrency, extra, policy, on_error, parked, batch_size):
         self.policy = policy
+        self.batch_size = batch_size
         # Keys with dead letters from an earlier run: their events must never run (but with the
         # concurrent policy, which keeps no order).
         self.parked = parked if policy != "concurrent" else set()
@@ -36,6 +42,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         self.max_pending = concurrency + extra
         self.started: list = []          # calls started and not yet run, as thunks
         self.running: dict[int, str] = {}  # row -> key, for calls started and not finished
+        self.calls: list[list[int]] = []  # the rows of each call started and not finished
         self.finished: set[int] = set()
         self.failed: set[int] = set()
         self.skipped: set[int] = set()
@@ -43,27 +50,32 @@ class DispatcherMachine(RuleBasedStateMachine):
         self.fail_next: set[int] = set()
         self.rows = 0
         self.dispatcher = Dispatcher(self._handle, lambda event: event["key"], concurrency=concurrency,
-                                     max_pending=self.max_pending, policy=policy,
+                                     max_pending=self.max_pending, policy=policy, batch_size=batch_size,
                                      start=self.started.append, on_error=on_error, parked=parked)
 
-    def _handle(self, event):
-        row = event["row"]
-        # Order per key: every earlier row of this key has finished before this one runs.
-        if self.policy != "concurrent":
-            earlier = [r for r in self.key_rows[self._sequence(event["key"])] if r < row]
-            unfinished = [r for r in earlier
-                          if r not in self.finished and r not in self.skipped and r not in self.parked_rows]
-            # (a dead letter is never finished: no later event of its key may run; a parked key's
-            # events are set aside and hold back no other key)
-            assert unfinished == [], f"row {row} ran before rows {unfinished} of its key"
-        assert row in self.running
-        assert event["key"] not in self.parked, f"row {row} of parked key {event['key']} ran"
-        if row in self.fail_next:
-            self.failed.add(row)
-            del self.running[row]
-            raise RuntimeError(f"row {row} fails")
-        self.finished.add(row)
-        del self.running[row]
+    def _handle(self, argument):
+        events = argument if self.batch_size is not None else [argument]
+        assert isinstance(argument, list) == (self.batch_size is not None)
+        rows = [event["row"] for event in events]
+        assert 1 <= len(rows) <= (self.batch_size or 1) and rows == sorted(rows)
+        for event in events:
+            row = event["row"]
+            # Order per key: every earlier row of this key has finished, or is earlier in this list.
+            if self.policy != "concurrent":
+                earlier = [r for r in self.key_rows[self._sequence(event["key"])] if r < row]
+                unfinished = [r for r in earlier if r not in self.finished and r not in self.skipped
+                              and r not in self.parked_rows and r not in rows]
+                # (a dead letter is never finished: no later event of its key may run; a parked key's
+                # events are set aside and hold back no other key)
+                assert unfinished == [], f"row {row} ran before rows {unfinished} of its key"
+            assert row in self.running
+            assert event["key"] not in self.parked, f"row {row} of parked key {event['key']} ran"
+        if self.fail_next.intersection(rows):
+            # A list fails as a whole; a list that may be narrowed fails for good only alone.
+            if len(rows) == 1 or self.on_error == "stop":
+                self.failed.add(rows[0])
+            raise RuntimeError(f"a row of {rows} fails")
+        self.finished.update(rows)
 
     def _sequence(self, key):
         if self.policy == "per-key":
@@ -92,22 +104,36 @@ class DispatcherMachine(RuleBasedStateMachine):
     def _note_started(self, before):
         # Which calls the dispatcher started is its choice: read their rows off the thunks.
         for position in range(before, len(self.started)):
-            row, _, event = self.started[position].args
-            self.running[row] = event["key"]
+            (items,) = self.started[position].args
+            self.calls.append([row for row, _, _ in items])
+            for row, _, event in items:
+                self.running[row] = event["key"]
 
     @rule()
     def skip(self):
         if self.dispatcher.failure is None and self.rows - self.dispatcher.committed_rows < self.max_pending:
             self.skipped.add(self.rows)
+            before = len(self.started)
             self.dispatcher.skip()
             self.rows += 1
+            self._note_started(before)
 
     @precondition(lambda self: self.started)
     @rule(data=st.data())
     def finish_one(self, data):
         thunk = self.started.pop(data.draw(st.integers(0, len(self.started) - 1)))
+        (items,) = thunk.args
         before = len(self.started)
         thunk()
+        self.calls.remove([row for row, _, _ in items])
+        for row, _, _ in items:
+            del self.running[row]
+        self._note_started(before)
+
+    @rule()
+    def send_partial(self):
+        before = len(self.started)
+        self.dispatcher.send_partial()
         self._note_started(before)
 
     @invariant()
@@ -121,11 +147,11 @@ class DispatcherMachine(RuleBasedStateMachine):
             assert (letter.row in self.parked_rows) == (letter.error == PARKED)
         # Every event of a parked key is a dead letter at once, never called.
         assert self.parked_rows <= set(self.dead)
-        # No key has two events in flight (the per-key and sequential policies).
+        # No key is in two calls in flight (the per-key and sequential policies).
         if self.policy != "concurrent":
-            keys = [self._sequence(key) for key in self.running.values()]
-            assert len(keys) == len(set(keys)), self.running
-        assert dispatcher.in_flight == len(self.running) <= self.concurrency
+            keys = [key for call in self.calls for key in {self._sequence(self.running[row]) for row in call}]
+            assert len(keys) == len(set(keys)), self.calls
+        assert dispatcher.in_flight == len(self.calls) <= self.concurrency
         # The committed point never passes an event that is not done.
         done = self.finished | self.skipped | set(self.dead)
         committed = dispatcher.committed_rows
@@ -152,14 +178,22 @@ class DispatcherMachine(RuleBasedStateMachine):
                         assert not [row for row in rows if row > dead[0] and row in self.finished]
 
     @invariant()
+    def never_stuck(self):
+        """The pending rows at their bound with no call in flight would refuse every offer forever."""
+        if hasattr(self, "dispatcher") and self.dispatcher.failure is None:
+            assert self.dispatcher.in_flight or self.dispatcher.pending < self.max_pending
+
+    @invariant()
     def runs_whatever_it_can(self):
-        """A free slot is never left idle while an event whose key is free waits."""
+        """A free slot is never left idle while an event whose key is free waits, but for a list
+        that waits to fill (before the pending bound, with the task still offering)."""
         if not hasattr(self, "dispatcher") or self.dispatcher.failure is not None:
             return
         if self.policy == "concurrent":
             waiting = (self.rows - len(self.finished) - len(self.skipped) - len(self.running)
                        - len(self.dead))
-            assert waiting == 0 or len(self.running) == self.concurrency
+            filling = waiting < (self.batch_size or 1) and self.dispatcher.pending < self.max_pending
+            assert waiting == 0 or len(self.calls) == self.concurrency or filling
 
 
 TestDispatcher = DispatcherMachine.TestCase
@@ -527,3 +561,75 @@ def test_closing_stops_the_dispatchers_threads_and_may_be_done_twice(kind):
     while set(threading.enumerate()) - before:
         assert time.monotonic() < deadline, "a dispatcher thread outlived close()"
         time.sleep(0.01)
+
+
+def test_a_list_waiting_to_fill_starts_when_a_dead_letter_brings_the_pending_rows_to_their_bound():
+    calls = []
+
+    def handle(events):
+        calls.append([event["row"] for event in events])
+        if events[0]["row"] == 0:
+            raise ValueError("row 0 fails")
+
+    dispatcher = Dispatcher(handle, lambda event: event["key"], concurrency=1, batch_size=3, max_pending=2,
+                            on_error="dead-letter")
+    assert dispatcher.offer({"row": 0, "key": "a"})
+    dispatcher.send_partial()  # [0] runs alone and fails: key a is poisoned
+    assert dispatcher.offer({"row": 1, "key": "b"}) and calls == [[0]]  # b waits for its list to fill
+    assert dispatcher.offer({"row": 2, "key": "a"})  # a dead letter at once: two rows pending
+    assert calls == [[0], [1]] and dispatcher.committed_rows == 3
+    assert [(letter.row, letter.attempts) for letter in dispatcher.take_dead_letters()] == [(0, 1), (2, 0)]
+
+
+def _threads_named(prefix):
+    return [thread for thread in threading.enumerate() if thread.name.startswith(prefix)]
+
+
+def test_the_dispatchers_threads_are_named_daemons_and_one_call_at_a_time_runs_in_the_callers_thread():
+    callers = []
+    inline = Dispatcher(lambda event: callers.append(threading.current_thread()), lambda event: event["row"])
+    assert inline.peak_pending == 0
+    _offer_all(inline, _rows(3))
+    assert callers == [threading.current_thread()] * 3 and not _threads_named("segack-handler")
+
+    release = threading.Event()
+    pooled = Dispatcher(lambda event: release.wait(PATIENCE), lambda event: event["row"], concurrency=2)
+    assert pooled.offer({"row": 0}) and pooled.offer({"row": 1})
+    names = sorted(thread.name for thread in _threads_named("segack-handler"))
+    assert names == ["segack-handler_0", "segack-handler_1"]
+    release.set()
+    pooled.close()
+
+    async def handle(event):
+        pass
+
+    looped = Dispatcher(handle, lambda event: event["row"], timeout=5)
+    (loop,) = _threads_named("segack-handler-loop")
+    assert loop.daemon and not _threads_named("segack-handler-watchdog")  # the loop times its calls
+    looped.close()
+    watched = Dispatcher(lambda event: None, lambda event: event["row"], timeout=5)
+    (watchdog,) = _threads_named("segack-handler-watchdog")
+    assert watchdog.daemon
+    watched.close()
+
+
+def test_a_handling_and_its_settings_together_are_refused():
+    refusal = "give a Handling or its settings as keywords, not both"
+    with pytest.raises(SegackTypeError, match=exactly(refusal)):
+        Dispatcher(lambda event: None, lambda event: event["row"], Handling(), concurrency=2)
+
+
+def test_an_object_whose_call_is_a_coroutine_function_is_an_async_handler():
+    class Awaits:
+        async def __call__(self, event):
+            pass
+
+    class Returns:
+        def __call__(self, event):
+            pass
+
+    async def function(event):
+        pass
+
+    assert is_async(Awaits()) and is_async(function)
+    assert not is_async(Returns()) and not is_async(lambda event: None)

@@ -62,3 +62,19 @@ def test_the_old_name_of_a_handler_failure_still_works_with_a_warning():
     with pytest.raises(AttributeError, match=exactly("module 'segack.spark_adapter.errors' has no attribute "
                                                      "'Nope'")):
         errors.__getattr__("Nope")
+
+
+def test_a_claimed_checkpoint_says_who_holds_it_since_when_and_what_to_do():
+    from segack.spark_adapter.claims import Claim
+
+    claim = Claim(3, "run-a", "host-1", 42, 100.0, 110.0, 30.0)
+    assert str(errors.CheckpointClaimedError("/ck", claim, 112.5)) == (
+        f"checkpoint /ck is claimed by {claim.owner()}, last extended 2.5 s ago. Only one run may use a "
+        "checkpoint at a time: wait for that run to end, or, if it is gone, for its claim to expire (30 s "
+        "unextended) or for `segack release /ck --force`")
+    # A claim extended "after" now (another machine's clock) is not shown as extended in the future.
+    assert "last extended 0.0 s ago" in str(errors.CheckpointClaimedError("/ck", claim, 100.0))
+
+
+def test_a_handler_failure_without_a_traceback_has_an_empty_one():
+    assert errors.HandlerFailedError("k", 1, 2, 3, "ValueError: no").traceback == ""

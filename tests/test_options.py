@@ -13,7 +13,16 @@ from segack.errors import SegackTypeError
 from segack.kernel import SegmentSet
 from segack.spark_adapter import OptionError, foreach_batch, replay
 from segack.spark_adapter.dispatch import ON_ERROR, POLICIES
-from segack.spark_adapter.options import Handling, OnError, Policy, RunOptions, Verify, option_fields
+from segack.spark_adapter.options import (
+    Handling,
+    OnError,
+    Policy,
+    RunOptions,
+    Verify,
+    option,
+    option_fields,
+    takes_options,
+)
 from tests.outcomes import exactly
 
 
@@ -72,12 +81,17 @@ def test_keywords_go_to_their_place_and_choices_become_enums():
                                       "verify": "always", "segments": 5, "claim_timeout": 2,
                                       "key_group_bits": 16})
     assert built.handling == Handling(concurrency=4, policy=Policy.CONCURRENT, on_error=OnError.DEAD_LETTER)
+    assert built.handling.policy is Policy.CONCURRENT and built.handling.on_error is OnError.DEAD_LETTER
     assert built.handling.pending_bound == 16 and built.handling.dispatched
     assert built.verify is Verify.ALWAYS and built.segments == SegmentSet.balanced(5)
     assert built.claim_timeout == 2.0 and isinstance(built.claim_timeout, float)
     assert RunOptions.from_keywords({"segments": "auto"}).segments == "auto"
     assert RunOptions(segments=1).segments == SegmentSet.balanced(1)
     assert not Handling().dispatched and Handling(timeout=1).dispatched and Handling().pending_bound == 4
+    # A batch handler goes through the dispatcher, whose read-ahead holds four lists per call in flight.
+    lists = Handling(batch_size=100, concurrency=2)
+    assert lists.dispatched and lists.pending_bound == 800
+    assert Handling(batch_size=7, max_pending=9).pending_bound == 9
 
 
 def test_a_name_that_is_no_option_is_refused_as_python_would():
@@ -100,9 +114,18 @@ def test_a_name_that_is_no_option_is_refused_as_python_would():
     ({"flush_interval": 0}, "flush_interval must be a positive float, not 0"),
     ({"flush_interval": True}, "flush_interval must be a positive float, not True"),
     ({"concurrency": 0}, "concurrency must be a positive int, not 0"),
+    ({"batch_size": 0}, "batch_size must be a positive int, not 0"),
+    ({"batch_size": 2.5}, "batch_size must be a positive int, not 2.5"),
     ({"max_pending": True}, "max_pending must be a positive int, not True"),
     ({"policy": "any"}, "policy must be one of ('per-key', 'sequential', 'concurrent'), not 'any'"),
     ({"retries": -1}, "retries must be a non-negative int, not -1"),
+    ({"retries": True}, "retries must be a non-negative int, not True"),
+    ({"retries": 1.5}, "retries must be a non-negative int, not 1.5"),
+    ({"retry_delay": True}, "retry_delay must be a non-negative number of seconds, not True"),
+    ({"retry_delay": "1"}, "retry_delay must be a non-negative number of seconds, not '1'"),
+    ({"timeout": True}, "timeout must be a positive number of seconds or None, not True"),
+    ({"timeout": "1"}, "timeout must be a positive number of seconds or None, not '1'"),
+    ({"max_pending": 0}, "max_pending must be a positive int, not 0"),
     ({"retry_delay": -0.5}, "retry_delay must be a non-negative number of seconds, not -0.5"),
     ({"timeout": 0}, "timeout must be a positive number of seconds or None, not 0"),
     ({"on_error": "skip"}, "on_error must be one of ('stop', 'dead-letter'), not 'skip'"),
@@ -125,8 +148,26 @@ def test_options_are_frozen_and_a_handling_that_is_not_one_is_refused():
     assert dataclasses.replace(built, retry_dead_letters=True).retry_dead_letters
 
 
+def _documented(streams):
+    """A function given the options' docs and signature now (replay's were given at import)."""
+
+    def run(df, key, **options) -> str:
+        """Run it.
+
+        {options}
+
+        Returns
+        -------
+        str
+        """
+        return "ran"
+
+    return takes_options(streams=streams)(run)
+
+
 def test_the_docs_of_an_option_are_its_type_default_and_meaning_wrapped_under_its_name():
-    doc = replay.__doc__
+    doc = _documented(False).__doc__
+    assert doc.startswith("Run it.\n\nOther Parameters\n----------------\nsegments : ")
     assert ("\nretries : int, default ``0``\n    A call that raises is made again up to this many times.\n"
             in doc)
     choices = "{'per-key', 'sequential', 'concurrent'}"
@@ -136,18 +177,37 @@ def test_the_docs_of_an_option_are_its_type_default_and_meaning_wrapped_under_it
     assert all(len(line) <= 96 for line in lines)
     assert all(line.startswith("    ") for line in lines if " : " not in line and line)
     assert "dead-letter" in section and "dead-\n" not in section  # no break inside a word
+    assert [line.split(" : ")[0] for line in lines if " : " in line] == [
+        spec.name for spec in option_fields()]
+    assert "\nverify : " in doc and "\nverify : " not in _documented(True).__doc__
+    assert replay.__doc__.count("\nretries : int, default ``0``\n") == 1
 
 
 def test_the_signature_shows_choices_as_strings_and_keeps_the_other_parameters():
-    parameters = inspect.signature(replay).parameters
+    documented = _documented(False)
+    parameters = inspect.signature(documented).parameters
     assert parameters["policy"].annotation == "str" and parameters["policy"].default == "per-key"
     assert type(parameters["policy"].default) is str
     assert parameters["concurrency"].annotation == "int"
     assert parameters["timeout"].annotation == "float | None"
-    assert list(parameters)[:6] == ["df", "key", "order", "handler", "checkpoint", "progress"]
+    assert list(parameters)[:3] == ["df", "key", "segments"]
     assert parameters["df"].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
-    assert "options" not in parameters
-    assert inspect.signature(replay).return_annotation == "ReplayResult"
+    assert parameters["segments"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert "options" not in parameters and documented(1, 2, segments=3) == "ran"
+    assert inspect.signature(documented).return_annotation == "str"
+    assert list(inspect.signature(replay).parameters)[:6] == ["df", "key", "order", "handler", "checkpoint",
+                                                              "progress"]
+    assert "verify" not in inspect.signature(_documented(True)).parameters
+
+
+def test_an_option_field_holds_its_default_dedented_meaning_help_and_metavar():
+    spec = option(7, """
+        Line one,
+          indented.  """, "help %(default)s", "N", streams=False)
+    assert spec.default == 7
+    assert dict(spec.metadata) == {"doc": "Line one,\n  indented.", "help": "help %(default)s",
+                                   "metavar": "N", "streams": False}
+    assert dict(option(None, "d").metadata) == {"doc": "d", "help": None, "metavar": None, "streams": True}
 
 
 def test_an_option_keeps_its_meaning_its_help_and_where_it_applies():

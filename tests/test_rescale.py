@@ -77,7 +77,7 @@ def test_the_same_set_again_changes_nothing(tmp_path):
     store = _checkpoint(tmp_path)
     before = _files(tmp_path)
     outcome = scale(store, 2)
-    assert not outcome.applied and outcome.segments == outcome.before
+    assert outcome.applied is False and outcome.segments == outcome.before
     assert _files(tmp_path) == before
 
 

@@ -5,9 +5,20 @@ from __future__ import annotations
 import operator
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from segack.spark_adapter.options import Handling
-from segack.spark_adapter.sequencing import PARKED, DeadLetter, Failure, Rules, sequencing_value
+from segack.spark_adapter.sequencing import (
+    PARKED,
+    DeadLetter,
+    Failure,
+    Outcome,
+    Rules,
+    call_plan,
+    drive,
+    sequencing_value,
+)
 
 KEY = operator.itemgetter("key")
 
@@ -52,3 +63,96 @@ def test_under_the_sequential_policy_one_failure_sets_every_later_event_aside():
     rules = Rules(Handling(policy="sequential", on_error="dead-letter"), KEY)
     rules.failed(Failure(0, {"key": "a"}, KeyError("k"), "", 1), rules.value(0, {"key": "a"}))
     assert rules.set_aside(1, {"key": "z"}) == DeadLetter(1, {"key": "z"}, "KeyError: 'k'", 0)
+
+
+class _Calls:
+    """A handler of lists that records each call's rows and fails, every time, any list that holds
+    a row of ``failing`` (and, once each, a row of ``flaky``)."""
+
+    def __init__(self, failing=(), flaky=()):
+        self.failing, self.flaky = set(failing), set(flaky)
+        self.calls: list[list[int]] = []
+        self.succeeded: list[int] = []
+
+    def __call__(self, items):
+        rows = [row for row, _, _ in items]
+        self.calls.append(rows)
+        if self.failing.intersection(rows) or self.flaky.intersection(rows):
+            self.flaky.difference_update(rows)
+            raise ValueError(f"{rows} fail")
+        self.succeeded += rows
+
+
+def _items(keys):
+    return [(row, key, {"row": row, "key": key}) for row, key in enumerate(keys)]
+
+
+def _gives_up_after(retries):
+    return lambda attempt: attempt > retries
+
+
+def test_a_list_that_returns_is_one_call_and_an_empty_outcome():
+    calls = _Calls()
+    assert drive(call_plan(_items("abc"), 0.0, _gives_up_after(3), narrow=True), calls) == Outcome()
+    assert calls.calls == [[0, 1, 2]]
+
+
+def test_a_list_that_fails_once_is_made_again_whole_not_narrowed(monkeypatch):
+    slept = []
+    monkeypatch.setattr("time.sleep", slept.append)
+    calls = _Calls(flaky={2})
+    assert drive(call_plan(_items("abcd"), 0.5, _gives_up_after(2), narrow=True), calls) == Outcome()
+    assert calls.calls == [[0, 1, 2, 3], [0, 1, 2, 3]] and slept == [0.5]
+
+
+def test_a_list_not_narrowed_fails_whole_after_its_retries_at_its_first_event(monkeypatch):
+    slept = []
+    monkeypatch.setattr("time.sleep", slept.append)
+    calls = _Calls(failing={2})
+    outcome = drive(call_plan(_items("abcd"), 0.5, _gives_up_after(2), narrow=False), calls)
+    assert calls.calls == [[0, 1, 2, 3]] * 3 and slept == [0.5, 1.0]
+    ((failure, value),) = outcome.failures
+    assert (failure.row, failure.event, failure.attempts, failure.size) == (0, {"row": 0, "key": "a"}, 3, 4)
+    assert value == "a"
+    assert isinstance(failure.error, ValueError) and "ValueError: [0, 1, 2, 3] fail" in failure.traceback
+    assert [row for row, _, _ in outcome.behind] == [1, 2, 3]
+
+
+def test_narrowing_sets_aside_only_the_failing_event_and_its_keys_later_ones(monkeypatch):
+    monkeypatch.setattr("time.sleep", lambda seconds: None)
+    calls = _Calls(failing={1})
+    #           rows: 01234567
+    items = _items("abacbdef")
+    outcome = drive(call_plan(items, 0.1, _gives_up_after(1), narrow=True), calls)
+    # The list and its retry; its first half, then its quarters: [0] returns, [1] fails with its
+    # retry; [2, 3] returns; the second half without row 4 (key b, behind row 1) returns.
+    assert calls.calls == [[0, 1, 2, 3, 4, 5, 6, 7]] * 2 + [[0, 1, 2, 3], [0, 1], [0], [1], [1], [2, 3],
+                                                            [5, 6, 7]]
+    ((failure, value),) = outcome.failures
+    assert (failure.row, failure.attempts, failure.size, value) == (1, 2, 1, "b")
+    assert outcome.behind == (items[4],)
+    assert sorted(calls.succeeded) == [0, 2, 3, 5, 6, 7]
+
+
+@given(keys=st.lists(st.sampled_from("abcd"), min_size=1, max_size=24),
+       failing=st.sets(st.integers(0, 23), max_size=4), retries=st.integers(0, 2))
+def test_a_narrowed_list_handles_each_event_before_its_keys_first_failure_once(keys, failing, retries):
+    items = _items(keys)
+    calls = _Calls(failing={row for row in failing if row < len(keys)})
+    outcome = drive(call_plan(items, 0.0, _gives_up_after(retries), narrow=True), calls)
+    first_failure = {}
+    for row, key in enumerate(keys):
+        if row in calls.failing:
+            first_failure.setdefault(key, row)
+    # Each key's first failing event fails; its later events are set aside; every other event is
+    # in exactly one call that returned; no call holds an event behind its key's failure.
+    assert sorted((failure.row, value) for failure, value in outcome.failures) == sorted(
+        (row, key) for key, row in first_failure.items())
+    assert all(failure.size == 1 and failure.attempts == retries + 1 for failure, _ in outcome.failures)
+    assert sorted(row for row, _, _ in outcome.behind) == [
+        row for row, key in enumerate(keys) if key in first_failure and row > first_failure[key]]
+    assert sorted(calls.succeeded) == [
+        row for row, key in enumerate(keys) if key not in first_failure or row < first_failure[key]]
+    for rows in calls.calls[1:]:
+        assert not [row for row in rows if keys[row] in first_failure and row > first_failure[keys[row]]
+                    and first_failure[keys[row]] not in rows]

@@ -615,6 +615,7 @@ def test_a_crashed_first_run_then_other_input_is_refused(spark, tmp_path):
     ({"key_group_bits": 2, "segments": 8}, ValueError, "finer than 4 key groups"),
     ({"handler": "not callable"}, TypeError, "callable"),
     ({"concurrency": 0}, OptionError, "concurrency"),
+    ({"batch_size": 0}, OptionError, "batch_size"),
     ({"max_pending": 0}, OptionError, "max_pending"),
     ({"policy": "any"}, OptionError, "policy"),
     ({"retries": -1}, OptionError, "retries"),

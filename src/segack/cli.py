@@ -72,6 +72,7 @@ RUN_FLAGS: dict[str, Any] = {
     "flush_every": _positive,
     "flush_interval": float,
     "concurrency": _positive,
+    "batch_size": _positive,
     "max_pending": _positive,
     "policy": Policy,
     "retries": _non_negative,

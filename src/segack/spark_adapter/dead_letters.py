@@ -133,6 +133,7 @@ class _RetryTask:
             self.last_place = place
             self.rows += 1
             self._keep()
+        self.dispatcher.send_partial()
 
     def _keep(self) -> None:
         """Hold the dead letters so far (their rows, with their new error and attempts), and

@@ -24,6 +24,15 @@ failure stops only its key instead: the event, the events held behind it and eve
 its sequencing value become dead letters (taken with :meth:`Dispatcher.take_dead_letters`, done
 for now), so a key's order is never broken, and the other keys go on.
 
+**Lists.** With ``batch_size`` the handler takes a list of events per call. A call's list is
+taken in row order from the events whose value has no call in flight, with each value's later
+events behind them (so a list may hold many events of one key, in its order), never an event of a
+value another call holds. A list waits to fill up to ``batch_size``; it starts not full once the
+task has nothing more to offer for now (:meth:`Dispatcher.send_partial`: the end of the batch
+of input it has, a flush, the end) or when the pending bound is reached. Its retries and, under
+``on_error="dead-letter"``, its narrowing to the events that fail follow
+:func:`~segack.spark_adapter.sequencing.call_plan`.
+
 A dispatcher is not itself a thread: ``offer`` and the waits are called by the task's thread.
 A plain ``def`` handler runs on a pool of ``concurrency`` threads (at concurrency 1 with no
 timeout, in the caller's thread, inside ``offer``); an ``async def`` handler runs
@@ -37,12 +46,11 @@ import asyncio
 import functools
 import heapq
 import inspect
-import itertools
 import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Collection, Hashable
+from collections.abc import Callable, Collection, Generator, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -52,9 +60,15 @@ from segack.kernel import OffsetAcker
 from segack.spark_adapter.options import Handling, OnError
 from segack.spark_adapter.sequencing import (
     PARKED,
+    Attempt,
     DeadLetter,
     Failure,
+    Item,
+    Outcome,
+    Reply,
     Rules,
+    call_plan,
+    drive,
     retry_after_failure,
     sequencing_value,
 )
@@ -82,7 +96,8 @@ def _call_now(call: Callable[[], None]) -> None:
 
 
 class Dispatcher:
-    """Runs ``handler(event)`` for offered events under the rules above.
+    """Runs ``handler(event)`` (``handler(events)`` with a ``batch_size``) for offered events under
+    the rules above.
 
     ``key_of(event)`` is the event's key (used by the ``per-key`` policy); ``handling`` says how
     calls are made (or give its settings as keywords: ``concurrency=8``, ...); ``parked`` keys
@@ -116,6 +131,8 @@ class Dispatcher:
         self.handler = handler
         self.concurrency = concurrency = handling.concurrency
         self.max_pending = handling.pending_bound
+        self.batched = handling.batch_size is not None
+        self.batch_size = handling.batch_size or 1
         self._pool: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -140,7 +157,13 @@ class Dispatcher:
         self._held: dict[Hashable, deque[tuple[int, dict[str, Any]]]] = {}
         # Events whose key is free, waiting for a slot: a heap, so the oldest row starts first
         # (rows are unique, so the keys and events are never compared).
-        self._ready: list[tuple[int, Hashable, dict[str, Any]]] = []
+        self._ready: list[Item] = []
+        # Keys a call in flight holds, and how many events no call holds a key of (those a list
+        # could take now).
+        self._busy: set[Hashable] = set()
+        self._available = 0
+        # The task has nothing more to offer for now: lists start before they are full.
+        self._partial = False
         #: The first call that failed for good (with ``on_error="stop"``), or ``None``.
         self.failure: Failure | None = None
         #: The most rows ever read but not committed at once.
@@ -183,6 +206,7 @@ class Dispatcher:
                 return False
             row = self._rows_read
             self._rows_read += 1
+            self._partial = False
             self.peak_pending = max(self.peak_pending, self._rows_read - self._acker.next_index)
             key = self.rules.value(row, event)
             letter = self.rules.set_aside(row, event, key) if self.rules.may_set_aside else None
@@ -190,11 +214,21 @@ class Dispatcher:
                 self._dead_letter(letter)
             elif key in self._held:
                 self._held[key].append((row, event))
+                self._available += key not in self._busy
             else:
                 self._held[key] = deque()
                 heapq.heappush(self._ready, (row, key, event))
+                self._available += 1
+            # (a dead letter too: the pending rows may be at their bound now)
             self._start_ready()
             return True
+
+    def send_partial(self) -> None:
+        """The task has nothing more to offer for now: start the lists that wait to fill (until
+        the next :meth:`offer`)."""
+        with self._lock:
+            self._partial = True
+            self._start_ready()
 
     def take_dead_letters(self) -> list[DeadLetter]:
         """The dead letters since the last call, in row order; they are done for now."""
@@ -208,6 +242,8 @@ class Dispatcher:
             row = self._rows_read
             self._rows_read += 1
             self._acker.ack(row)
+            # A list waiting to fill may start now: the pending rows may be at their bound.
+            self._start_ready()
             self._lock.notify_all()
 
     def wait_for_room(self, timeout: float | None = None) -> None:
@@ -218,8 +254,10 @@ class Dispatcher:
                 or self._rows_read - self._acker.next_index < self.max_pending, timeout)
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Wait until no call is running or waiting to run (after a failure: until the calls in
-        flight have finished). ``False`` if ``timeout`` seconds passed first."""
+        """Start every call that can start (lists not full too), and wait until no call is running
+        or waiting to run (after a failure: until the calls in flight have finished). ``False`` if
+        ``timeout`` seconds passed first."""
+        self.send_partial()
         with self._lock:
             return self._lock.wait_for(self._idle, timeout)
 
@@ -263,21 +301,45 @@ class Dispatcher:
                 self._lock.wait(self.timeout / 4)
 
     def _start_ready(self) -> None:
-        """Start ready events while slots are free (the lock is held)."""
-        while self._ready and self._in_flight < self.concurrency and self.failure is None:
-            row, key, event = heapq.heappop(self._ready)
+        """Start calls while slots are free and a call's events are ready (the lock is held)."""
+        while self._ready and self._in_flight < self.concurrency and self.failure is None and (
+                self._available >= self.batch_size or self._partial
+                or self._rows_read - self._acker.next_index >= self.max_pending):
+            items = self._take_list()
             self._in_flight += 1
             if self._loop is not None:
                 # Most calls start on the loop's own thread, as earlier ones finish: no hand-over.
                 if threading.current_thread() is self._loop_thread:
-                    self._spawn(row, key, event)
+                    self._spawn(items)
                 else:
-                    self._loop.call_soon_threadsafe(self._spawn, row, key, event)
+                    self._loop.call_soon_threadsafe(self._spawn, items)
             else:
                 assert self._start is not None
                 if self.timeout is not None:
-                    self._running[row] = (time.monotonic(), event)
-                self._start(functools.partial(self._call, row, key, event))
+                    self._running[items[0][0]] = (time.monotonic(), items[0][2])
+                self._start(functools.partial(self._call, items))
+
+    def _take_list(self) -> list[Item]:
+        """The next call's events: up to ``batch_size`` in row order from the free keys, each key's
+        later events following it; their keys become busy (the lock is held)."""
+        items: list[Item] = []
+        # The next event of each key taken so far, which may follow it into the list.
+        followers: list[Item] = []
+        while len(items) < self.batch_size and (self._ready or followers):
+            if followers and (not self._ready or followers[0][0] < self._ready[0][0]):
+                item = heapq.heappop(followers)
+            else:
+                item = heapq.heappop(self._ready)
+                self._busy.add(item[1])
+                self._available -= 1 + len(self._held[item[1]])
+            items.append(item)
+            held = self._held[item[1]]
+            if held and len(items) < self.batch_size:
+                row, event = held.popleft()
+                heapq.heappush(followers, (row, item[1], event))
+        for row, key, event in followers:
+            self._held[key].appendleft((row, event))
+        return items
 
     def _dead_letter(self, letter: DeadLetter) -> None:
         """Record a dead letter and count its row done for now (the lock is held)."""
@@ -289,67 +351,103 @@ class Dispatcher:
         """Whether a call that raised on ``attempt`` ends there: no retry left, or the run is failing."""
         return attempt > self.retries or self.failure is not None
 
-    def _call(self, row: int, key: Hashable, event: dict[str, Any]) -> None:
-        try:
-            self.handler(event)
-        except Exception as error:
-            self._finished(row, key, retry_after_failure(self.handler, row, event, error, self.retry_delay,
-                                                         self._gives_up))
-        else:
-            self._finished(row, key)
+    def _plan(self, items: list[Item]) -> Generator[Attempt, Reply, Outcome]:
+        """The call's plan: its retries, and its narrowing if it is a list that may set events aside."""
+        return call_plan(items, self.retry_delay, self._gives_up,
+                         narrow=self.batched and self.handling.on_error == OnError.DEAD_LETTER)
 
-    def _spawn(self, row: int, key: Hashable, event: dict[str, Any]) -> None:
+    def _arguments(self, items: list[Item]) -> Any:
+        """What the handler is called with: the list of events, or the one event."""
+        return [item[2] for item in items] if self.batched else items[0][2]
+
+    def _call(self, items: list[Item]) -> None:
+        try:
+            self.handler(self._arguments(items))
+        except Exception as error:
+            outcome = drive(self._plan(items), lambda part: self.handler(self._arguments(part)),
+                            (error, traceback.format_exc()))
+        else:
+            outcome = Outcome()
+        self._finished(items, outcome)
+
+    def _spawn(self, items: list[Item]) -> None:
         """Start an async call on the loop (its thread); the loop itself keeps tasks only weakly."""
         assert self._loop is not None
-        task = self._loop.create_task(self._call_async(row, key, event))
+        task = self._loop.create_task(self._call_async(items))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _call_async(self, row: int, key: Hashable, event: dict[str, Any]) -> None:
-        for attempt in itertools.count(1):
-            try:
-                if self.timeout is None:
-                    await self.handler(event)
+    async def _call_async(self, items: list[Item]) -> None:
+        """Drive the call's plan on the loop: each of its calls awaited, within the timeout."""
+        plan = self._plan(items)
+        try:
+            delay, part = next(plan)
+            while True:
+                if delay:
+                    await asyncio.sleep(delay)
+                try:
+                    await self._await_handler(part)
+                except Exception as error:
+                    reply: Reply = (error, traceback.format_exc())
                 else:
-                    try:
-                        await asyncio.wait_for(self.handler(event), self.timeout)
-                    except TimeoutError:
-                        raise TimeoutError(f"the handler took more than {self.timeout} s") from None
-            except Exception as error:
-                if self._gives_up(attempt):
-                    self._finished(row, key, Failure(row, event, error, traceback.format_exc(), attempt))
-                    return
-                await asyncio.sleep(self.retry_delay * 2 ** (attempt - 1))
-            else:
-                self._finished(row, key)
-                return
+                    reply = None
+                delay, part = plan.send(reply)
+        except StopIteration as done:
+            self._finished(items, done.value)
 
-    def _finished(self, row: int, key: Hashable, failure: Failure | None = None) -> None:
-        """The call for ``row`` (of sequencing value ``key``) has ended: done, or ``failure`` after
-        its retries."""
+    async def _await_handler(self, items: list[Item]) -> None:
+        if self.timeout is None:
+            await self.handler(self._arguments(items))
+            return
+        try:
+            await asyncio.wait_for(self.handler(self._arguments(items)), self.timeout)
+        except TimeoutError:
+            raise TimeoutError(f"the handler took more than {self.timeout} s") from None
+
+    def _finished(self, items: list[Item], outcome: Outcome) -> None:
+        """The call with ``items`` has ended as ``outcome`` says: failures that stop the run or set
+        their keys aside; every other event done; its keys free again."""
         with self._lock:
             # Waiters wake up whatever happens here, so a fault in this bookkeeping cannot leave
             # the task waiting for a call that has ended.
             try:
                 self._in_flight -= 1
-                self._running.pop(row, None)
-                if failure is not None:
-                    outcome = self.rules.failed(failure, key)
-                    if isinstance(outcome, DeadLetter):
-                        # The key stops here: this event and those held behind it, now and later.
-                        self._dead_letter(outcome)
-                        for held_row, held_event in self._held.pop(key):
-                            self._dead_letter(DeadLetter(held_row, held_event, outcome.error, 0))
-                    elif self.failure is None:
-                        self.failure = outcome
-                else:
-                    self._acker.ack(row)
-                    held = self._held[key]
-                    if held:
-                        next_row, next_event = held.popleft()
-                        heapq.heappush(self._ready, (next_row, key, next_event))
+                self._running.pop(items[0][0], None)
+                stops = False
+                for failure, key in outcome.failures:
+                    result = self.rules.failed(failure, key)
+                    if isinstance(result, DeadLetter):
+                        self._dead_letter(result)
                     else:
-                        del self._held[key]
+                        stops = True
+                        self.failure = self.failure or result
+                if not stops:
+                    self._settle(items, outcome)
                 self._start_ready()
             finally:
                 self._lock.notify_all()
+
+    def _settle(self, items: list[Item], outcome: Outcome) -> None:
+        """A call that did not stop the run: its events done or set aside, its keys' next events
+        ready, or (a key that failed) set aside too (the lock is held)."""
+        unhandled = {failure.row for failure, _ in outcome.failures}
+        for row, key, event in outcome.behind:
+            unhandled.add(row)
+            self._dead_letter(DeadLetter(row, event, self.rules.poisoned[key], 0))
+        for row, _, _ in items:
+            if row not in unhandled:
+                self._acker.ack(row)
+        for key in dict.fromkeys(item[1] for item in items):
+            self._busy.discard(key)
+            if key in self.rules.poisoned:
+                # The key stops here: the events held behind it, now and later.
+                for held_row, held_event in self._held.pop(key):
+                    self._dead_letter(DeadLetter(held_row, held_event, self.rules.poisoned[key], 0))
+                continue
+            held = self._held[key]
+            if held:
+                self._available += len(held)
+                next_row, next_event = held.popleft()
+                heapq.heappush(self._ready, (next_row, key, next_event))
+            else:
+                del self._held[key]

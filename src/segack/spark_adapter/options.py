@@ -101,9 +101,21 @@ class Handling:
         "handler calls in flight at once in each segment's task, on a thread pool (an async def "
         "handler: as tasks on one event loop); never two of one key (default: %(default)s, one call at "
         "a time)", "N")
+    batch_size: int | None = option(None, """
+        Call the handler with a list of up to this many events instead of one event (``None``: one
+        event per call). A list holds each key's events in its order, never an event whose key's
+        earlier events are not done or earlier in the list, and no two lists in flight share a key.
+        A list that is not full is not held back once the task has read all the input it has. The
+        list is done when the call returns; retries make the whole call again; with
+        ``on_error="dead-letter"`` a list that still fails is cut down until only the failing
+        events (and their keys' later events) are set aside.""",
+        "call the handler with a list of up to N events, each key's in its order (default: one event per "
+        "call)", "N")
     max_pending: int | None = option(None, """
-        A task reads ahead at most this many rows not yet committed (default ``4 * concurrency``).""",
-        "a task reads ahead at most this many events not yet committed (default: 4 x --concurrency)", "M")
+        A task reads ahead at most this many rows not yet committed (default ``4 * concurrency``,
+        times ``batch_size``).""",
+        "a task reads ahead at most this many events not yet committed (default: 4 x --concurrency x "
+        "--batch-size)", "M")
     policy: Policy = option(Policy.PER_KEY, """
         What may run at once: ``"per-key"`` (events of other keys), ``"sequential"`` (one event at a
         time) or ``"concurrent"`` (any events, no order at all).""",
@@ -134,9 +146,9 @@ class Handling:
         "aside in CHECKPOINT/dead-letters/ and go on with other keys")
 
     def __post_init__(self) -> None:
-        for name in ("concurrency", "max_pending"):
+        for name in ("concurrency", "batch_size", "max_pending"):
             value = getattr(self, name)
-            if value is None and name == "max_pending":
+            if value is None and name != "concurrency":
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise OptionError(f"{name} must be a positive int, not {value!r}")
@@ -155,14 +167,17 @@ class Handling:
     @property
     def pending_bound(self) -> int:
         """``max_pending``, or its default."""
-        return 4 * self.concurrency if self.max_pending is None else self.max_pending
+        if self.max_pending is None:
+            return 4 * self.concurrency * (self.batch_size or 1)
+        return self.max_pending
 
     @property
     def dispatched(self) -> bool:
         """Whether calls go through a :class:`~segack.spark_adapter.dispatch.Dispatcher`: more than
-        one at a time, or a timeout (a watchdog thread). Otherwise the task calls the handler itself,
-        one event after the other, with the same retries, dead letters and parked keys."""
-        return self.concurrency > 1 or self.timeout is not None
+        one at a time, a timeout (a watchdog thread), or lists of events. Otherwise the task calls
+        the handler itself, one event after the other, with the same retries, dead letters and
+        parked keys."""
+        return self.concurrency > 1 or self.timeout is not None or self.batch_size is not None
 
 
 def _segment_set(segments: Any) -> SegmentSet | str | None:

@@ -18,19 +18,31 @@ other (concurrency 1, the fastest way), and through the
 4. **Parked keys.** Keys with dead letters from earlier runs are *parked*: each of their events
    is a dead letter at once, whatever ``on_error`` says, so none runs before the ones that failed.
    The ``concurrent`` policy keeps no order, so it parks nothing.
+5. **Lists.** A batch handler is called with a list of events, each value's in its order. A list
+   that still fails after its retries, under ``on_error="dead-letter"``, is *narrowed*: cut in
+   two halves, the first called before the second, each half that fails cut again, down to
+   single events, which get their retries; an event whose value failed earlier in the list is
+   not called but set aside behind that failure. Only the failing events and their values'
+   later events become dead letters. Under ``on_error="stop"`` the list's failure stops the run.
+
+A call's retries and narrowing are its *plan* (:func:`call_plan`): a generator that says whom
+to call the handler with next, after what wait, and learns how each call went. The task's own
+loop and the dispatcher's threads drive it with :func:`drive`, its event loop with an ``await``
+of each call: one plan, whatever runs the calls.
 """
 
 from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Callable, Collection, Hashable
+from collections.abc import Callable, Collection, Generator, Hashable
 from dataclasses import dataclass
 from typing import Any
 
 from segack.spark_adapter.options import Handling, OnError, Policy
 
-__all__ = ["PARKED", "DeadLetter", "Failure", "Rules", "retry_after_failure", "sequencing_value"]
+__all__ = ["PARKED", "Attempt", "DeadLetter", "Failure", "Item", "Outcome", "Reply", "Rules", "call_plan",
+           "drive", "retry_after_failure", "sequencing_value"]
 
 #: The error a dead letter records when its key was parked by dead letters of an earlier run.
 PARKED = "waits behind its key's dead letters from an earlier run"
@@ -58,6 +70,28 @@ class Failure:
     traceback: str
     #: How many times the call was made (1 + the retries it used).
     attempts: int = 1
+    #: Events in the failed call (a batch handler's list); ``row`` and ``event`` are its first.
+    size: int = 1
+
+
+#: One event in a call: its row (the task's numbering), its sequencing value, the event.
+Item = tuple[int, Hashable, dict[str, Any]]
+#: What a plan asks for next: wait this many seconds, then call the handler with these events.
+Attempt = tuple[float, list[Item]]
+#: How a call went, as its driver tells the plan: ``None`` (it returned), or what it raised with
+#: its traceback's text.
+Reply = tuple[Exception, str] | None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a call ended once its plan was done; every event not named here was handled."""
+
+    #: Calls that still failed after their retries, with their sequencing values: single events,
+    #: or (not narrowed) the whole list.
+    failures: tuple[tuple[Failure, Hashable], ...] = ()
+    #: Events never called because an earlier event of their value failed in the same list.
+    behind: tuple[Item, ...] = ()
 
 
 def sequencing_value(policy: str, row: int, key: Hashable) -> Hashable:
@@ -69,24 +103,86 @@ def sequencing_value(policy: str, row: int, key: Hashable) -> Hashable:
     return ("row", row)
 
 
+def _attempts(items: list[Item], retry_delay: float, gives_up: Callable[[int], bool],
+              ) -> Generator[Attempt, Reply, Failure | None]:
+    """Call with ``items`` until a call returns (``None``) or ``gives_up(attempts made)``: then
+    the last attempt's :class:`Failure` (rule 2)."""
+    reply = yield (0.0, items)
+    attempt = 1
+    while reply is not None and not gives_up(attempt):
+        reply = yield (retry_delay * 2 ** (attempt - 1), items)
+        attempt += 1
+    if reply is None:
+        return None
+    row, _, event = items[0]
+    return Failure(row, event, reply[0], reply[1], attempt, len(items))
+
+
+def call_plan(items: list[Item], retry_delay: float, gives_up: Callable[[int], bool], narrow: bool,
+              ) -> Generator[Attempt, Reply, Outcome]:
+    """The plan of one call with ``items`` (rules 2, 3 and 5): its attempts until one returns or
+    ``gives_up(attempts made)``; then, with ``narrow`` and more than one event, the list's
+    narrowing. Once the driver has sent the last reply, the generator returns the
+    :class:`Outcome`."""
+    failure = yield from _attempts(items, retry_delay, gives_up)
+    if failure is None:
+        return Outcome()
+    if not narrow or len(items) == 1:
+        return Outcome(((failure, items[0][1]),), tuple(items[1:]))
+    failures: dict[Hashable, Failure] = {}
+    behind: list[Item] = []
+
+    def narrowed(part: list[Item]) -> Generator[Attempt, Reply, None]:
+        """The halves of ``part`` (a list that failed), the first before the second: a half of
+        one event with its retries, a longer one called once and narrowed again if it fails."""
+        middle = len(part) // 2
+        for half in (part[:middle], part[middle:]):
+            runnable: list[Item] = []
+            for item in half:
+                (behind if item[1] in failures else runnable).append(item)
+            if len(runnable) == 1:
+                single = yield from _attempts(runnable, retry_delay, gives_up)
+                if single is not None:
+                    failures[runnable[0][1]] = single
+            elif runnable and (yield (0.0, runnable)) is not None:
+                yield from narrowed(runnable)
+
+    yield from narrowed(items)
+    return Outcome(tuple((failure, value) for value, failure in failures.items()), tuple(behind))
+
+
+def drive(plan: Generator[Attempt, Reply, Outcome], call: Callable[[list[Item]], Any],
+          raised: tuple[Exception, str] | None = None) -> Outcome:
+    """Run ``plan`` in this thread: wait, ``call(items)``, tell the plan how it went, until it is
+    done. ``raised``: the plan's first call was made already and raised this."""
+    try:
+        delay, items = next(plan)
+        if raised is not None:
+            delay, items = plan.send(raised)
+        while True:
+            if delay:
+                time.sleep(delay)
+            try:
+                call(items)
+            except Exception as error:
+                reply: Reply = (error, traceback.format_exc())
+            else:
+                reply = None
+            delay, items = plan.send(reply)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
 def retry_after_failure(
-    handler: Callable[[dict[str, Any]], Any], row: int, event: dict[str, Any], error: BaseException,
+    handler: Callable[[dict[str, Any]], Any], row: int, event: dict[str, Any], error: Exception,
     retry_delay: float, gives_up: Callable[[int], bool],
 ) -> Failure | None:
     """Call ``handler(event)`` again after its first call raised ``error`` (being handled now),
     the n-th retry after ``retry_delay * 2**(n - 1)`` seconds (rule 2), until a call succeeds
     (``None``) or ``gives_up(attempts made)``: then the last attempt's :class:`Failure`."""
-    text, attempt = traceback.format_exc(), 1
-    while not gives_up(attempt):
-        time.sleep(retry_delay * 2 ** (attempt - 1))
-        attempt += 1
-        try:
-            handler(event)
-        except Exception as again:
-            error, text = again, traceback.format_exc()
-        else:
-            return None
-    return Failure(row, event, error, text, attempt)
+    plan = call_plan([(row, None, event)], retry_delay, gives_up, narrow=False)
+    outcome = drive(plan, lambda items: handler(items[0][2]), (error, traceback.format_exc()))
+    return outcome.failures[0][0] if outcome.failures else None
 
 
 class Rules:

@@ -295,10 +295,11 @@ class _SegmentTask:
     def _handler_failed(self, failure: Failure, batch: _Batch, row: int) -> HandlerFailedError:
         """The run's error for ``failure``, the call for ``row`` of ``batch``."""
         tries = f" (after {failure.attempts} attempts)" if failure.attempts > 1 else ""
+        within = f" (a call with a list of {failure.size} events, this one first)" if failure.size > 1 else ""
         error = failure.error
         return HandlerFailedError(
             failure.event.get(self.plan.key), failure.event.get(self.plan.order), int(batch.positions[row]),
-            int(batch.groups[row]), f"{type(error).__name__}: {error}{tries}", failure.traceback,
+            int(batch.groups[row]), f"{type(error).__name__}: {error}{tries}{within}", failure.traceback,
         )
 
     def _commit_in_order(self, current: _Batch, upto: int) -> None:
@@ -330,6 +331,7 @@ class _SegmentTask:
                     if self.stopped:
                         return self.finish_dispatch()
         self.rows_seen += len(events)
+        dispatcher.send_partial()
         self._commit_dispatched()
         if self._due(self.rows_seen):
             self._flush(self.rows_seen)
