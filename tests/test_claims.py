@@ -167,8 +167,11 @@ def test_of_many_runs_claiming_at_once_exactly_one_wins(store):
                                   b'"host": "h", "pid": 1, "claimed_at": 0, "extended_at": 0, "timeout": 1}'])
 def test_a_damaged_claim_is_a_checkpoint_error(store, data):
     store.write_claim_file(1, data)
-    with pytest.raises(CheckpointError, match="is not a segack claim"):
+    damaged = starting(f"claim 1 of checkpoint {store.location} is not a segack claim: ")
+    with pytest.raises(CheckpointError, match=damaged):
         acquire(store, "run", 60)
+    with pytest.raises(CheckpointError, match=damaged):
+        latest_claim(store)
 
 
 def test_a_claim_file_under_another_number_is_refused(store):
@@ -322,7 +325,10 @@ def test_a_claim_is_live_until_exactly_its_timeout_and_a_refusal_names_the_check
 def test_an_owner_on_this_machine_is_gone_once_its_process_has_ended_and_is_left_alone_meanwhile():
     import socket
 
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # (a hang-up would end it, even where the test runs under nohup)
+    process = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                                "signal.signal(signal.SIGHUP, signal.SIG_DFL); time.sleep(60)"])
+    time.sleep(0.5)
     try:
         claim = Claim(1, "r", socket.gethostname(), process.pid, 0.0, 0.0, 30.0)
         assert not claim.owner_gone()
@@ -347,3 +353,55 @@ def test_a_released_claim_records_when_it_was_released(store):
         before = time.time()
     released = latest_claim(store)
     assert released.released and released.extended_at >= before
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_a_task_whose_run_is_taken_over_stops_calling_the_handler_within_a_tenth_of_a_second(
+        store, concurrency):
+    import pyarrow as pa
+
+    from segack.spark_adapter.options import RunOptions
+    from segack.spark_adapter.task import TaskPlan, TaskStart, run_task
+    from segack.spark_adapter.tokens import KeyGroupTokens
+
+    claim = acquire(store, "run", 60)
+    calls = []
+    fenced_at = []
+
+    def handle(event):
+        calls.append(event["ts"])
+        if len(calls) == 100:
+            force_release(store, "an operator")  # a newer claim: the run is fenced
+            fenced_at.append(time.monotonic())
+        time.sleep(0.002)
+
+    # No flush would come for a minute or a million events: only the looks at the fence stop it.
+    options = RunOptions.from_keywords({"flush_every": 1_000_000, "flush_interval": 60.0,
+                                        "concurrency": concurrency})
+    plan = TaskPlan(store=store.for_tasks("run", claim.number), handler=handle, columns=("user", "ts"),
+                    key="user", order="ts", options=options,
+                    start=TaskStart.of(KeyGroupTokens.empty(0, pa.null(), pa.null())))
+    [result] = run_task(plan, iter([_task_input(1000)]))
+    # 0.1 s of 2 ms calls is 50, looked at every 64 events, with the calls in flight.
+    assert 100 <= len(calls) < 100 + 64 * 3 + concurrency and fenced_at
+    assert store.progress_files() == [] and result.column("handled")[0].as_py() <= len(calls)
+
+
+def test_a_stopped_dispatcher_starts_no_more_calls_and_closes_once_those_in_flight_end():
+    from segack.spark_adapter.dispatch import Dispatcher
+
+    release = threading.Event()
+    calls = []
+
+    def handle(event):
+        calls.append(event["row"])
+        release.wait(10)
+
+    dispatcher = Dispatcher(handle, lambda event: event["row"], concurrency=2, max_pending=10)
+    for row in range(5):
+        assert dispatcher.offer({"row": row})
+    dispatcher.stop()
+    release.set()
+    assert dispatcher.drain(10)
+    dispatcher.close()
+    assert sorted(calls) == [0, 1] and dispatcher.committed_rows == 2

@@ -633,3 +633,61 @@ def test_an_object_whose_call_is_a_coroutine_function_is_an_async_handler():
 
     assert is_async(Awaits()) and is_async(function)
     assert not is_async(Returns()) and not is_async(lambda event: None)
+
+
+def test_lists_fill_from_free_keys_with_their_later_events_and_a_key_frees_when_its_list_ends():
+    started = []
+    calls = []
+    dispatcher = Dispatcher(lambda events: calls.append([event["row"] for event in events]),
+                            lambda event: event["key"], batch_size=2, max_pending=10, start=started.append)
+
+    def offer(row, key):
+        assert dispatcher.offer({"row": row, "key": key})
+
+    offer(0, "a")
+    assert not started  # one event: its list waits to fill
+    offer(1, "a")  # a's next event follows it into the list
+    assert len(started) == 1
+    offer(2, "b")
+    offer(3, "a")  # behind a's list: not free
+    offer(4, "c")
+    assert len(started) == 1  # b and c would fill one, but the one slot is busy
+    started.pop()()
+    # a is free again: its next event counts, and the oldest two free events start.
+    assert calls == [[0, 1]] and len(started) == 1
+    started.pop()()
+    assert calls == [[0, 1], [2, 3]] and not started
+    offer(5, "b")  # b is free again: with c's event, a full list
+    started.pop()()
+    assert calls == [[0, 1], [2, 3], [4, 5]] and dispatcher.committed_rows == 6
+    offer(6, "a")  # every key is free: two new events fill a list
+    offer(7, "d")
+    started.pop()()
+    assert calls[-1] == [6, 7] and dispatcher.committed_rows == 8
+    offer(8, "e")
+    offer(9, "e")
+    offer(10, "e")  # held behind e's list
+    started.pop()()
+    assert calls[-1] == [8, 9] and not started  # e is free, with one event: not a full list
+    offer(11, "e")
+    started.pop()()
+    assert calls[-1] == [10, 11] and dispatcher.committed_rows == 12
+
+
+def test_a_list_that_fails_is_narrowed_and_only_the_failure_and_its_keys_later_events_are_set_aside():
+    calls = []
+
+    def handle(events):
+        rows = [event["row"] for event in events]
+        calls.append(rows)
+        if 0 in rows:
+            raise ValueError("row 0 fails")
+
+    dispatcher = Dispatcher(handle, lambda event: event["key"], batch_size=3, on_error="dead-letter")
+    _offer_all(dispatcher, [{"row": 0, "key": "a"}, {"row": 1, "key": "b"}, {"row": 2, "key": "a"}])
+    assert calls == [[0, 1, 2], [0], [1]]
+    letters = dispatcher.take_dead_letters()
+    assert [(letter.row, letter.event, letter.error, letter.attempts) for letter in letters] == [
+        (0, {"row": 0, "key": "a"}, "ValueError: row 0 fails", 1),
+        (2, {"row": 2, "key": "a"}, "ValueError: row 0 fails", 0)]
+    assert dispatcher.committed_rows == 3

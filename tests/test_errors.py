@@ -48,6 +48,7 @@ def test_a_handler_failure_pickles_with_everything_it_says():
      "RuntimeError: Traceback (most recent call last):"),
     ("\n\n  the first line that says something\nmore", "RuntimeError: the first line that says something"),
     ("", "RuntimeError"),
+    ("Traceback (most recent call last):\n\tat a frame indented by a tab\nKeyError: 'k'\n", "KeyError: 'k'"),
 ])
 def test_a_workers_failure_is_read_out_of_sparks_wrapping(text, read):
     assert errors.worker_error(RuntimeError(text)) == read
@@ -57,7 +58,8 @@ def test_the_old_name_of_a_handler_failure_still_works_with_a_warning():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert adapter.HandlerFailed is errors.HandlerFailedError
-    assert [str(warning.message) for warning in caught] == ["HandlerFailed is now HandlerFailedError"]
+        assert errors.HandlerFailed is errors.HandlerFailedError
+    assert [str(warning.message) for warning in caught] == ["HandlerFailed is now HandlerFailedError"] * 2
     assert caught[0].category is DeprecationWarning
     with pytest.raises(AttributeError, match=exactly("module 'segack.spark_adapter.errors' has no attribute "
                                                      "'Nope'")):

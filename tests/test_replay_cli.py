@@ -234,7 +234,8 @@ def test_a_paused_replay_is_taken_over_and_stops_with_a_lost_claim_when_it_wakes
     assert_each_key_in_order(before + taker_calls, table)
     after_waking = [event for event in handled if event["run"] == "stale" and event["at"] >= woke_at]
     print(f"\nthe stale run made {len(after_waking)} calls after it woke")
-    assert len(after_waking) < 2000
+    # Each of its two tasks looks at the fence within 64 events of waking, with 2 calls in flight.
+    assert len(after_waking) <= 2 * (64 + 2)
 
 
 BANNER = ("Using Spark's default log4j profile", "Setting default log level", "To adjust logging level")

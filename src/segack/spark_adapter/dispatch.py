@@ -164,6 +164,8 @@ class Dispatcher:
         self._available = 0
         # The task has nothing more to offer for now: lists start before they are full.
         self._partial = False
+        # The task stopped: no call starts any more.
+        self._stopped = False
         #: The first call that failed for good (with ``on_error="stop"``), or ``None``.
         self.failure: Failure | None = None
         #: The most rows ever read but not committed at once.
@@ -253,6 +255,14 @@ class Dispatcher:
                 lambda: self.failure is not None
                 or self._rows_read - self._acker.next_index < self.max_pending, timeout)
 
+    def stop(self) -> None:
+        """Start no more calls: the task stopped (its run was fenced, or asked to stop); the events
+        offered and not started stay not done. :meth:`close` then waits only for the calls in
+        flight."""
+        with self._lock:
+            self._stopped = True
+            self._lock.notify_all()
+
     def drain(self, timeout: float | None = None) -> bool:
         """Start every call that can start (lists not full too), and wait until no call is running
         or waiting to run (after a failure: until the calls in flight have finished). ``False`` if
@@ -281,7 +291,8 @@ class Dispatcher:
     # ------------------------------------------------------------ inside
 
     def _idle(self) -> bool:
-        return (self._in_flight == 0 or self._abandoned) and (self.failure is not None or not self._ready)
+        return (self._in_flight == 0 or self._abandoned) and (
+            self.failure is not None or self._stopped or not self._ready)
 
     def _watch(self) -> None:
         """Fail the run when a plain call runs past its timeout (the lock is taken here)."""
@@ -302,9 +313,7 @@ class Dispatcher:
 
     def _start_ready(self) -> None:
         """Start calls while slots are free and a call's events are ready (the lock is held)."""
-        while self._ready and self._in_flight < self.concurrency and self.failure is None and (
-                self._available >= self.batch_size or self._partial
-                or self._rows_read - self._acker.next_index >= self.max_pending):
+        while self._may_start():
             items = self._take_list()
             self._in_flight += 1
             if self._loop is not None:
@@ -318,6 +327,16 @@ class Dispatcher:
                 if self.timeout is not None:
                     self._running[items[0][0]] = (time.monotonic(), items[0][2])
                 self._start(functools.partial(self._call, items))
+
+    def _may_start(self) -> bool:
+        """Whether a call may start now (the lock is held): a slot is free, events are ready, the
+        run goes on, and a list is full or has no reason to wait for more."""
+        if self.failure is not None or self._stopped:
+            return False
+        if not self._ready or self._in_flight >= self.concurrency:
+            return False
+        return (self._available >= self.batch_size or self._partial
+                or self._rows_read - self._acker.next_index >= self.max_pending)
 
     def _take_list(self) -> list[Item]:
         """The next call's events: up to ``batch_size`` in row order from the free keys, each key's

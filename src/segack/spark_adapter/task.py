@@ -11,8 +11,9 @@ seconds it writes its updates (one row per key group it moved, cumulative) to
 its progress file, and checks whether the run was asked to stop. Committing
 also folds each newly done event's tie into its key group's prefix digest.
 
-Before each flush it looks at the checkpoint's newest claim: once it is not its run's, another
-run has taken the checkpoint over, and the task stops and writes nothing more.
+It looks at the checkpoint's newest claim before each flush and, on a local (or mounted)
+checkpoint, every tenth of a second: once it is not its run's, another run has taken the
+checkpoint over, and the task starts no more calls and writes nothing more.
 
 When the handler raises, the task commits everything before the failing
 event, writes its progress, asks the run's other tasks to stop, and returns
@@ -322,8 +323,13 @@ class _SegmentTask:
                 while not dispatcher.offer(event):
                     if dispatcher.failure is not None:
                         return self._dispatch_failure()
-                    dispatcher.wait_for_room(self.flush_interval)
+                    # Slow calls hold the read-ahead full: the flush and the looks go on meanwhile.
+                    dispatcher.wait_for_room(_STOP_LOOK_SECONDS)
                     self._commit_dispatched()
+                    if self._due(self.rows_seen + row):
+                        self._flush(self.rows_seen + row)
+                        if self.stopped:
+                            return self.finish_dispatch()
             if row % _CHECK_EVERY == _CHECK_EVERY - 1:
                 self._commit_dispatched()
                 if self._due(self.rows_seen + row + 1):
@@ -338,9 +344,12 @@ class _SegmentTask:
         return self._dispatch_failure() if dispatcher.failure is not None else None
 
     def finish_dispatch(self) -> HandlerFailedError | None:
-        """Wait for the calls in flight, commit what they finished; the first failure, if any."""
+        """Wait for the calls in flight (a task that stopped starts no more), commit what they
+        finished; the first failure, if any."""
         if self.dispatcher is None:
             return None
+        if self.stopped:
+            self.dispatcher.stop()
         self.dispatcher.close()
         self._commit_dispatched()
         return self._dispatch_failure() if self.dispatcher.failure is not None else None
@@ -396,8 +405,9 @@ class _SegmentTask:
             self.dead_pending = []
 
     def _due(self, rows_seen: int) -> bool:
-        """Whether to flush now: the flush policy says so, or the run was asked to stop (a change
-        of segments waits for it), which is looked for more often than a flush where a look is a
+        """Whether to flush now: the flush policy says so, the run was asked to stop (a change of
+        segments waits for it), or another run took the checkpoint over (this one must stop calling
+        the handler at once). Those two are looked for more often than a flush where a look is a
         local file's metadata; on an object store each look is a request, so only at a flush."""
         now = time.monotonic()
         if (rows_seen - self.rows_at_flush >= self.flush_every
@@ -405,7 +415,7 @@ class _SegmentTask:
             return True
         if self.plan.store.cheap_looks and now - self.last_stop_look >= _STOP_LOOK_SECONDS:
             self.last_stop_look = now
-            return self.plan.store.stop_requested()
+            return self.plan.store.stop_requested() or self.plan.store.fenced()
         return False
 
     # ---------------------------------------------------- commits, flushes
