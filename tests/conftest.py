@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import types
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -45,6 +47,39 @@ def spark():
     session = local_session("segack-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory):
+    """A real PostgreSQL server's connection string (``tests/postgres.py``); never skipped."""
+    from tests.postgres import postgres_server
+
+    # Under a directory the postgres user can enter, whoever runs the tests.
+    base = tmp_path_factory.mktemp("postgres")
+    os.chmod(base, 0o755)
+    for parent in base.parents:
+        if str(parent).startswith(tempfile.gettempdir()) and parent != Path(tempfile.gettempdir()):
+            os.chmod(parent, 0o755)
+    with postgres_server(base / "server") as dsn:
+        yield dsn
+
+
+@pytest.fixture
+def pg_database(postgres, request):
+    """A fresh database on the test server, with the tests' ledger tables; its connection string."""
+    import psycopg
+
+    from tests.spark_handlers import POSTGRES_LEDGER
+
+    name = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name.lower())[:50]
+    with psycopg.connect(postgres, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {name}")
+    dsn = postgres.replace("dbname=postgres", f"dbname={name}")
+    with psycopg.connect(dsn) as db:
+        for statement in POSTGRES_LEDGER:
+            db.execute(statement)
+    return dsn
 
 
 @pytest.fixture(scope="session")

@@ -249,3 +249,88 @@ def read_log(path: str) -> list[dict[str, Any]]:
     with open(path) as log:
         text = log.read()
     return [json.loads(line) for line in text.split("\n")[:-1] if line]
+
+
+class SqliteConnect:
+    """``connect`` for a SqlSink on the SQLite file ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self) -> Any:
+        import sqlite3
+
+        return sqlite3.connect(self.path, timeout=60, check_same_thread=False)
+
+
+#: The environment variable that names the tests' PostgreSQL database to commands they start.
+DSN_ENV = "SEGACK_TEST_DSN"
+
+
+class PostgresConnect:
+    """``connect`` for a SqlSink on the PostgreSQL server ``dsn`` (else the one :data:`DSN_ENV` names)."""
+
+    def __init__(self, dsn: str | None = None) -> None:
+        self.dsn = dsn
+
+    def __call__(self) -> Any:
+        import psycopg
+
+        return psycopg.connect(self.dsn or os.environ[DSN_ENV])
+
+
+#: The ledger and the balances: a row per event, and a fold of each key's amounts that depends on
+#: their order. Neither is idempotent.
+_BALANCES = "CREATE TABLE balances (user_id TEXT PRIMARY KEY, balance BIGINT NOT NULL)"
+SQLITE_LEDGER = ("CREATE TABLE ledger (id INTEGER PRIMARY KEY AUTOINCREMENT, user_id TEXT NOT NULL, "
+                 "seq BIGINT NOT NULL)", _BALANCES)
+POSTGRES_LEDGER = ("CREATE TABLE ledger (id BIGSERIAL PRIMARY KEY, user_id TEXT NOT NULL, "
+                   "seq BIGINT NOT NULL)", _BALANCES)
+
+
+def fold(balance: int, seq: int) -> int:
+    """One step of a balance: what :class:`LedgerApply` adds for event ``seq`` of a key."""
+    return (balance * 31 + seq + 1) % 1_000_003
+
+
+class LedgerApply:
+    """``apply`` for a SqlSink: the event's ledger row, and its step of its key's balance. ``mark``
+    is the driver's parameter marker (``?`` for SQLite, ``%s`` for psycopg); ``fail_on`` a
+    ``(user, seq)`` whose apply raises."""
+
+    def __init__(self, mark: str, fail_on: tuple[str, int] | None = None) -> None:
+        self.mark = mark
+        self.fail_on = fail_on
+
+    def __call__(self, cursor: Any, event: dict[str, Any]) -> None:
+        if self.fail_on is not None and (event["user"], event["seq"]) == self.fail_on:
+            raise ValueError("the sink's apply refuses this event")
+        m = self.mark
+        modulo = "%%" if m == "%s" else "%"
+        cursor.execute(f"INSERT INTO ledger (user_id, seq) VALUES ({m}, {m})", (event["user"], event["seq"]))
+        cursor.execute(f"INSERT INTO balances (user_id, balance) VALUES ({m}, {m}) "
+                       f"ON CONFLICT (user_id) DO UPDATE "
+                       f"SET balance = (balances.balance * 31 + excluded.balance) {modulo} 1000003",
+                       (event["user"], event["seq"] + 1))
+
+
+class SlowLedgerApply(LedgerApply):
+    """:class:`LedgerApply`, taking ``seconds`` more per event (a kill lands in the middle of a run)."""
+
+    def __init__(self, mark: str, seconds: float) -> None:
+        super().__init__(mark)
+        self.seconds = seconds
+
+    def __call__(self, cursor: Any, event: dict[str, Any]) -> None:
+        time.sleep(self.seconds)
+        super().__call__(cursor, event)
+
+
+def _ledger_sink() -> Any:
+    from segack.sinks import SqlSink
+
+    return SqlSink(PostgresConnect(), SlowLedgerApply("%s", 0.0005))
+
+
+#: ``--handler tests.spark_handlers:ledger_sink``: the ledger on the database :data:`DSN_ENV` names.
+ledger_sink = _ledger_sink()

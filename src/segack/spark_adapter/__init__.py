@@ -18,8 +18,10 @@ from segack.spark_adapter.errors import (
     ReplayError,
     SegmentChangeError,
     SessionError,
+    SinkError,
     TokenError,
 )
+from segack.spark_adapter.handlers import EventIdentity, RunContext, Sink, with_identity
 from segack.spark_adapter.planning import Plan, plan
 from segack.spark_adapter.replay import (
     Progress,
@@ -46,6 +48,7 @@ __all__ = [
     "CheckpointLocationError",
     "CheckpointStore",
     "ClaimLostError",
+    "EventIdentity",
     "ForeignInputError",
     "HandlerFailedError",
     "InputError",
@@ -56,8 +59,11 @@ __all__ = [
     "ReplayError",
     "ReplayResult",
     "Rescale",
+    "RunContext",
     "SegmentChangeError",
     "SessionError",
+    "Sink",
+    "SinkError",
     "TokenError",
     "foreach_batch",
     "hash_column",
@@ -74,6 +80,7 @@ __all__ = [
     "ship_py_files",
     "spark_session",
     "split",
+    "with_identity",
     "worker_error",
 ]
 

@@ -41,17 +41,21 @@ from segack.spark_adapter.checkpoint import (
     DEAD_KEY_GROUP,
     DEAD_POSITION,
     CheckpointError,
-    CheckpointStore,
     TaskStore,
 )
-from segack.spark_adapter.claims import ClaimKeeper
 from segack.spark_adapter.columns import member_index_column
 from segack.spark_adapter.dispatch import Dispatcher
 from segack.spark_adapter.errors import HandlerFailedError, ReplayError, worker_error
+from segack.spark_adapter.handlers import (
+    close_handler,
+    identified_events,
+    wants_identity,
+    with_identities_passed,
+)
 from segack.spark_adapter.options import Handling, OnError
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from segack.spark_adapter.run import Run
 
 __all__ = ["RETRY_RESULT_SCHEMA", "RetryOutcome", "retry_dead_letters"]
 
@@ -82,6 +86,8 @@ class _RetryPlan:
     columns: tuple[str, ...]
     schema: pa.Schema
     handling: Handling
+    #: The checkpoint's id, part of each event's identity.
+    checkpoint_id: str = ""
 
 
 def _retry_file_prefix(run_id: str) -> str:
@@ -106,7 +112,9 @@ class _RetryTask:
         self.partition, self.attempt = partition, attempt
         # A letter that fails again stays a dead letter: the retry never stops the run for it.
         handling = dataclasses.replace(plan.handling, on_error=OnError.DEAD_LETTER)
-        self.dispatcher = Dispatcher(plan.handler, operator.itemgetter(plan.key), handling)
+        self.identified = wants_identity(plan.handler)
+        self.dispatcher = Dispatcher(with_identities_passed(plan.handler), operator.itemgetter(plan.key),
+                                     handling)
         self.rows = 0
         self.duplicates = 0
         self.last_place: tuple[int, int] | None = None
@@ -118,6 +126,9 @@ class _RetryTask:
     def handle(self, batch: pa.RecordBatch) -> None:
         self.open.append((self.rows, batch))
         events = batch.select(list(self.plan.columns)).to_pylist()
+        if self.identified:
+            events = identified_events(events, self.plan.key, batch.column(DEAD_KEY_GROUP).to_numpy(),
+                                       batch.column(DEAD_POSITION).to_numpy(), self.plan.checkpoint_id)
         places = zip(batch.column(DEAD_KEY_GROUP).to_pylist(), batch.column(DEAD_POSITION).to_pylist(),
                      strict=True)
         for event, place in zip(events, places, strict=True):
@@ -199,14 +210,14 @@ def _retry_task(plan: _RetryPlan, batches: Iterator[pa.RecordBatch]) -> Iterator
     except Exception as error:
         # Not a handler failure (those are dead letters): the task itself broke. Spark retries it.
         raise ReplayError(f"retrying dead letters failed: {error}\n{traceback.format_exc()}") from error
+    finally:
+        close_handler(plan.handler)
     yield task.result(failure)
 
 
-def retry_dead_letters(
-    spark: SparkSession, store: CheckpointStore, *, run_id: str, handler: Callable[[dict[str, Any]], Any],
-    key: str, segments: SegmentSet, handling: Handling, keeper: ClaimKeeper,
-) -> RetryOutcome:
-    """Handle the checkpoint's dead letters again, each key's in order (the module's rule 3).
+def retry_dead_letters(run: Run, segments: SegmentSet) -> RetryOutcome:
+    """Handle the checkpoint's dead letters again, each key's in order (the module's rule 3), for
+    ``run`` (its handler, as its options say), over ``segments``.
 
     Raises :class:`~segack.spark_adapter.HandlerFailedError` when a call fails the run (a plain
     call past its ``timeout``), :class:`~segack.spark_adapter.ReplayError` when the Spark job fails, and
@@ -218,6 +229,7 @@ def retry_dead_letters(
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
+    spark, store, run_id, key, keeper = run.spark, run.store, run.run_id, run.events.key, run.keeper
     old = store.dead_letter_files()
     if not old:
         return RetryOutcome()
@@ -229,8 +241,8 @@ def retry_dead_letters(
         raise CheckpointError(f"checkpoint {store.location}: its dead-letter files lack segack's columns")
     columns = tuple(name for name in schema.names if name not in _FIELDS)
     tasks = store.for_tasks(run_id, keeper.claim.number)
-    plan = _RetryPlan(store=tasks, handler=handler, key=key, columns=columns, schema=schema,
-                      handling=handling)
+    plan = _RetryPlan(store=tasks, handler=run.handler, key=key, columns=columns, schema=schema,
+                      handling=run.options.handling, checkpoint_id=run.checkpoint_id)
     files = spark.createDataFrame([(path,) for path in old], "path string")
     letters = files.repartition(max(1, min(len(old), len(segments)))).mapInArrow(
         functools.partial(_read_files, tasks, schema), from_arrow_schema(schema))

@@ -20,6 +20,8 @@ Refusals (``ValueError``)          why
 :class:`SegmentChangeError`        a split, merge or scale that does not apply to the
                                    checkpoint's segments
 :class:`TokenError`                key-group progress that is damaged or contradicts itself
+:class:`SinkError`                 a sink that cannot start: its database out of reach,
+                                   its table not made, a policy it cannot keep
 =================================  ========================================================
 
 A run that stopped (``RuntimeError``): :class:`HandlerFailedError` (the handler raised, after
@@ -50,6 +52,7 @@ __all__ = [
     "ReplayError",
     "SegmentChangeError",
     "SessionError",
+    "SinkError",
     "TokenError",
     "worker_error",
 ]
@@ -100,6 +103,10 @@ class CheckpointClaimedError(CheckpointError):
             f"wait for that run to end, or, if it is gone, for its claim to expire ({claim.timeout:g} s "
             f"unextended) or for `segack release {location} --force`")
         self.claim = claim
+
+
+class SinkError(SegackValueError):
+    """A sink refused the run before it handled any event (:meth:`segack.spark_adapter.Sink.prepare`)."""
 
 
 class HandlerFailedError(SegackError, RuntimeError):

@@ -175,7 +175,7 @@ class Job:
             store=run.store.for_tasks(self.job_id, run.keeper.claim.number), handler=run.handler,
             columns=tuple(run.events.df.columns), key=run.events.key, order=run.events.order,
             options=run.options, start=TaskStart.of(run.tokens),
-            parked=run.store.dead_letter_keys(run.events.key),
+            parked=run.store.dead_letter_keys(run.events.key), checkpoint_id=run.checkpoint_id,
         )
 
     @staticmethod

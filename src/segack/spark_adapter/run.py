@@ -33,6 +33,7 @@ from segack.spark_adapter.errors import (
     TokenError,
 )
 from segack.spark_adapter.events import EventInput
+from segack.spark_adapter.handlers import RunContext, prepare_handler
 from segack.spark_adapter.job import Job, run_tag
 from segack.spark_adapter.options import RunOptions, Verify
 from segack.spark_adapter.rescale import SegmentChange, pending_change, record_segments
@@ -139,6 +140,8 @@ class Run:
         self.handler, self.progress = handler, progress
         self.store: CheckpointStore = keeper.store
         self.run_id = keeper.claim.run_id
+        #: Made with the checkpoint's first state, and kept: part of every event's identity.
+        self.checkpoint_id: str = state.settings.setdefault("checkpoint_id", uuid.uuid4().hex)
         self.spark = events.df.sparkSession
         #: Events done before the jobs started, and when they started (for progress reports).
         self.already_done = 0
@@ -155,6 +158,8 @@ class Run:
                 fingerprint: str | None = None, watch_requests: bool = False) -> RunCounts:
         """Handle the events the checkpoint lacks, over ``segments``; leaves the state final and saved.
 
+        0. **Prepare the handler**: a :class:`~segack.spark_adapter.Sink` checks what it
+           needs on the driver (its database, its table) and may refuse the run: nothing is saved.
         1. **Merge what the previous owner left**: the progress files of the run that held the
            claim before this one (a crash's work is kept; an older, fenced run's is not).
         2. **Verify** the done events against the input, unless ``options.verify`` is ``auto`` and
@@ -175,15 +180,16 @@ class Run:
         (:class:`~segack.spark_adapter.ClaimLostError` once another run took the checkpoint over:
         nothing more is saved).
         """
+        prepare_handler(self.handler, RunContext(  # 0
+            self.store.location, self.checkpoint_id, self.events.key, self.events.order,
+            self.options.handling.policy, self.options.claim_timeout, self.options.handling.batch_size))
         merged = self._merge_leftovers()  # 1
         checked = self._verify(fingerprint)  # 2
         self._save_resumed(fingerprint, merged, consumed)  # 3
         self.already_done = self.tokens.done
         retried = RetryOutcome()
         if self.options.retry_dead_letters:  # 4
-            retried = retry_dead_letters(self.spark, self.store, run_id=self.run_id, handler=self.handler,
-                                         key=self.events.key, segments=segments,
-                                         handling=self.options.handling, keeper=self.keeper)
+            retried = retry_dead_letters(self, segments)
         self.began = time.monotonic()
         jobs = self._run_jobs(segments, watch_requests)  # 5
         if not jobs.recorded_end:  # 6

@@ -49,6 +49,12 @@ from segack.spark_adapter.checkpoint import (
 )
 from segack.spark_adapter.dispatch import Dispatcher, is_async
 from segack.spark_adapter.errors import HandlerFailedError
+from segack.spark_adapter.handlers import (
+    close_handler,
+    identified_events,
+    wants_identity,
+    with_identities_passed,
+)
 from segack.spark_adapter.options import RunOptions
 from segack.spark_adapter.sequencing import DeadLetter, Failure, Rules, retry_after_failure
 from segack.spark_adapter.tokens import KeyGroupTokens, encode_updates, update_schema
@@ -99,6 +105,8 @@ class TaskPlan:
     start: TaskStart
     #: Keys with dead letters from earlier runs: their events are set aside behind them.
     parked: frozenset[Any] = frozenset()
+    #: The checkpoint's id, part of each event's identity.
+    checkpoint_id: str = ""
 
 
 #: What each task returns: one row, its updates sealed as bytes (their types are the data's).
@@ -122,6 +130,8 @@ class _SegmentTask:
         self.partition = partition
         self.name = plan.store.progress_name(partition, attempt)
         self.handling = plan.options.handling
+        self.handler = with_identities_passed(plan.handler)
+        self.identified = wants_identity(plan.handler)
         self.flush_every, self.flush_interval = plan.options.flush_every, plan.options.flush_interval
         start = plan.start
         self.committed = start.committed.copy()
@@ -155,8 +165,8 @@ class _SegmentTask:
         self.watch_keys = self.rules.may_set_aside
         self.letters: list[DeadLetter] = []
         # An async handler always goes through the dispatcher: its calls must be awaited on a loop.
-        if self.handling.dispatched or is_async(plan.handler):
-            self.dispatcher = Dispatcher(plan.handler, operator.itemgetter(plan.key), self.handling,
+        if self.handling.dispatched or is_async(self.handler):
+            self.dispatcher = Dispatcher(self.handler, operator.itemgetter(plan.key), self.handling,
                                          parked=plan.parked)
         if attempt > 0:
             self._adopt_earlier_attempts(partition, attempt)
@@ -238,10 +248,12 @@ class _SegmentTask:
         run_starts = self._run_starts(batch, ties, positions)
         skip = self._done(groups, positions)
         events = batch.select(list(self.plan.columns)).to_pylist()
+        if self.identified:
+            events = identified_events(events, self.plan.key, groups, positions, self.plan.checkpoint_id)
         current = _Batch(batch, groups, positions, ties, run_starts, skip, self.rows_seen)
         if self.dispatcher is not None:
             return self._dispatch(current, events)
-        handler = self.plan.handler
+        handler = self.handler
         for row, event in enumerate(events):
             if skip is not None and skip[row]:
                 continue
@@ -282,7 +294,7 @@ class _SegmentTask:
         set the event aside and stop its key (``None``), or return the run's failure."""
         handling = self.handling
         number = self.rows_seen + row
-        failure = retry_after_failure(self.plan.handler, number, event, error, handling.retry_delay,
+        failure = retry_after_failure(self.handler, number, event, error, handling.retry_delay,
                                       lambda attempt: attempt > handling.retries)
         if failure is None:
             return None
@@ -523,12 +535,15 @@ def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     # A task that starts after its run was asked to stop (a change of segments, a failure
     # elsewhere) handles nothing: the next job, or run, has its events.
     task.stopped = plan.store.stop_requested()
-    for batch in () if task.stopped else batches:
-        failure = task.handle(batch)
-        if failure is not None or task.stopped:
-            break
-    else:
-        failure = task.finish_dispatch()
+    try:
+        for batch in () if task.stopped else batches:
+            failure = task.handle(batch)
+            if failure is not None or task.stopped:
+                break
+        else:
+            failure = task.finish_dispatch()
+    finally:
+        close_handler(plan.handler)
     if failure is not None:
         task._flush(task.rows_seen)
         if not task.fenced:

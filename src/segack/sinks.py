@@ -1,0 +1,305 @@
+"""Sinks: handlers whose effects land exactly once, whatever runs crashed, resumed or were fenced.
+
+A key's events reach the handler in the order of their positions, and an event's position is the
+same in every run of its checkpoint (:class:`~segack.spark_adapter.EventIdentity`). So a
+sink that records, in the same transaction as its effects, the position of the last event of each
+key it applied, and skips events at or below it, applies each event once and in order. The one
+assumption: the effects and that record live in one database and commit together.
+
+:class:`SqlSink` does this for any DB-API 2 database (PostgreSQL through psycopg 3, SQLite through
+``sqlite3``, others through their ``paramstyle``). For a service that takes idempotency keys,
+subclass :class:`~segack.spark_adapter.Sink` and send each event's
+:attr:`~segack.spark_adapter.EventIdentity.idempotency_key`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from segack.errors import SegackTypeError, SegackValueError
+from segack.spark_adapter.errors import SinkError
+from segack.spark_adapter.handlers import EventIdentity, RunContext, Sink
+from segack.spark_adapter.options import Policy
+
+__all__ = ["Sink", "SqlSink"]
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,29}")
+# Keys per SELECT: well below every database's limit on parameters in one statement.
+_KEYS_PER_QUERY = 500
+
+
+def _placeholders(paramstyle: str, count: int) -> list[str]:
+    """The markers for ``count`` positional parameters in ``paramstyle`` (PEP 249)."""
+    if paramstyle == "qmark":
+        return ["?"] * count
+    if paramstyle in ("format", "pyformat"):
+        return ["%s"] * count
+    if paramstyle == "numeric":
+        return [f":{number}" for number in range(1, count + 1)]
+    raise SinkError(f"SqlSink cannot write parameters in paramstyle {paramstyle!r}; "
+                    f"it knows qmark, format, pyformat and numeric")
+
+
+def _key_text(key: Any) -> str:
+    """A key as the sink's table stores it: JSON, so that ``None``, ``"null"`` and ``1`` and ``"1"``
+    stay apart."""
+    return json.dumps(key, default=str, ensure_ascii=False, separators=(",", ":"))
+
+
+class _Dialect:
+    """What differs between the databases a connection may belong to."""
+
+    def __init__(self, connection: Any) -> None:
+        self.driver = type(connection).__module__.split(".")[0]
+        module = sys.modules.get(self.driver)
+        self.paramstyle: str = getattr(module, "paramstyle", "qmark")
+        _placeholders(self.paramstyle, 1)
+        self.sqlite = self.driver == "sqlite3"
+        self.postgres = self.driver in ("psycopg", "psycopg2")
+
+    def marks(self, count: int) -> list[str]:
+        return _placeholders(self.paramstyle, count)
+
+
+class SqlSink(Sink):
+    """A handler that applies each event's effects to a SQL database exactly once, in order.
+
+    Each call (one event, or a list of up to ``batch_size``) is one transaction: it reads the
+    position of the last event applied of each of its keys (locking those rows), calls ``apply``
+    for the events past it, records the new positions, and commits. An event at or below its key's
+    recorded position was applied by some earlier run: it is skipped. A call that raises rolls
+    back, and the run retries it or sets it aside as ``retries`` and ``on_error`` say.
+
+    Parameters
+    ----------
+    connect : callable
+        Returns a new DB-API 2 connection, not in autocommit mode: ``lambda:
+        psycopg.connect(dsn)``, ``lambda: sqlite3.connect(path, check_same_thread=False)`` (the task
+        closes it from its own thread). Each task thread opens one and reuses it; a connection
+        that fails is dropped and the next call opens another.
+    apply : callable, optional
+        ``apply(cursor, event)`` performs one event's effects with ``cursor``, and must not commit.
+    apply_many : callable, optional
+        ``apply_many(cursor, events)``: the same for a list of events (for ``executemany``), each
+        key's in order. Give ``apply`` or ``apply_many``, not both.
+    table : str
+        The start of the name of the table that records the positions: the sink adds the
+        checkpoint's id, so that runs of several checkpoints can share a database. It makes the
+        table if it is missing. At most 30 letters, digits and underscores.
+    pipeline : bool
+        Run ``apply`` in psycopg 3's pipeline mode: its statements go to the server without waiting
+        for each one's answer, several times faster for an ``apply`` that executes per event. The
+        cost: PostgreSQL ends an idle transaction only once its statements were synced, so a run
+        paused in the middle of a list keeps its locks (and the run that took over waits) until it
+        runs again or dies. Off by default; ``apply_many`` with ``executemany`` is as fast.
+
+    Raises
+    ------
+    SegackTypeError
+        ``connect`` or ``apply`` is not callable.
+    SegackValueError
+        Both or neither of ``apply`` and ``apply_many``, or ``table`` not a plain name.
+
+    Notes
+    -----
+    A run can refuse a sink before handling any event (:class:`~segack.spark_adapter.SinkError`):
+    when ``connect`` fails, when the table cannot be made, or under ``policy="concurrent"`` (a key's
+    events could then be applied out of order, and its recorded position would skip some).
+
+    On PostgreSQL the sink sets ``idle_in_transaction_session_timeout`` to the run's claim
+    timeout: a run paused in the middle of a transaction loses it (and its row locks) before
+    another run may take the checkpoint over.
+    """
+
+    def __init__(self, connect: Callable[[], Any], apply: Callable[[Any, dict[str, Any]], Any] | None = None,
+                 *, apply_many: Callable[[Any, list[dict[str, Any]]], Any] | None = None,
+                 table: str = "segack_applied", pipeline: bool = False) -> None:
+        if not callable(connect):
+            raise SegackTypeError("SqlSink: connect must be callable (it returns a DB-API 2 connection)")
+        if (apply is None) == (apply_many is None):
+            raise SegackValueError("SqlSink: give apply (one event) or apply_many (a list), "
+                                   "not both or neither")
+        if not callable(apply if apply is not None else apply_many):
+            raise SegackTypeError("SqlSink: apply and apply_many must be callable")
+        if not isinstance(table, str) or not _NAME.fullmatch(table):
+            raise SegackValueError(f"SqlSink: table must be a plain name of at most 30 letters, digits and "
+                                   f"underscores, starting with a letter or an underscore, not {table!r}")
+        self.connect, self.apply, self.apply_many, self.table = connect, apply, apply_many, table
+        self.pipeline = bool(pipeline)
+        #: Seconds a PostgreSQL session may sit idle inside a transaction (the claim timeout).
+        self.idle_timeout: float | None = None
+        self._opened()
+
+    def _opened(self) -> None:
+        """Nothing opened yet: no connection in any thread."""
+        self._local = threading.local()
+        self._connections: list[Any] = []
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Connections stay where they were opened; each task's copy opens its own.
+        return {name: value for name, value in self.__dict__.items()
+                if name not in ("_local", "_connections", "_lock")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._opened()
+
+    def table_for(self, checkpoint_id: str) -> str:
+        """The name of the table of positions for the checkpoint ``checkpoint_id``."""
+        return f"{self.table}_{checkpoint_id}"
+
+    # ------------------------------------------------------------------ the driver
+
+    def prepare(self, run: RunContext) -> None:
+        """Refuse a run the sink cannot keep exactly once; make its table of positions."""
+        if run.policy == Policy.CONCURRENT:
+            raise SinkError("SqlSink needs each key's events in order; policy 'concurrent' does not keep "
+                            "that (use 'per-key' or 'sequential')")
+        self.idle_timeout = run.claim_timeout
+        name = self.table_for(run.checkpoint_id)
+        try:
+            connection = self.connect()
+        except Exception as error:
+            raise SinkError(f"SqlSink cannot connect: {type(error).__name__}: {error}") from error
+        try:
+            dialect = _Dialect(connection)
+            if self.pipeline and not hasattr(connection, "pipeline"):
+                raise SinkError(f"SqlSink: pipeline=True needs a psycopg 3 connection, "
+                                f"not {dialect.driver}'s")
+            cursor = connection.cursor()
+            cursor.execute(f"CREATE TABLE IF NOT EXISTS {name} "
+                           f"(key_json TEXT PRIMARY KEY, last_position BIGINT NOT NULL)")
+            connection.commit()
+        except SinkError:
+            raise
+        except Exception as error:
+            raise SinkError(f"SqlSink cannot make its table {name}: "
+                            f"{type(error).__name__}: {error}") from error
+        finally:
+            with contextlib.suppress(Exception):
+                connection.close()
+        log.info("SqlSink records positions in %s (%s)", name, dialect.driver)
+
+    # ------------------------------------------------------------------ the tasks
+
+    def _connection(self) -> tuple[Any, _Dialect]:
+        """This thread's connection, opened on first use."""
+        opened = getattr(self._local, "opened", None)
+        if opened is None:
+            connection = self.connect()
+            dialect = _Dialect(connection)
+            if dialect.postgres and self.idle_timeout is not None:
+                connection.cursor().execute(
+                    f"SET idle_in_transaction_session_timeout = {max(1, int(self.idle_timeout * 1000))}")
+                connection.commit()
+            opened = self._local.opened = (connection, dialect)
+            with self._lock:
+                self._connections.append(connection)
+        return opened  # type: ignore[no-any-return]
+
+    def _drop(self, connection: Any) -> None:
+        """Forget a connection that failed: the thread's next call opens another."""
+        self._local.opened = None
+        with self._lock:
+            if connection in self._connections:
+                self._connections.remove(connection)
+        with contextlib.suppress(Exception):
+            connection.close()
+
+    def __call__(self, events: list[dict[str, Any]], identities: list[EventIdentity]) -> None:
+        """Apply the events not yet applied, in one transaction with their keys' new positions."""
+        if not events:
+            return
+        connection, dialect = self._connection()
+        try:
+            self._transaction(connection, dialect, events, identities)
+        except BaseException:
+            try:
+                connection.rollback()
+            except Exception as error:
+                log.warning("SqlSink drops a connection whose rollback failed: %s: %s",
+                            type(error).__name__, error)
+                self._drop(connection)
+            raise
+
+    def _transaction(self, connection: Any, dialect: _Dialect, events: list[dict[str, Any]],
+                     identities: list[EventIdentity]) -> None:
+        """The steps of one call, in one transaction:
+
+        1. **Lock** the call's keys' rows of positions (SQLite: the whole database, at once).
+        2. **Skip** the events at or below their key's position.
+        3. **Apply** the rest, each key's in order.
+        4. **Record** each key's new position (an insert for a new key: a run racing to apply the
+           same key's first events fails on the primary key and rolls back).
+        5. **Commit**.
+        """
+        table = self.table_for(identities[0].checkpoint_id)
+        keys = [_key_text(identity.key) for identity in identities]
+        cursor = connection.cursor()
+        if dialect.sqlite:  # 1
+            cursor.execute("BEGIN IMMEDIATE")
+        applied = self._positions(cursor, dialect, table, sorted(set(keys)))
+        fresh: list[dict[str, Any]] = []  # 2
+        newest: dict[str, int] = {}
+        for event, identity, key in zip(events, identities, keys, strict=True):
+            if identity.position > applied.get(key, -1):
+                fresh.append(event)
+                newest[key] = identity.position
+        self._apply(connection, dialect, cursor, fresh)  # 3
+        marks = dialect.marks(2)
+        moved = [(position, key) for key, position in newest.items() if key in applied]  # 4
+        added = [(key, position) for key, position in newest.items() if key not in applied]
+        if moved:
+            cursor.executemany(f"UPDATE {table} SET last_position = {marks[0]} WHERE key_json = {marks[1]}",
+                               moved)
+        if added:
+            cursor.executemany(f"INSERT INTO {table} (key_json, last_position) "
+                               f"VALUES ({marks[0]}, {marks[1]})", added)
+        connection.commit()  # 5
+
+    def _positions(self, cursor: Any, dialect: _Dialect, table: str, keys: Sequence[str]) -> dict[str, int]:
+        """The recorded position of each of ``keys`` that has one, its row locked till the commit."""
+        lock = "" if dialect.sqlite else " FOR UPDATE"
+        found: dict[str, int] = {}
+        for start in range(0, len(keys), _KEYS_PER_QUERY):
+            chunk = keys[start:start + _KEYS_PER_QUERY]
+            marks = ", ".join(dialect.marks(len(chunk)))
+            cursor.execute(f"SELECT key_json, last_position FROM {table} WHERE key_json IN ({marks})"
+                           f" ORDER BY key_json{lock}", chunk)
+            found.update((key, int(position)) for key, position in cursor.fetchall())
+        return found
+
+    def _apply(self, connection: Any, dialect: _Dialect, cursor: Any, events: list[dict[str, Any]]) -> None:
+        """Step 3; with ``pipeline``, in psycopg 3's pipeline mode."""
+        if not events:
+            return
+        pipeline = connection.pipeline() if self.pipeline else contextlib.nullcontext()
+        with pipeline:
+            if self.apply_many is not None:
+                self.apply_many(cursor, events)
+            else:
+                apply = self.apply
+                assert apply is not None
+                for event in events:
+                    apply(cursor, event)
+
+    def close(self) -> None:
+        """Close every connection this copy of the sink opened."""
+        with self._lock:
+            connections, self._connections = self._connections, []
+        for connection in connections:
+            try:
+                connection.close()
+            except Exception as error:
+                log.warning("SqlSink could not close a connection: %s: %s", type(error).__name__, error)
+        self._local = threading.local()

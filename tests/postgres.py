@@ -1,0 +1,56 @@
+"""A real PostgreSQL server for the tests: Debian's ``postgresql`` binaries, a temporary data
+directory, a free loopback port; started once for the test run and stopped after."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+#: Where Debian's ``postgresql`` package puts initdb and pg_ctl.
+BINARIES = "/usr/lib/postgresql/*/bin"
+
+
+def _binaries() -> Path:
+    found = sorted(glob.glob(f"{BINARIES}/initdb"))
+    if not found:
+        raise RuntimeError(f"no PostgreSQL server: no initdb under {BINARIES} (apt-get install postgresql)")
+    return Path(found[-1]).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def postgres_server(directory: Path) -> Iterator[str]:
+    """Run a server with its data in ``directory`` (made here) until the block ends; yields its
+    connection string. As root, the server runs as the ``postgres`` user (it refuses root)."""
+    bin_dir = _binaries()
+    as_server: list[str] = []
+    if os.geteuid() == 0:
+        as_server = ["runuser", "-u", "postgres", "--"]
+    directory.mkdir(parents=True)
+    data, sockets = directory / "data", directory / "sockets"
+    sockets.mkdir()
+    if as_server:
+        shutil.chown(directory, "postgres")
+        shutil.chown(sockets, "postgres")
+    port = _free_port()
+    subprocess.run([*as_server, str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
+                    "--no-sync", "-E", "UTF8"], check=True, capture_output=True)
+    options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+    subprocess.run([*as_server, str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l",
+                    str(directory / "server.log"), "-w", "start"], check=True, capture_output=True)
+    try:
+        yield f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
+    finally:
+        stop = [str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]
+        subprocess.run([*as_server, *stop], check=False, capture_output=True)
