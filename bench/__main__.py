@@ -1,4 +1,4 @@
-"""``python -m bench [hashes] [assign] [acker] [spark]``: same-run ratios against competitors.
+"""``python -m bench [hashes] [acker] [spark] [sinks]``: same-run ratios against competitors.
 
 Every table times segack and its competitor in this one process, on the same
 input, and prints the ratio; absolute times on shared machines are noise, the
@@ -19,10 +19,10 @@ from bench.common import cpus
 
 
 def main(argv: list[str]) -> int:
-    from bench import acker, hashes, spark
+    from bench import acker, hashes, sinks, spark
 
-    suites = {"hashes": hashes.run, "acker": acker.run, "spark": spark.run}
-    chosen = argv or ["hashes", "acker", "spark"]
+    suites = {"hashes": hashes.run, "acker": acker.run, "spark": spark.run, "sinks": sinks.run}
+    chosen = argv or ["hashes", "acker", "spark", "sinks"]
     unknown = [name for name in chosen if name not in suites]
     if unknown:
         print(f"unknown suite(s): {', '.join(unknown)}; choose from {', '.join(suites)}")

@@ -37,7 +37,7 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(int|str|bytes|float|bool|object|list|tuple|dict|None|BaseException|ValueError)"),
     # Words numpydoc puts where a type goes: "handler : callable", "progress : callable, optional".
     (r"py:class", r"(callable|optional|mapping)"),
-    (r"py:.*", r"argparse\..*"),
+    (r"py:.*", r"(argparse|sqlite3)\..*"),
     # Unqualified names in the spec's docstrings: documented once, under segack.
     (r"py:class", r"(DuplicateAckError|AckerFullError|SegmentSet)"),
 ]

@@ -332,3 +332,26 @@ def test_postgres_a_paused_transaction_does_not_block_the_next_run_past_the_time
     sink.close()
     with psycopg.connect(pg_database) as db:
         assert db.execute("SELECT seq FROM ledger ORDER BY id").fetchall() == [(0,), (1,), (2,)]
+
+
+def test_the_demos_apply_is_strict_and_its_sink_skips_what_it_applied(tmp_path, monkeypatch):
+    from segack import demo
+
+    monkeypatch.setenv(demo.DB_ENV, str(tmp_path / "users.db"))
+    events = [{"user": "u", "seq": seq, "part": part} for seq, part in enumerate(["registered", "verified"])]
+    connection = demo.connect_database()
+    cursor = connection.cursor()
+    demo.apply_part(cursor, events[0])
+    with pytest.raises(demo.OrderViolationError, match="event 0 arrived after event 0"):
+        demo.apply_part(cursor, events[0])
+    connection.rollback()
+    with pytest.raises(demo.OrderViolationError, match="event 1 arrived after event -1"):
+        demo.apply_part(cursor, events[1])
+    connection.close()
+    sink = pickle.loads(pickle.dumps(demo.sink))
+    sink.prepare(_run())
+    identities = [EventIdentity("u", 0, seq, CHECKPOINT_ID) for seq in range(2)]
+    sink(events[:1], identities[:1])
+    sink(events, identities)  # the first again: skipped, or apply_part would raise
+    sink.close()
+    assert demo.read_users(str(tmp_path / "users.db")) == [("u", 1, "registered,verified")]

@@ -894,3 +894,16 @@ def test_a_replay_over_auto_segments_plans_them_first_and_keeps_each_keys_order(
     with pytest.raises(OptionError, match="segments must be a positive int, a SegmentSet or 'auto'"):
         replay(frame, key="user", order="ts", handler=Recorder(log), checkpoint=str(tmp_path / "d"),
                segments="planned")
+
+
+def test_ship_module_sends_a_local_package_but_never_segack_itself(spark):
+    import zipfile
+
+    from segack.spark_adapter import ship_module
+
+    # segack is on the executors already, installed or not; a zip of it would lack its kernel.
+    assert ship_module(spark, "segack.demo") is None
+    assert ship_module(spark, "json") is None
+    shipped = ship_module(spark, "tests.spark_handlers")
+    assert shipped is not None and shipped.endswith("tests.zip")
+    assert "tests/spark_handlers.py" in zipfile.ZipFile(shipped).namelist()

@@ -3,10 +3,10 @@
 Each user is built by a fixed sequence of steps (register, verify, add a payment
 method, connect providers, ...); each step is one event. Applying an event
 appends its part to the user's row, and only makes sense once every earlier part
-is there. :func:`apply_event` is the replay handler: idempotent (an event already
-applied is skipped) and strict (an event whose predecessor is missing raises),
-so a replay that broke per-user order would fail loudly rather than build a
-wrong user.
+is there. :func:`apply_part` is not idempotent and it is strict: an event whose
+predecessor is missing, or one applied already, raises. So a replay that broke a
+user's order, or applied an event twice, would fail loudly rather than build a
+wrong user. The demo replays through :data:`sink`, which applies each event once.
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ import numpy as np
 import pyarrow as pa
 
 from segack.errors import SegackError, SegackValueError
+from segack.sinks import SqlSink
 
 __all__ = [
-    "DB_ENV", "OrderViolationError", "apply_event", "generate_events", "read_users", "sequential_users",
+    "DB_ENV", "OrderViolationError", "apply_part", "connect_database", "generate_events", "read_users",
+    "sequential_users", "sink",
 ]
 
-#: The environment variable naming the SQLite database :func:`apply_event` writes.
+#: The environment variable naming the SQLite database :data:`sink` writes.
 DB_ENV = "SEGACK_DEMO_DB"
 STEPS = (
     "registered", "verified-email", "accepted-terms", "added-payment", "connected-car-sharing",
@@ -80,59 +82,47 @@ def generate_events(count: int, seed: int = 2026) -> pa.Table:
     })
 
 
-_connections: dict[str, sqlite3.Connection] = {}
-
-
-def _connect(path: str) -> sqlite3.Connection:
-    connection = _connections.get(path)
-    if connection is None:
-        connection = sqlite3.connect(path, timeout=60, isolation_level=None)
-        # WAL with synchronous=NORMAL survives a killed process (not a power cut), at a
-        # fraction of the cost of an fsync per event.
-        connection.execute("PRAGMA journal_mode=WAL")
-        connection.execute("PRAGMA synchronous=NORMAL")
-        connection.execute(_SCHEMA)
-        _connections[path] = connection
+def connect_database() -> sqlite3.Connection:
+    """A connection to the database named by ``$SEGACK_DEMO_DB``, its users table made."""
+    connection = sqlite3.connect(os.environ[DB_ENV], timeout=60, check_same_thread=False)
+    # WAL with synchronous=NORMAL survives a killed process (not a power cut), at a
+    # fraction of the cost of an fsync per transaction.
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute("PRAGMA synchronous=NORMAL")
+    connection.execute(_SCHEMA)
+    connection.commit()
     return connection
 
 
-def _apply(connection: sqlite3.Connection, event: dict[str, Any]) -> None:
+def apply_part(cursor: sqlite3.Cursor, event: dict[str, Any]) -> None:
+    """Append the event's part to its user's row. Not idempotent, and strict: an event whose
+    predecessor is missing, or that was applied already, raises ``OrderViolationError``."""
     user, seq, part = event["user"], int(event["seq"]), event["part"]
-    row = connection.execute("SELECT version, parts FROM users WHERE user = ?", (user,)).fetchone()
+    row = cursor.execute("SELECT version, parts FROM users WHERE user = ?", (user,)).fetchone()
     version = -1 if row is None else row[0]
-    if seq <= version:
-        return
     if seq != version + 1:
         raise OrderViolationError(f"{user}: event {seq} arrived after event {version}")
     parts = part if row is None else f"{row[1]},{part}"
-    connection.execute(
+    cursor.execute(
         "INSERT INTO users (user, version, parts) VALUES (?, ?, ?) "
         "ON CONFLICT(user) DO UPDATE SET version = excluded.version, parts = excluded.parts",
         (user, seq, parts),
     )
 
 
-def apply_event(event: dict[str, Any]) -> None:
-    """The demo's replay handler: apply one event to the database named by ``$SEGACK_DEMO_DB``."""
-    connection = _connect(os.environ[DB_ENV])
-    connection.execute("BEGIN IMMEDIATE")
-    try:
-        _apply(connection, event)
-    except BaseException:
-        connection.execute("ROLLBACK")
-        raise
-    connection.execute("COMMIT")
+#: The demo's handler: :func:`apply_part` through a :class:`~segack.sinks.SqlSink`, which skips the
+#: events a killed run applied but had not recorded done.
+sink = SqlSink(connect_database, apply_part)
 
 
 def sequential_users(events: pa.Table, path: str) -> None:
     """Build the reference database: every event applied in time order, one process."""
-    connection = sqlite3.connect(path, isolation_level=None)
+    connection = sqlite3.connect(path)
     connection.execute(_SCHEMA)
-    connection.execute("BEGIN")
-    ordered = events.sort_by("ts")
-    for event in ordered.to_pylist():
-        _apply(connection, event)
-    connection.execute("COMMIT")
+    cursor = connection.cursor()
+    for event in events.sort_by("ts").to_pylist():
+        apply_part(cursor, event)
+    connection.commit()
     connection.close()
 
 

@@ -199,9 +199,9 @@ def _replay_process(workdir: str, segments: int) -> subprocess.Popen[bytes]:
     environment = dict(os.environ, SEGACK_DEMO_DB=os.path.join(workdir, "users.sqlite"))
     command = [
         sys.executable, "-m", "segack", "replay", os.path.join(workdir, "events.parquet"),
-        "--key", "user", "--order", "ts", "--handler", "segack.demo:apply_event",
+        "--key", "user", "--order", "ts", "--handler", "segack.demo:sink",
         "--checkpoint", os.path.join(workdir, "checkpoint"), "--segments", str(segments),
-        "--flush-every", "2000", "--flush-interval", "0.5",
+        "--batch-size", "100", "--concurrency", "4", "--flush-every", "2000", "--flush-interval", "0.5",
     ]
     return subprocess.Popen(command, env=environment, start_new_session=True)
 
@@ -229,7 +229,9 @@ def demo_command(args: argparse.Namespace) -> int:
     demo.sequential_users(events, os.path.join(workdir, "expected.sqlite"))
     print("2. built the expected database by applying every event in time order, sequentially")
 
-    print("3. replaying into SQLite over 4 segments; the run will be killed partway (SIGKILL)")
+    print("3. replaying into SQLite over 4 segments, in lists of up to 100 events, 4 lists in flight per "
+          "segment, through a sink that applies each list in one transaction with each user's last applied "
+          "position; the run will be killed partway (SIGKILL)")
     first = _replay_process(workdir, 4)
     target = events.num_rows * 0.35
     killed_at = None
@@ -251,8 +253,10 @@ def demo_command(args: argparse.Namespace) -> int:
     if killed_at is None:
         print("   the run ended before it could be killed")
     else:
-        print(f"   killed with {killed_at:,} events recorded done in the checkpoint")
-
+        applied = demo.count_events(demo.read_users(os.path.join(workdir, "users.sqlite")))
+        print(f"   killed with {killed_at:,} events recorded done in the checkpoint's state (progress files "
+              f"hold more, which the next run merges) and {applied:,} applied to the database: the next run "
+              f"is handed again those applied but not recorded, and the sink skips them")
     print("4. resuming from the checkpoint with 7 segments instead of 4 (a rescale)")
     second = _replay_process(workdir, 7)
     if second.wait() != 0:
@@ -266,5 +270,5 @@ def demo_command(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     print(f"5. checked: all {len(got):,} users ({demo.count_events(got):,} parts) equal sequential "
-          f"processing, and no event was applied before an earlier one of its user")
+          f"processing: each event applied exactly once, none before an earlier one of its user")
     return 0

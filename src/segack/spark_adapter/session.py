@@ -218,7 +218,8 @@ def ship_module(spark: SparkSession, module_name: str) -> str | None:
     top = module_name.split(".")[0]
     module = importlib.import_module(top)
     origin: str | None = getattr(module, "__file__", None)
-    if origin is None or _within(origin, _installed_roots()):
+    # segack itself is on the executors already (a zip of its .py files would lack its kernel).
+    if origin is None or top == __name__.split(".")[0] or _within(origin, _installed_roots()):
         return None
     if not hasattr(module, "__path__"):
         spark.addArtifacts(origin, pyfile=True)
