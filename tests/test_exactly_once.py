@@ -299,3 +299,19 @@ def test_a_sink_that_cannot_start_is_refused_before_any_event(tmp_path, postgres
     assert "SqlSink cannot connect: OperationalError" in err, err
     assert 'database "no_such_database" does not exist' in err, err
     assert CheckpointStore(checkpoint).load() is None
+
+
+def test_a_sink_on_a_table_it_cannot_make_is_refused_before_any_event(spark, tmp_path):
+    from segack.spark_adapter import SinkError
+
+    table = generate_events(300, seed=59)
+    database = tmp_path / "read-only.db"
+    sqlite3.connect(database).close()
+    sink = SqlSink(lambda: sqlite3.connect(f"file:{database}?mode=ro", uri=True, check_same_thread=False),
+                   LedgerApply("?"))
+    checkpoint = str(tmp_path / "checkpoint")
+    with pytest.raises(SinkError, match="cannot make its table segack_applied_[0-9a-f]{32}: OperationalError"):
+        replay(spark.createDataFrame(table), key="user", order="ts", handler=sink, checkpoint=checkpoint)
+    # No task ran: none wrote progress, and the run saved no state.
+    store = CheckpointStore(checkpoint)
+    assert store.load() is None and store.progress_files() == []
