@@ -1,11 +1,11 @@
 """``python -m bench sinks``: effects in PostgreSQL through Spark, exactly once against what users
 write by hand, and a no-op handler in lists against one event per call.
 
-A real PostgreSQL server on loopback (Debian's ``postgresql``, started as the tests start it), one
-Spark session, 200,000 events of 8,000 accounts; each event inserts a ledger row and upserts its
-account's balance. Rates come from the database's own clock: the ledger stamps each row with
-``clock_timestamp()``, and a pipeline's rate is its rows over the time from its first row to its last,
-so Spark's start and planning count for none of them.
+A real PostgreSQL server on loopback (Debian's ``postgresql``, started as the tests start it, but
+durable: each commit reaches the disk), one Spark session, 200,000 events of 8,000 accounts; each
+event inserts a ledger row and upserts its account's balance. Rates come from the database's own
+clock: the ledger stamps each row with ``clock_timestamp()``, and a pipeline's rate is its rows over
+the time from its first row to its last, so Spark's start and planning count for none of them.
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def run() -> None:
     workdir = tempfile.mkdtemp(prefix="segack-bench-sinks-")
     os.chmod(workdir, 0o755)
     try:
-        with postgres_server(Path(workdir) / "postgres") as server:
+        with postgres_server(Path(workdir) / "postgres", durable=True) as server:
             began = time.perf_counter()
             _sinks(sink_rows, server)
             print(f"(sinks: {time.perf_counter() - began:.0f} s)")

@@ -30,9 +30,11 @@ def _free_port() -> int:
 
 
 @contextmanager
-def postgres_server(directory: Path) -> Iterator[str]:
+def postgres_server(directory: Path, durable: bool = False) -> Iterator[str]:
     """Run a server with its data in ``directory`` (made here) until the block ends; yields its
-    connection string. As root, the server runs as the ``postgres`` user (it refuses root)."""
+    connection string. As root, the server runs as the ``postgres`` user (it refuses root).
+    Tests need no durability (``fsync=off``); a benchmark does (``durable``): each commit waits for
+    its write to reach the disk, as on a real database."""
     bin_dir = _binaries()
     as_server: list[str] = []
     if os.geteuid() == 0:
@@ -46,7 +48,9 @@ def postgres_server(directory: Path) -> Iterator[str]:
     port = _free_port()
     subprocess.run([*as_server, str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
                     "--no-sync", "-E", "UTF8"], check=True, capture_output=True)
-    options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+    options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c max_connections=200"
+    if not durable:
+        options += " -c fsync=off"
     subprocess.run([*as_server, str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l",
                     str(directory / "server.log"), "-w", "start"], check=True, capture_output=True)
     try:

@@ -56,7 +56,9 @@ def _key_text(key: Any) -> str:
 
 
 class _Dialect:
-    """What differs between the databases a connection may belong to."""
+    """What differs between the databases a connection may belong to: how a call reads (and
+    locks) its keys' positions and records the new ones. This generic form uses only what every
+    DB-API 2 driver has: ``IN`` lists and ``executemany``."""
 
     def __init__(self, connection: Any) -> None:
         self.driver = type(connection).__module__.split(".")[0]
@@ -66,8 +68,59 @@ class _Dialect:
         self.sqlite = self.driver == "sqlite3"
         self.postgres = self.driver in ("psycopg", "psycopg2")
 
-    def marks(self, count: int) -> list[str]:
-        return _placeholders(self.paramstyle, count)
+    @staticmethod
+    def of(connection: Any) -> _Dialect:
+        """The dialect of ``connection``'s driver."""
+        dialect = _Dialect(connection)
+        return _Postgres(connection) if dialect.postgres else dialect
+
+    def begin(self, cursor: Any) -> None:
+        """Start the call's transaction; SQLite takes the database's write lock at once, so that two
+        runs never both read a position and then both write."""
+        if self.sqlite:
+            cursor.execute("BEGIN IMMEDIATE")
+
+    def positions(self, cursor: Any, table: str, keys: Sequence[str]) -> dict[str, int]:
+        """The recorded position of each of ``keys`` that has one, its row locked till the commit."""
+        lock = "" if self.sqlite else " FOR UPDATE"
+        found: dict[str, int] = {}
+        for start in range(0, len(keys), _KEYS_PER_QUERY):
+            chunk = keys[start:start + _KEYS_PER_QUERY]
+            marks = ", ".join(_placeholders(self.paramstyle, len(chunk)))
+            cursor.execute(f"SELECT key_json, last_position FROM {table} WHERE key_json IN ({marks})"
+                           f" ORDER BY key_json{lock}", chunk)
+            found.update((key, int(position)) for key, position in cursor.fetchall())
+        return found
+
+    def record(self, cursor: Any, table: str, moved: dict[str, int], added: dict[str, int]) -> None:
+        """Record new positions: ``moved`` keys have a row, ``added`` ones get one (a run racing to
+        add the same key fails on the primary key, and its transaction rolls back)."""
+        first, second = _placeholders(self.paramstyle, 2)
+        if moved:
+            cursor.executemany(f"UPDATE {table} SET last_position = {first} WHERE key_json = {second}",
+                               [(position, key) for key, position in moved.items()])
+        if added:
+            cursor.executemany(f"INSERT INTO {table} (key_json, last_position) VALUES ({first}, {second})",
+                               list(added.items()))
+
+
+class _Postgres(_Dialect):
+    """PostgreSQL: each step in one statement, the keys and positions passed as arrays."""
+
+    def positions(self, cursor: Any, table: str, keys: Sequence[str]) -> dict[str, int]:
+        cursor.execute(f"SELECT key_json, last_position FROM {table} WHERE key_json = ANY(%s) "
+                       f"ORDER BY key_json FOR UPDATE", (list(keys),))
+        return {key: int(position) for key, position in cursor.fetchall()}
+
+    def record(self, cursor: Any, table: str, moved: dict[str, int], added: dict[str, int]) -> None:
+        if moved:
+            cursor.execute(f"UPDATE {table} SET last_position = new.position "
+                           f"FROM unnest(%s::text[], %s::bigint[]) AS new(key, position) "
+                           f"WHERE {table}.key_json = new.key", (list(moved), list(moved.values())))
+        if added:
+            cursor.execute(f"INSERT INTO {table} (key_json, last_position) "
+                           f"SELECT * FROM unnest(%s::text[], %s::bigint[])",
+                           (list(added), list(added.values())))
 
 
 class SqlSink(Sink):
@@ -172,7 +225,7 @@ class SqlSink(Sink):
         except Exception as error:
             raise SinkError(f"SqlSink cannot connect: {type(error).__name__}: {error}") from error
         try:
-            dialect = _Dialect(connection)
+            dialect = _Dialect.of(connection)
             if self.pipeline and not hasattr(connection, "pipeline"):
                 raise SinkError(f"SqlSink: pipeline=True needs a psycopg 3 connection, "
                                 f"not {dialect.driver}'s")
@@ -197,7 +250,7 @@ class SqlSink(Sink):
         opened = getattr(self._local, "opened", None)
         if opened is None:
             connection = self.connect()
-            dialect = _Dialect(connection)
+            dialect = _Dialect.of(connection)
             if dialect.postgres and self.idle_timeout is not None:
                 connection.cursor().execute(
                     f"SET idle_in_transaction_session_timeout = {max(1, int(self.idle_timeout * 1000))}")
@@ -246,40 +299,21 @@ class SqlSink(Sink):
         table = self.table_for(identities[0].checkpoint_id)
         keys = [_key_text(identity.key) for identity in identities]
         cursor = connection.cursor()
-        if dialect.sqlite:  # 1
-            cursor.execute("BEGIN IMMEDIATE")
-        applied = self._positions(cursor, dialect, table, sorted(set(keys)))
+        dialect.begin(cursor)  # 1
+        applied = dialect.positions(cursor, table, sorted(set(keys)))
         fresh: list[dict[str, Any]] = []  # 2
         newest: dict[str, int] = {}
         for event, identity, key in zip(events, identities, keys, strict=True):
             if identity.position > applied.get(key, -1):
                 fresh.append(event)
                 newest[key] = identity.position
-        self._apply(connection, dialect, cursor, fresh)  # 3
-        marks = dialect.marks(2)
-        moved = [(position, key) for key, position in newest.items() if key in applied]  # 4
-        added = [(key, position) for key, position in newest.items() if key not in applied]
-        if moved:
-            cursor.executemany(f"UPDATE {table} SET last_position = {marks[0]} WHERE key_json = {marks[1]}",
-                               moved)
-        if added:
-            cursor.executemany(f"INSERT INTO {table} (key_json, last_position) "
-                               f"VALUES ({marks[0]}, {marks[1]})", added)
+        self._apply(connection, cursor, fresh)  # 3
+        moved = {key: position for key, position in newest.items() if key in applied}  # 4
+        dialect.record(cursor, table, moved, {key: position for key, position in newest.items()
+                                              if key not in applied})
         connection.commit()  # 5
 
-    def _positions(self, cursor: Any, dialect: _Dialect, table: str, keys: Sequence[str]) -> dict[str, int]:
-        """The recorded position of each of ``keys`` that has one, its row locked till the commit."""
-        lock = "" if dialect.sqlite else " FOR UPDATE"
-        found: dict[str, int] = {}
-        for start in range(0, len(keys), _KEYS_PER_QUERY):
-            chunk = keys[start:start + _KEYS_PER_QUERY]
-            marks = ", ".join(dialect.marks(len(chunk)))
-            cursor.execute(f"SELECT key_json, last_position FROM {table} WHERE key_json IN ({marks})"
-                           f" ORDER BY key_json{lock}", chunk)
-            found.update((key, int(position)) for key, position in cursor.fetchall())
-        return found
-
-    def _apply(self, connection: Any, dialect: _Dialect, cursor: Any, events: list[dict[str, Any]]) -> None:
+    def _apply(self, connection: Any, cursor: Any, events: list[dict[str, Any]]) -> None:
         """Step 3; with ``pipeline``, in psycopg 3's pipeline mode."""
         if not events:
             return
