@@ -105,7 +105,25 @@ class _Dialect:
 
 
 class _Postgres(_Dialect):
-    """PostgreSQL: each step in one statement, the keys and positions passed as arrays."""
+    """PostgreSQL: each step in one statement, the keys and positions passed as arrays; and first,
+    optimistically, no positions read at all (:meth:`record_fresh`)."""
+
+    def record_fresh(self, cursor: Any, table: str, firsts: dict[str, int], lasts: dict[str, int]) -> None:
+        """Record each key's ``lasts`` position if none of its events from ``firsts`` on was applied
+        (its row is below, or missing); otherwise raise, and the caller rolls back. The update locks
+        the rows it moves and checks them again once a racing run commits; a racing insert of a new
+        key fails on the primary key."""
+        cursor.execute(f"UPDATE {table} SET last_position = new.last "
+                       f"FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) AS new(key, first, last) "
+                       f"WHERE {table}.key_json = new.key AND {table}.last_position < new.first "
+                       f"RETURNING {table}.key_json",
+                       (list(lasts), [firsts[key] for key in lasts], list(lasts.values())))
+        moved = {key for (key,) in cursor.fetchall()}
+        added = [key for key in lasts if key not in moved]
+        if added:
+            cursor.execute(f"INSERT INTO {table} (key_json, last_position) "
+                           f"SELECT * FROM unnest(%s::text[], %s::bigint[])",
+                           (added, [lasts[key] for key in added]))
 
     def positions(self, cursor: Any, table: str, keys: Sequence[str]) -> dict[str, int]:
         cursor.execute(f"SELECT key_json, last_position FROM {table} WHERE key_json = ANY(%s) "
@@ -130,7 +148,9 @@ class SqlSink(Sink):
     position of the last event applied of each of its keys (locking those rows), calls ``apply``
     for the events past it, records the new positions, and commits. An event at or below its key's
     recorded position was applied by some earlier run: it is skipped. A call that raises rolls
-    back, and the run retries it or sets it aside as ``retries`` and ``on_error`` say.
+    back, and the run retries it or sets it aside as ``retries`` and ``on_error`` say. On
+    PostgreSQL a call first applies every event and checks the positions as it records them,
+    reading them first only when that finds some applied already.
 
     Parameters
     ----------
@@ -275,6 +295,14 @@ class SqlSink(Sink):
             return
         connection, dialect = self._connection()
         try:
+            if isinstance(dialect, _Postgres):
+                try:
+                    self._all_fresh(connection, dialect, events, identities)
+                    return
+                except Exception as error:
+                    # Some events were applied already (or apply raised on one): read the positions.
+                    log.debug("SqlSink reads positions after %s: %s", type(error).__name__, error)
+                    connection.rollback()
             self._transaction(connection, dialect, events, identities)
         except BaseException:
             try:
@@ -312,6 +340,21 @@ class SqlSink(Sink):
         dialect.record(cursor, table, moved, {key: position for key, position in newest.items()
                                               if key not in applied})
         connection.commit()  # 5
+
+    def _all_fresh(self, connection: Any, dialect: _Postgres, events: list[dict[str, Any]],
+                   identities: list[EventIdentity]) -> None:
+        """The call when none of its events was applied, as after any crash all but a few calls
+        are: :meth:`_transaction` without step 1 and 2, step 4 checking what they would have read."""
+        cursor = connection.cursor()
+        self._apply(connection, cursor, events)
+        firsts: dict[str, int] = {}
+        lasts: dict[str, int] = {}
+        for identity in identities:
+            key = _key_text(identity.key)
+            firsts.setdefault(key, identity.position)
+            lasts[key] = identity.position
+        dialect.record_fresh(cursor, self.table_for(identities[0].checkpoint_id), firsts, lasts)
+        connection.commit()
 
     def _apply(self, connection: Any, cursor: Any, events: list[dict[str, Any]]) -> None:
         """Step 3; with ``pipeline``, in psycopg 3's pipeline mode."""
