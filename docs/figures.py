@@ -192,7 +192,8 @@ def performance(out: Path) -> None:
     plt.close(figure)
     tables = []
     for name in ("hashes", "acker", "acker-state", "spark-columns", "spark-replay", "spark-checkpoint",
-                 "spark-resume", "spark-concurrency", "spark-planning", "spark-rescale", "spark-claims"):
+                 "spark-resume", "spark-concurrency", "spark-planning", "spark-rescale", "spark-claims",
+                 "sinks-postgres", "sinks-lists"):
         data = json.loads((HERE / "perf" / f"{name}.json").read_text())
         columns = list(dict.fromkeys(key for row in data["rows"] for key in row))
         tables.append(f".. list-table:: {name}\n   :header-rows: 1\n")
