@@ -267,7 +267,7 @@ class SqlSink(Sink):
 
     def _connection(self) -> tuple[Any, _Dialect]:
         """This thread's connection, opened on first use."""
-        opened = getattr(self._local, "opened", None)
+        opened: tuple[Any, _Dialect] | None = getattr(self._local, "opened", None)
         if opened is None:
             connection = self.connect()
             dialect = _Dialect.of(connection)
@@ -278,7 +278,7 @@ class SqlSink(Sink):
             opened = self._local.opened = (connection, dialect)
             with self._lock:
                 self._connections.append(connection)
-        return opened  # type: ignore[no-any-return]
+        return opened
 
     def _drop(self, connection: Any) -> None:
         """Forget a connection that failed: the thread's next call opens another."""
