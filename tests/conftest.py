@@ -86,3 +86,25 @@ def pg_database(postgres, request):
 def jvm(spark):
     """The session's JVM, through its Py4J gateway."""
     return spark.sparkContext._jvm
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """A real S3 API server's endpoint (moto's standalone server, ``tests/s3.py``); never skipped."""
+    from tests.s3 import s3_server
+
+    with s3_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def s3(s3_endpoint, monkeypatch, request):
+    """A fresh bucket on the test server, and this process's environment pointing at the server
+    the standard way (``AWS_ENDPOINT_URL`` and credentials); yields ``s3://BUCKET``."""
+    from tests.s3 import CREDENTIALS, make_bucket
+
+    for name, value in {**CREDENTIALS, "AWS_ENDPOINT_URL": s3_endpoint}.items():
+        monkeypatch.setenv(name, value)
+    bucket = "t-" + "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:50].strip("-")
+    make_bucket(s3_endpoint, bucket)
+    return f"s3://{bucket}"

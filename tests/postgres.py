@@ -6,11 +6,12 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from tests.ports import free_port
 
 #: Where Debian's ``postgresql`` package puts initdb and pg_ctl.
 BINARIES = "/usr/lib/postgresql/*/bin"
@@ -21,12 +22,6 @@ def _binaries() -> Path:
     if not found:
         raise RuntimeError(f"no PostgreSQL server: no initdb under {BINARIES} (apt-get install postgresql)")
     return Path(found[-1]).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @contextmanager
@@ -45,7 +40,7 @@ def postgres_server(directory: Path, durable: bool = False) -> Iterator[str]:
     if as_server:
         shutil.chown(directory, "postgres")
         shutil.chown(sockets, "postgres")
-    port = _free_port()
+    port = free_port()
     subprocess.run([*as_server, str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
                     "--no-sync", "-E", "UTF8"], check=True, capture_output=True)
     options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c max_connections=200"

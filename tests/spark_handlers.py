@@ -174,6 +174,10 @@ def read_lines(path: str) -> list[str]:
         return log.read().split("\n")[:-1]
 
 
+def discard(event: dict[str, Any]) -> None:
+    """Does nothing: for tests of what surrounds the handler."""
+
+
 def record_slowly(event: dict[str, Any]) -> None:
     """The kill test's handler: log the event (path from the environment), then pause a little."""
     line = json.dumps({"user": event["user"], "seq": event["seq"], "run": os.environ.get("SEGACK_TEST_RUN")})

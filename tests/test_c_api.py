@@ -12,6 +12,8 @@ import pytest
 
 import segack
 
+pytestmark = pytest.mark.compiler
+
 CLIENT = """
 from libc.stdint cimport int64_t, uint8_t, uint32_t
 

@@ -27,6 +27,7 @@ from segack.spark_adapter.checkpoint import (
     CheckpointStore,
     resolve_location,
 )
+from segack.spark_adapter.driver_watch import DriverProcess
 from segack.spark_adapter.tokens import KeyGroupTokens, update_schema
 from tests.outcomes import exactly, starting
 
@@ -268,7 +269,8 @@ def test_tasks_see_their_run_fenced_only_by_a_newer_claim(store):
 def test_a_tasks_view_pickles_as_its_location_run_and_claim_and_reads_its_earlier_attempts(store):
     tasks = store.for_tasks("r1", 4)
     back = pickle.loads(pickle.dumps(tasks))
-    assert back.__getstate__() == {"location": store.location, "run_id": "r1", "claim_number": 4}
+    assert back.__getstate__() == {"location": store.location, "run_id": "r1", "claim_number": 4,
+                                   "driver": DriverProcess.this()}
     assert back.progress_name(3, 1) == "r1-s00003-a1" and back.cheap_looks == store.is_local
     updates = _updates([(0, 2, 1, 9, "k", 5)])
     for name in ("r1-s00003-a0", "r1-s00003-a1", "r1-s00004-a0", "r2-s00003-a0", "r1-2-s00003-a0"):
@@ -298,12 +300,13 @@ def test_dead_letters_are_parquet_files_read_back_once_per_event(store, where):
     assert len(store.dead_letter_files()) == 2 and len(store.dead_letter_files("r1-s00000-a1")) == 1
     assert store.dead_letter_files("r2") == []
     letters = store.read_dead_letters()
-    assert letters.column("user").to_pylist() == ["a", "b", "c"]
+    assert letters.column("user").to_pylist() == ["a", "b", "c"] and store.count_dead_letters() == 3
     assert letters.column(DEAD_ERROR).to_pylist() == ["ValueError: no", "ValueError: no", "Again: x"]
     assert store.dead_letter_keys("user") == frozenset({"a", "b", "c"})
     # The same position in another key group is another event.
     tasks.write_dead_letters("r1-s00001-a0-00000", _letters(["d"], [3], [4]))
     assert store.read_dead_letters().column("user").to_pylist() == ["a", "b", "c", "d"]
+    assert store.count_dead_letters() == 4
     store.delete_dead_letters(store.dead_letter_files("r1-s00001"))
     [path] = store.dead_letter_files("r1-s00000-a1")
     assert store.read_dead_letter_file(path, columns=["user"]).column_names == ["user"]
@@ -312,7 +315,34 @@ def test_dead_letters_are_parquet_files_read_back_once_per_event(store, where):
     assert pq.read_table(where[1] / "dead-letters" / "r1-s00000-a1-00000.parquet").num_rows == 2
     store.delete_dead_letters([path])
     assert store.read_dead_letter_file(path) is None and store.dead_letter_schema(path) is None
-    assert store.dead_letter_keys("user") == frozenset({"a", "b"})
+    assert store.dead_letter_keys("user") == frozenset({"a", "b"}) and store.count_dead_letters() == 2
+    store.delete_dead_letters(store.dead_letter_files())
+    assert store.count_dead_letters() == 0
+
+
+def test_a_location_that_is_a_file_or_holds_other_files_is_not_a_checkpoint(where):
+    root = where[1]
+    root.parent.mkdir(parents=True, exist_ok=True)
+    root.write_bytes(b"x")
+    with pytest.raises(CheckpointLocationError, match="is a file, not a checkpoint's directory"):
+        CheckpointStore(where[0]).load()
+    root.unlink()
+    root.mkdir()
+    store = CheckpointStore(where[0])
+    with pytest.raises(CheckpointLocationError, match="no checkpoint at"):
+        store.load_existing()
+    # A checkpoint's own entries, a write that did not finish, hidden files: still a new checkpoint.
+    for name in ("claims", "progress", "dead-letters"):
+        (root / name).mkdir()
+    for name in ("segments-request.json", "checkpoint-000000000003.json.0a1b.tmp", ".nfs0001"):
+        (root / name).write_bytes(b"")
+    assert store.load() is None
+    (root / "part-0.parquet").write_bytes(b"PAR1")
+    (root / "notes.txt").write_bytes(b"")
+    with pytest.raises(CheckpointLocationError, match=r"holds 'notes\.txt' and 1 more, which no"):
+        store.load()
+    store.save(Checkpoint())  # a state file makes it a checkpoint, whatever else it holds
+    assert store.load_existing() == Checkpoint()
 
 
 def test_dead_letters_of_two_files_with_other_column_types_read_together(store):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import subprocess
 import sys
 import threading
@@ -12,7 +13,7 @@ import pytest
 
 from segack.cli import main
 from segack.spark_adapter import OptionError
-from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore
+from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore
 from segack.spark_adapter.claims import (
     CheckpointClaimedError,
     Claim,
@@ -63,11 +64,36 @@ def test_claim_numbers_grow_and_a_released_claim_lets_the_next_run_in(store):
     assert previous_run(store, second) == "first" and previous_run(store, first) is None
     third_keeper = ClaimKeeper(store, second)
     with third_keeper:
-        pass
+        third_keeper.save(Checkpoint())
     third = acquire(store, "third", 60)
-    # Claims older than the one before the newest are history, and go.
-    assert store.claim_numbers() == [2, 3]
+    assert store.claim_numbers() == [1, 2, 3]
+    with ClaimKeeper(store, third) as keeper:
+        keeper.save(Checkpoint())
+        # At a run's first save, claims older than the one before its own are history, and go.
+        assert store.claim_numbers() == [2, 3]
     assert previous_run(store, third) == "second"
+
+
+@pytest.mark.parametrize("saved", [False, True], ids=["before its first save", "after it"])
+def test_a_run_that_stops_before_its_first_save_withdraws_its_claim_and_leaves_no_trace(
+        store, tmp_path, saved, caplog):
+    caplog.set_level(logging.INFO, logger="segack")
+    for run in ("first", "second"):
+        with ClaimKeeper(store, acquire(store, run, 60)) as keeper:
+            keeper.save(Checkpoint({"run": run}))
+    before = _files(tmp_path)
+    claim = acquire(store, "refused", 60)
+    with pytest.raises(CheckpointError, match="other input"), ClaimKeeper(store, claim) as keeper:
+        if saved:
+            keeper.save(Checkpoint({"run": "refused"}))
+        raise CheckpointError("the input is other input")
+    if saved:  # its save counts: the claim stays, released, and older claims went
+        assert latest_claim(store).run_id == "refused" and latest_claim(store).released
+        assert store.claim_numbers() == [2, 3]
+    else:  # as it found it, byte for byte: the next run's previous run is the one before
+        assert _files(tmp_path) == before
+        assert f"run refused withdrew claim {claim.number}: it stopped before it saved" in caplog.text
+        assert previous_run(store, acquire(store, "next", 60)) == "second"
 
 
 def test_an_expired_claim_is_taken_over_and_the_old_owner_is_fenced(store):
@@ -122,10 +148,9 @@ def test_a_keeper_that_finds_its_claim_lost_stops_the_run(store):
 
 
 def test_force_release_fences_the_owner_and_keeps_its_progress_mergeable(store, tmp_path, capsys):
-    assert main(["release", str(tmp_path / "nothing"), "--force"]) == 1
+    assert main(["release", str(tmp_path / "nothing"), "--force"]) == 4  # ExitCode.REFUSED
     assert "no checkpoint at" in capsys.readouterr().err
-    (tmp_path / "checkpoint").mkdir()
-    (tmp_path / "checkpoint" / "checkpoint-000000000000.json").write_text("{}")
+    store.save(Checkpoint())
     owner = acquire(store, "owner", 3600)
     assert main(["release", store.location, "--force"]) == 0
     assert f"released the claim of run owner (pid {owner.pid}" in capsys.readouterr().out

@@ -25,6 +25,7 @@ import pytest
 from segack.demo import generate_events
 from segack.spark_adapter.checkpoint import CheckpointStore
 from tests import expected
+from tests.ports import free_port
 
 pytestmark = [
     pytest.mark.spark,
@@ -53,12 +54,6 @@ def _spark_home() -> str:
     import pyspark
 
     return os.path.dirname(pyspark.__file__)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _wait_for_port(port: int, process: subprocess.Popen[bytes] | None, log: Path, seconds: float = 120,
@@ -137,7 +132,7 @@ def standalone_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     logs = tmp_path_factory.mktemp("standalone")
     environment = _environment()
     environment["SPARK_MASTER_OPTS"] = "-Dspark.master.rest.enabled=false"
-    port, master_ui, worker_ui = _free_port(), _free_port(), _free_port()
+    port, master_ui, worker_ui = free_port(), free_port(), free_port()
     spark_class = os.path.join(_spark_home(), "bin", "spark-class")
     started = []
     try:
@@ -166,7 +161,7 @@ def standalone_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 
 def test_standalone_cluster_ships_the_handler_and_refuses_a_local_checkpoint(workdir, standalone_master):
     refused = _replay(workdir, "record", "ck", "--master", standalone_master)
-    assert refused.returncode == 1
+    assert refused.returncode == 4  # ExitCode.REFUSED
     assert "is a local path, but executors of master spark://" in refused.stderr
     assert "--shared-local-checkpoint" in refused.stderr
     assert not (workdir / "ck").exists() and not (workdir / "log.jsonl").exists()
@@ -190,7 +185,7 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     logs = tmp_path_factory.mktemp("connect")
     environment = _environment()
     environment.update(SPARK_LOG_DIR=str(logs), SPARK_PID_DIR=str(logs), SPARK_IDENT_STRING="segack-test")
-    port = _free_port()
+    port = free_port()
     sbin = os.path.join(_spark_home(), "sbin")
     subprocess.run([os.path.join(sbin, "start-connect-server.sh"), "--master", "local[2]",
                     "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.ui.enabled=false",

@@ -295,7 +295,7 @@ def test_a_sink_that_cannot_start_is_refused_before_any_event(tmp_path, postgres
     bad = postgres.replace("dbname=postgres", "dbname=no_such_database")
     process = _start(tmp_path, bad, 2)
     _, err = process.communicate(timeout=600)
-    assert process.returncode == 1
+    assert process.returncode == 4  # ExitCode.REFUSED: nothing was handled
     assert "SqlSink cannot connect: OperationalError" in err, err
     assert 'database "no_such_database" does not exist' in err, err
     assert CheckpointStore(checkpoint).load() is None

@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from segack.cli import main
+from segack.cli import ExitCode, main
 from segack.demo import generate_events
 from segack.spark_adapter.checkpoint import CheckpointStore
 from tests import expected
@@ -61,13 +61,14 @@ def _done_events(tmp_path, table):
     return expected.done_events(table, tokens)
 
 
-def test_sigkilled_replays_resume_rescale_and_finish(tmp_path):
+def test_sigkilled_replays_resume_rescale_and_finish(tmp_path, capsys):
     total = 12_000
     table = generate_events(total, seed=21)
     pq.write_table(table, tmp_path / "events.parquet")
     rng = random.Random(2026)
     done_before = []
     handled_per_run = []
+    counted_files = 0
     for run, segments in enumerate([2, 5, 3]):
         done_before.append(_done_events(tmp_path, table))
         # The second run keeps several calls in flight when it is killed.
@@ -83,8 +84,15 @@ def test_sigkilled_replays_resume_rescale_and_finish(tmp_path):
         time.sleep(rng.uniform(0.2, 2.5))
         if process.poll() is None:
             _kill_group(process)
+            # `segack status` counts what the next run resumes from: the progress files included.
+            assert main(["status", str(tmp_path / "checkpoint")]) == 0
+            status = capsys.readouterr().out
+            shown = re.search(r"events +(?:[\d,]+ in all: )?([\d,]+) handled", status)
+            assert int(shown[1].replace(",", "")) == len(_done_events(tmp_path, table)), status
+            counted_files += "progress file" in status and "the next run merges them" in status
+    assert counted_files, "no kill left progress files behind; the status check proved nothing"
     done_before.append(_done_events(tmp_path, table))
-    final = _start(tmp_path, "tests.spark_handlers:record_slowly", 4, 3, ["--concurrency", "8"])
+    final = _start(tmp_path, "tests.spark_handlers:record_slowly", 4, 3, ["--concurrency", "8", "--verbose"])
     out, err = final.communicate(timeout=600)
     assert final.returncode == 0, err
 
@@ -99,8 +107,32 @@ def test_sigkilled_replays_resume_rescale_and_finish(tmp_path):
     state = CheckpointStore(str(tmp_path / "checkpoint")).load()
     assert state.tokens.complete and state.settings["segments"] == list(range(4))
     assert "already done" in out
-    # The killed runs recorded the file they read; it has not changed, so nothing was checked again.
-    assert "were not read again" in out
+    # The killed runs recorded the file they read; it has not changed, so nothing was checked again
+    # (good news, said only with --verbose).
+    assert "were not read again" in err
+
+
+def test_a_killed_driver_stops_its_handlers_at_once(tmp_path):
+    """SIGKILL to the command's process alone: Spark's JVM and its Python workers live on for a
+    moment; the workers must not call the handler after it (they watch the driver's process)."""
+    pq.write_table(generate_events(20_000, seed=4), tmp_path / "events.parquet")
+    process = _start(tmp_path, "tests.spark_handlers:record_when", 2, 0, ["--concurrency", "4"])
+    log = str(tmp_path / "log.jsonl")
+    _wait_for(lambda: len(read_log(log)) > 200 or process.poll() is not None, 300, "the run to handle events")
+    assert process.poll() is None, process.communicate()
+    process.send_signal(signal.SIGKILL)
+    killed = time.time()
+    process.wait()
+    time.sleep(2)
+    try:
+        late = sorted(event["at"] - killed for event in read_log(log) if event["at"] > killed)
+        # Calls begun as the kill landed may finish; none may start later than a few switches of the
+        # workers' threads (without the watch, calls went on for as long as the JVM took to go:
+        # 154 calls, the last 0.11 s after the kill, here; up to half a second elsewhere).
+        assert [delay for delay in late if delay > 0.06] == [], f"{len(late)} calls after the kill: {late}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            _kill_group(process)
 
 
 def test_handler_failure_exits_non_zero_with_one_line_naming_the_event(tmp_path):
@@ -122,16 +154,24 @@ def test_handler_failure_exits_non_zero_with_one_line_naming_the_event(tmp_path)
     assert ("u1", 10) not in done and ("u1", 9) in done
 
 
-def test_dead_letters_are_set_aside_then_retried_in_order_by_the_command(tmp_path):
+def test_dead_letters_are_set_aside_then_retried_in_order_by_the_command(tmp_path, capsys):
     import pyarrow as pa
 
     table = pa.table({"user": [f"u{n % 5}" for n in range(100)], "seq": [n // 5 for n in range(100)],
                       "ts": [1000 + n for n in range(100)]})
     pq.write_table(table, tmp_path / "events.parquet")
     handler = "tests.spark_handlers:record_refusing_tenth_until_fixed"
-    out, err = _start(tmp_path, handler, 2, 0, ["--on-error", "dead-letter", "--concurrency", "4"]
-                      ).communicate(timeout=600)
-    assert "segack replay: 10 events set aside as dead letters" in out, err
+    first = _start(tmp_path, handler, 2, 0, ["--on-error", "dead-letter", "--concurrency", "4"])
+    out, err = first.communicate(timeout=600)
+    assert "segack replay: 10 events set aside as dead letters in this run" in out, err
+    # Not complete, in a way a scheduler sees: an exit code of its own, and the last line says why.
+    assert first.returncode == ExitCode.DEAD_LETTERS == 3
+    assert err.splitlines()[-1].startswith("segack replay: not complete: 10 events set aside as dead letters "
+                                           "remain")
+    assert main(["status", str(tmp_path / "checkpoint")]) == 0
+    status = capsys.readouterr().out
+    assert "status          not complete: 10 dead letters left (read to the end; --retry" in status
+    assert "events          100 in all: 90 handled (90.0%), 10 set aside, 0 not reached yet" in status
     assert {event["seq"] for event in read_log(str(tmp_path / "log.jsonl")) if event["user"] == "u1"} == set(
         range(10))
     process = _start(tmp_path, handler, 3, "fixed", ["--retry-dead-letters"])
@@ -140,6 +180,10 @@ def test_dead_letters_are_set_aside_then_retried_in_order_by_the_command(tmp_pat
     assert "segack replay: 10 dead letters handled again\n" in out
     assert "set aside" not in out
     assert CheckpointStore(str(tmp_path / "checkpoint")).read_dead_letters() is None
+    assert main(["status", str(tmp_path / "checkpoint")]) == 0
+    status = capsys.readouterr().out
+    assert "status          complete: every event handled" in status
+    assert "events          100 in all: 100 handled (100.0%), 0 set aside, 0 not reached yet" in status
     handled = read_log(str(tmp_path / "log.jsonl"))
     assert len(handled) == 100
     assert_each_key_in_order(handled, table)
@@ -166,7 +210,7 @@ def test_a_second_replay_on_a_claimed_checkpoint_is_refused_naming_the_owner(tmp
     _wait_for(lambda: _claimed(tmp_path) and read_log(str(tmp_path / "log.jsonl")), 300, "the first run")
     second = _start(tmp_path, "tests.spark_handlers:record_when", 3, "second")
     _, err = second.communicate(timeout=300)
-    assert second.returncode == 1
+    assert second.returncode == ExitCode.REFUSED
     assert "is claimed by run " in err and f"(pid {first.pid} on " in err, err
     assert first.poll() is None, "the first run had ended: the refusal proves nothing"
     _, err = first.communicate(timeout=600)
@@ -266,10 +310,10 @@ def test_a_damaged_checkpoint_fails_the_command_and_is_kept(tmp_path, capsys):
     code = main(["replay", str(tmp_path / "events.parquet"), "--key", "user", "--order", "ts",
                  "--handler", "tests.spark_handlers:record_slowly",
                  "--checkpoint", str(tmp_path / "checkpoint")])
-    assert code == 1
+    assert code == ExitCode.REFUSED
     assert "damaged" in capsys.readouterr().err
     assert state.read_bytes() == b'{"format": "segack-checkpoint", "version": 1, "crc32": 1}'
-    assert main(["status", str(tmp_path / "checkpoint")]) == 1
+    assert main(["status", str(tmp_path / "checkpoint")]) == ExitCode.REFUSED
 
 
 def test_status_shows_progress_per_segment_and_the_size(tmp_path, capsys):
@@ -290,24 +334,24 @@ def test_status_shows_progress_per_segment_and_the_size(tmp_path, capsys):
     store.save(Checkpoint(settings, tokens))
     assert main(["status", str(tmp_path / "c")]) == 0
     out = capsys.readouterr().out
-    assert "events          7 of 10 done (70.0%)" in out
+    assert "events          10 in all: 7 handled (70.0%), 0 set aside, 3 not reached yet" in out
     assert "key groups      4 (2 bits): 3 with events, 1 of them done" in out
     # Segment 0 (id 0, mask 1) owns key groups 0 and 2; segment 1 owns 1 and 3.
     assert re.search(r"#0 +id 0 +mask 1 +8 events +80\.0% +6 done +2 key groups", out)
     assert re.search(r"#1 +id 1 +mask 1 +2 events +20\.0% +1 done +2 key groups", out)
     assert f"size            {store.size_bytes():,} bytes (its state and 0 progress files)" in out
-    assert "status          failed" in out and "key             user" in out
+    assert "status          stopped: its last run failed" in out and "key             user" in out
     assert "input " not in out  # a checkpoint from before fingerprints says nothing of its input
-    assert main(["status", str(tmp_path / "missing")]) == 1
+    assert main(["status", str(tmp_path / "missing")]) == ExitCode.REFUSED
 
     tokens.counted = False
     store.save(Checkpoint(settings, tokens))
     assert main(["status", str(tmp_path / "c")]) == 0
     out = capsys.readouterr().out
-    assert "events          7 done; not counted until a run ends without a failure" in out
+    assert "events          7 handled; the total is counted once a run reads its input to the end" in out
     assert re.search(r"#0 +id 0 +mask 1 +\? events +6 done", out)
 
-    for fingerprint, shown in [("0123456789abcdef" * 4, "fingerprint 0123456789ab: a resume over the same"),
+    for fingerprint, shown in [("0123456789abcdef" * 4, "fingerprint 0123456789ab: a resume over these"),
                                (None, "no fingerprint (not a query over files alone")]:
         store.save(Checkpoint({**settings, "input_fingerprint": fingerprint}, tokens))
         assert main(["status", str(tmp_path / "c")]) == 0
@@ -318,25 +362,34 @@ def test_replay_rejects_a_handler_it_cannot_import(tmp_path, capsys):
     pq.write_table(generate_events(10), tmp_path / "events.parquet")
     code = main(["replay", str(tmp_path / "events.parquet"), "--key", "user", "--order", "ts",
                  "--handler", "no_such_module:handle", "--checkpoint", str(tmp_path / "checkpoint")])
-    assert code == 1
-    assert "cannot import handler module 'no_such_module'" in capsys.readouterr().err
+    assert code == ExitCode.USAGE
+    assert "argument --handler: cannot import handler module 'no_such_module'" in capsys.readouterr().err
     assert not (tmp_path / "checkpoint").exists()
 
 
-@pytest.mark.parametrize(("in_flight", "pending", "shown"), [
-    (0, 0, "1,500 of 3,000 events done (50.0%), 150/s, 4 segments\n"),
-    (7, 40, "1,500 of 3,000 events done (50.0%), 150/s, 4 segments, 7 calls in flight, 40 rows pending\n"),
-])
-def test_the_progress_line_shows_calls_in_flight_and_rows_pending_if_any(in_flight, pending, shown):
+def test_the_progress_line_gives_the_recent_rate_the_share_the_time_left_and_plurals():
     import io
 
     from segack.spark_adapter import Progress
     from segack.spark_cli import ProgressPrinter
 
-    stream = io.StringIO()
-    ProgressPrinter(stream)(Progress(done=1500, handled=1500, total=3000, segments=4, seconds=10.0,
-                                     in_flight=in_flight, pending=pending))
-    assert stream.getvalue() == f"segack: {shown}"
+    printer = ProgressPrinter(io.StringIO(), window=10.0)
+    # The first report has no rate: the time before it went to Spark's start, not to events.
+    assert printer.line(Progress(done=1500, handled=1000, total=3000, segments=4, seconds=30.0)) == (
+        "1,500 of 3,000 events done (50.0%), 4 segments")
+    assert printer.line(Progress(done=2500, handled=2000, total=3000, segments=1, seconds=35.0, in_flight=1,
+                                 pending=1)) == (
+        "2,500 of 3,000 events done (83.3%), 200/s, about 2 s left, 1 segment, 1 call in flight, "
+        "1 row pending")
+    # The rate is the last window's: the slow start falls out of it.
+    printer.line(Progress(done=2900, handled=2400, total=3000, segments=1, seconds=45.0))
+    line = printer.line(Progress(done=2999, handled=2499, total=3000, segments=2, seconds=46.0, in_flight=7,
+                                 pending=40))
+    assert line == ("2,999 of 3,000 events done (99.9%), 45/s, about 1 s left, 2 segments, "
+                    "7 calls in flight, 40 rows pending")
+    # Before the total is counted: no share, no time left.
+    assert ProgressPrinter(io.StringIO()).line(Progress(done=1, handled=1, total=None, segments=2,
+                                                        seconds=1.0)) == "1 event done, 2 segments"
 
 
 def test_plan_prints_the_hottest_keys_the_floor_both_sets_and_a_line_to_paste(tmp_path):
@@ -362,4 +415,44 @@ def test_plan_prints_the_hottest_keys_the_floor_both_sets_and_a_line_to_paste(tm
     assert 1 < len(planned) <= 4
     refused = subprocess.run([*command[:5], "--key", "nope"], cwd=ROOT, capture_output=True, text=True,
                              timeout=600)
-    assert refused.returncode == 1 and "segack plan: no column 'nope'" in refused.stderr
+    assert refused.returncode == ExitCode.REFUSED and "segack plan: no column 'nope'" in refused.stderr
+
+
+def test_the_demo_agrees_with_its_resume_on_what_was_done_and_cleans_up_after_itself(tmp_path):
+    environment = dict(os.environ, TMPDIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-m", "segack", "demo", "--events", "30000"], cwd=ROOT,
+                          env=environment, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    workdir = re.search(r"its event log, checkpoint and databases go to (\S+)", done.stdout)[1]
+    killed = re.search(r"killed with ([\d,]+) events recorded done", done.stdout)
+    resumed = re.search(r"segack replay: [\d,]+ events handled, ([\d,]+) already done", done.stdout)
+    assert killed and resumed, done.stdout  # the demo kills at 35%: a run of 30,000 events lasts long enough
+    # What the demo says the killed run recorded is what the resume finds done.
+    assert killed[1] == resumed[1]
+    assert "5. checked: all" in done.stdout
+    assert f"segack demo: removed {workdir} (--keep keeps it)" in done.stdout
+    assert Path(workdir).parent == tmp_path and not Path(workdir).exists()
+
+
+def test_replay_reads_a_table_the_session_knows_or_any_format_with_reader_options(spark, tmp_path, capsys):
+    import json
+
+    events = generate_events(200, seed=9)
+    spark.createDataFrame(events).createOrReplaceTempView("segack_cli_events")
+    common = ["--key", "user", "--order", "ts", "--handler", "tests.spark_handlers:discard"]
+    assert main(["replay", "--table", "segack_cli_events", *common,
+                 "--checkpoint", str(tmp_path / "from-table")]) == ExitCode.OK
+    assert "segack replay: 200 events handled" in capsys.readouterr().out
+    state = CheckpointStore(str(tmp_path / "from-table")).load()
+    assert state.settings["source"] == "table segack_cli_events"
+    # One JSON array over many lines: Spark's JSON reader needs its multiLine option for it.
+    (tmp_path / "events.json").write_text(json.dumps(events.to_pylist(), indent=2))
+    assert main(["replay", str(tmp_path / "events.json"), "--format", "json", *common,
+                 "--checkpoint", str(tmp_path / "from-json")]) == ExitCode.REFUSED
+    assert "segack replay: no column 'user'" in capsys.readouterr().err
+    assert main(["replay", str(tmp_path / "events.json"), "--format", "json", "--option", "multiLine=true",
+                 *common, "--checkpoint", str(tmp_path / "from-json")]) == ExitCode.OK
+    assert "segack replay: 200 events handled" in capsys.readouterr().out
+    assert main(["replay", "--table", "no_such_table", *common,
+                 "--checkpoint", str(tmp_path / "none")]) == ExitCode.REFUSED
+    assert capsys.readouterr().err.startswith("segack replay: cannot read table no_such_table: ")

@@ -13,7 +13,7 @@ import pytest
 
 from segack.cli import main
 from segack.kernel import SegmentSet
-from segack.spark_adapter import OptionError, SegmentChangeError, merge, scale, split
+from segack.spark_adapter import CheckpointLocationError, OptionError, SegmentChangeError, merge, scale, split
 from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore
 from segack.spark_adapter.claims import ClaimKeeper, acquire, latest_claim, previous_run
 from segack.spark_adapter.rescale import (
@@ -119,9 +119,14 @@ def test_a_merge_of_the_root_and_a_split_finer_than_the_key_groups_are_refused(t
 
 
 def test_a_checkpoint_without_segments_is_refused(tmp_path):
+    with pytest.raises(CheckpointLocationError, match="no checkpoint at"):
+        split(str(tmp_path / "nothing"), 0)
+    assert not (tmp_path / "nothing").exists()
+    CheckpointStore(str(tmp_path / "nothing")).save(Checkpoint())
+    before = _files(tmp_path / "nothing")
     with pytest.raises(CheckpointError, match="no segments recorded"):
         split(str(tmp_path / "nothing"), 0)
-    assert not (tmp_path / "nothing").exists() or _files(tmp_path / "nothing") == []
+    assert _files(tmp_path / "nothing") == before
 
 
 def test_on_a_live_run_a_change_is_asked_of_it_and_the_next_builds_on_the_request(tmp_path):
@@ -244,7 +249,7 @@ def test_the_commands_apply_refuse_and_report(tmp_path, capsys):
     assert main(["split", location, "1"]) == 0
     assert "2 -> 3 segments (0,1,3); the next run starts over them" in capsys.readouterr().out
     before = _files(tmp_path)
-    assert main(["merge", location, "0"]) == 1
+    assert main(["merge", location, "0"]) == 4  # ExitCode.REFUSED
     assert "segack merge: segment 0 cannot be merged: its sibling (id 1 at mask 1) is not live" in (
         capsys.readouterr().err)
     assert _files(tmp_path) == before

@@ -8,7 +8,6 @@ import datetime
 import io
 import itertools
 import json
-import math
 import os
 import pickle
 import threading
@@ -267,11 +266,14 @@ def test_dead_letters_hold_each_failure_and_its_keys_later_events_and_the_rest_r
                             strict=True), letters.column("__segack_attempts").to_pylist(), strict=True))
     assert attempts[(heavy, 4)] == attempts[(other, 1)] == 2
     assert all(count == 0 for event, count in attempts.items() if event not in refused)
-    # Everything else ran once, in order; the run is complete, with the dead letters done for now.
+    # Everything else ran once, in order; the run read its input to the end, but it is not complete
+    # while the dead letters remain.
     handled = read_log(log)
     assert len(handled) == len({(e["user"], e["seq"]) for e in handled}) == 3000 - len(expected_dead)
     assert not {(e["user"], e["seq"]) for e in handled} & expected_dead
-    assert result.complete and result.dead_letters == len(expected_dead)
+    assert result.done == result.total and not result.complete
+    assert result.dead_letters == result.dead_letters_left == len(expected_dead)
+    assert repr(result).startswith("ReplayResult(complete=False, total=3000,")
     assert result.handled == 3000 - len(expected_dead)
     assert main(["dead-letters", checkpoint]) == 0
     listing = capsys.readouterr().out
@@ -307,7 +309,8 @@ def test_a_parked_key_waits_behind_its_dead_letters_until_a_retry_handles_them_i
     first = replay(frame, key="user", order="ts", handler=RefusesSome(log, refused), checkpoint=checkpoint,
                    segments=3, concurrency=concurrency, on_error="dead-letter")
     dead = _keys_and_seqs(store.read_dead_letters())
-    assert first.complete and {user for user, _ in dead} == {heavy, other}
+    assert not first.complete and first.dead_letters_left == len(dead)
+    assert {user for user, _ in dead} == {heavy, other}
 
     # The input grows; the parked keys' newer events wait behind their dead letters, even with
     # on_error="stop", and the other keys' run.
@@ -315,7 +318,8 @@ def test_a_parked_key_waits_behind_its_dead_letters_until_a_retry_handles_them_i
     second = replay(spark.createDataFrame(grown), key="user", order="ts", handler=Recorder(log),
                     checkpoint=checkpoint, segments=2, concurrency=concurrency)
     newer_dead = _keys_and_seqs(store.read_dead_letters()) - dead
-    assert second.complete and second.dead_letters == len(newer_dead) == 8
+    assert second.dead_letters == len(newer_dead) == 8 and second.done == second.total
+    assert not second.complete and second.dead_letters_left == len(dead | newer_dead)
     assert {user for user, _ in newer_dead} == {heavy, other}
     assert not {(e["user"], e["seq"]) for e in read_log(log)} & (dead | newer_dead)
 
@@ -328,10 +332,12 @@ def test_a_parked_key_waits_behind_its_dead_letters_until_a_retry_handles_them_i
     assert {user for user, _ in left} == {other} and left == {e for e in dead | newer_dead if e[0] == other}
     assert third.retried == len(dead | newer_dead) - len(left) and third.retry_failed == len(left)
     assert third.handled == 0 and third.dead_letters == 0
+    assert third.dead_letters_left == len(left) and not third.complete
 
     fourth = replay(spark.createDataFrame(grown), key="user", order="ts", handler=Recorder(log),
                     checkpoint=checkpoint, retry_dead_letters=True)
     assert fourth.retried == len(left) and fourth.retry_failed == 0 and store.read_dead_letters() is None
+    assert fourth.complete and fourth.dead_letters_left == 0
     # Over all four runs: every event handled exactly once, each key in order.
     handled = read_log(log)
     assert len(handled) == grown.num_rows
@@ -397,23 +403,15 @@ def test_handler_failure_names_the_event_saves_progress_and_resume_skips_done_wo
     assert_each_key_in_order(first_run + second_run, table)
 
 
-def _spark_order(value):
-    """Spark's ascending order with nulls first: NaN above every number, -0.0 equal to 0.0."""
-    if value is None:
-        return (0, 0, 0)
-    if isinstance(value, float) and math.isnan(value):
-        return (1, 1, 0)
-    return (1, 0, value)
-
-
+#: Order values of each type (null and NaN are refused: an event needs a place in its key's order).
 ORDER_KINDS = {
-    "bigint": st.one_of(st.none(), st.integers(-3, 3)),
-    "double": st.sampled_from([None, -1.5, -0.0, 0.0, 2.0, float("nan"), float("inf")]),
-    "string": st.one_of(st.none(), st.sampled_from(["", "a", "ab", "b", "\u00e9"])),
-    "timestamp": st.one_of(st.none(), st.sampled_from([
+    "bigint": st.integers(-3, 3),
+    "double": st.sampled_from([-1.5, -0.0, 0.0, 2.0, float("inf"), float("-inf")]),
+    "string": st.sampled_from(["", "a", "ab", "b", "\u00e9"]),
+    "timestamp": st.sampled_from([
         datetime.datetime(2026, 1, 1, 0, 0, tzinfo=datetime.UTC),
         datetime.datetime(2026, 1, 1, 0, 0, 0, 1, tzinfo=datetime.UTC),
-        datetime.datetime(1969, 12, 31, 23, 59, tzinfo=datetime.UTC)])),
+        datetime.datetime(1969, 12, 31, 23, 59, tzinfo=datetime.UTC)]),
 }
 
 
@@ -438,8 +436,7 @@ def _fail_then_resume(frame, tmp_path, stop_at, **arguments):
     for line in handled:
         per_key.setdefault(json.loads(line)[key_at], []).append(order_of[line])
     for orders in per_key.values():
-        sort_keys = [_spark_order(value) for value in orders]
-        assert sort_keys == sorted(sort_keys)
+        assert orders == sorted(orders)  # -0.0 and 0.0 are equal, for Spark as for Python
 
 
 @settings(max_examples=12, deadline=None)
@@ -447,8 +444,9 @@ def _fail_then_resume(frame, tmp_path, stop_at, **arguments):
        key_kind=st.sampled_from(["string", "bigint"]))
 def test_a_resume_after_a_failure_anywhere_handles_every_row_exactly_once_in_order(
         spark, tmp_path_factory, data, order_kind, key_kind):
-    """Duplicate rows, equal sort keys, nulls, NaN and signed zeros: a run that fails at a chosen
-    event, then its resume, handle the input's rows exactly once between them, each key in order."""
+    """Duplicate rows, equal sort keys, null keys, signed zeros and infinities: a run that fails at a
+    chosen event, then its resume, handle the input's rows exactly once between them, each key in
+    order."""
     keys = st.one_of(st.none(), st.sampled_from([0, 1, 2, 7]) if key_kind == "bigint"
                      else st.sampled_from(["k0", "k1", "k2", "k7"]))
     row = st.tuples(keys, ORDER_KINDS[order_kind], st.sampled_from(["p", "q"]), st.sampled_from([0.0, -0.0]))
@@ -472,6 +470,19 @@ def test_timestamp_boundaries_survive_a_session_time_zone_other_than_utc(spark, 
         _fail_then_resume(frame, tmp_path, stop_at, segments=2, key_group_bits=4)
     finally:
         spark.conf.set("spark.sql.session.timeZone", previous)
+
+
+@pytest.mark.parametrize(("kind", "values", "shown"), [
+    ("bigint", [1, None, 2], "is null in 1 event"),
+    ("double", [float("nan"), None, 2.0], "is null or NaN in 2 events"),
+])
+def test_events_without_a_place_in_their_keys_order_are_refused_before_anything_is_written(
+        spark, tmp_path, kind, values, shown):
+    frame = spark.createDataFrame([("a", value) for value in values], f"k string, o {kind}")
+    with pytest.raises(InputError, match=f"the order column 'o' {shown}: each event needs a place"):
+        replay(frame, key="k", order="o", handler=Recorder(str(tmp_path / "log.jsonl")),
+               checkpoint=str(tmp_path / "checkpoint"))
+    assert not (tmp_path / "checkpoint").exists() and not (tmp_path / "log.jsonl").exists()
 
 
 def test_an_empty_input_is_complete_at_once(spark, tmp_path):

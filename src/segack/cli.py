@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
-from enum import Enum
+from enum import Enum, IntEnum
 from typing import TYPE_CHECKING, Any
 
 from segack._shared import HASHES
@@ -16,6 +18,31 @@ from segack.spark_adapter.options import OnError, Policy, Verify, option_fields
 
 if TYPE_CHECKING:
     from segack.spark_adapter.checkpoint import CheckpointStore
+    from segack.spark_adapter.claims import Claim
+    from segack.spark_adapter.tokens import KeyGroupTokens
+
+
+class ExitCode(IntEnum):
+    """The ``segack`` command's exit status, for schedulers and scripts.
+
+    Every command uses the same codes; ``segack replay`` uses each of them.
+    """
+
+    #: Done: every event of the input handled (``replay``), or the command did what it says.
+    OK = 0
+    #: The run stopped before its end: the handler failed under ``--on-error stop``, a Spark task
+    #: failed, or another run took the checkpoint over. Its progress was saved: run it again to resume.
+    FAILED = 1
+    #: The command line is wrong: a flag out of its range, a handler that cannot be imported, a
+    #: missing argument. Nothing ran; the message names the flag.
+    USAGE = 2
+    #: The run reached the end of its input, but events set aside as dead letters remain (``segack
+    #: dead-letters`` lists them; ``--retry-dead-letters`` handles them again).
+    DEAD_LETTERS = 3
+    #: The input, the checkpoint or the session cannot be used as given: unreadable or empty input,
+    #: nulls in the order column, a path that is not a checkpoint, a checkpoint of other input or
+    #: held by another run. Nothing was written.
+    REFUSED = 4
 
 
 def _replay_segments(text: str) -> SegmentSet | str:
@@ -85,6 +112,25 @@ RUN_FLAGS: dict[str, Any] = {
 }
 
 
+def _checked(name: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse``, then the option's own check (:class:`~segack.spark_adapter.options.RunOptions`):
+    a value out of range is refused as the command line parses, named by its flag, before Spark
+    starts."""
+    from segack.spark_adapter.errors import OptionError
+    from segack.spark_adapter.options import RunOptions
+
+    def checked(text: str) -> Any:
+        value = parse(text)
+        try:
+            RunOptions.from_keywords({name: value})
+        except OptionError as error:
+            raise argparse.ArgumentTypeError(str(error).removeprefix(f"{name} ")) from None
+        return value
+
+    checked.__name__ = getattr(parse, "__name__", name)  # argparse names the type in its messages
+    return checked
+
+
 def _add_run_flags(command: argparse.ArgumentParser) -> None:
     """A flag for each run option in :data:`RUN_FLAGS`, with the option's default and help."""
     specs = {spec.name: spec for spec in option_fields()}
@@ -98,7 +144,8 @@ def _add_run_flags(command: argparse.ArgumentParser) -> None:
             command.add_argument(flag, choices=[str(choice) for choice in parse], default=default,
                                  help=spec.metadata["help"])
         else:
-            command.add_argument(flag, type=parse, default=default, metavar=spec.metadata["metavar"],
+            command.add_argument(flag, type=_checked(name, parse), default=default,
+                                 metavar=spec.metadata["metavar"],
                                  help=spec.metadata["help"])
 
 
@@ -123,12 +170,20 @@ def _add_session_options(command: argparse.ArgumentParser) -> None:
                          "say what the run decides: claims, jobs, merges, changes of segments")
 
 
-_CHECKPOINT_HELP = "a local directory or a pyarrow.fs URI"
+_CHECKPOINT_HELP = "a local directory, an object store's prefix (s3://, gs://, az://) or a pyarrow.fs URI"
 
 
-def _add_format(command: argparse.ArgumentParser) -> None:
-    command.add_argument("--format", choices=["parquet", "csv", "json"], default="parquet",
-                         help="the input format (default: parquet; csv needs a header line)")
+def _add_input(command: argparse.ArgumentParser) -> None:
+    """The events: files Spark reads (INPUT, --format, --option) or a table it knows (--table)."""
+    command.add_argument("input", metavar="INPUT", nargs="?",
+                         help="a file or directory Spark can read (or give --table)")
+    command.add_argument("--table", default=None, metavar="NAME",
+                         help="read a table the Spark session knows (spark.read.table) instead of INPUT")
+    command.add_argument("--format", default="parquet", metavar="FORMAT",
+                         help="INPUT's format: any Spark's reader takes, with its connector on the session "
+                         "(delta, avro, ...; default: parquet; csv reads a header line and infers types)")
+    command.add_argument("--option", action="append", type=_conf, default=[], metavar="KEY=VALUE",
+                         help="an option of Spark's reader for INPUT (repeatable), as DataFrameReader.option")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,14 +221,15 @@ def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "key (by the order column) has been handled. Progress is checkpointed as it goes; running "
         "again with the same checkpoint resumes, with another --segments it rescales.",
     )
-    replay.add_argument("input", metavar="INPUT", help="a file or directory Spark can read")
+    replay.epilog = "exit status: " + ", ".join(f"{code.value} {code.name.lower().replace('_', ' ')}"
+                                                for code in ExitCode) + " (see the docs' exit codes)"
     replay.add_argument("--key", required=True, metavar="COL", help="the sequencing key column")
     replay.add_argument("--order", required=True, metavar="COL",
                         help="the column that orders each key's events (need not be sorted)")
     replay.add_argument("--handler", required=True, metavar="MODULE:FUNCTION",
                         help="called with each event as a dict of its columns")
     replay.add_argument("--checkpoint", required=True, metavar="DIR", help=_CHECKPOINT_HELP)
-    _add_format(replay)
+    _add_input(replay)
     _add_session_options(replay)
     replay.add_argument("--py-files", default="", metavar="FILE,FILE,...",
                         help=".py, .zip or .egg files the handler imports, sent to the executors (the "
@@ -188,16 +244,15 @@ def _add_plan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "print the set of at most N segments, made by splitting the root, whose largest load is "
         "smallest, beside a balanced set of N, and the speed-up the hottest key allows at most.",
     )
-    plan.add_argument("input", metavar="INPUT", help="a file or directory Spark can read")
     plan.add_argument("--key", required=True, metavar="COL", help="the sequencing key column")
     plan.add_argument("--order", default=None, metavar="COL",
                       help="the order column, checked to exist (the plan does not depend on it)")
-    _add_format(plan)
+    _add_input(plan)
     plan.add_argument("--hash", choices=HASHES, default="spark",
                       help="spark: Spark's hash(); java: Axon's hashCode (default: spark)")
     plan.add_argument("--workers", type=_positive, default=None, metavar="N",
                       help="plan for N workers (default: the session's spark.sql.shuffle.partitions)")
-    plan.add_argument("--key-group-bits", type=int, default=12, metavar="K",
+    plan.add_argument("--key-group-bits", type=_checked("key_group_bits", int), default=12, metavar="K",
                       help="the key-group resolution of the checkpoint you will use (default: 12)")
     plan.add_argument("--sample", type=float, default=None, metavar="FRACTION",
                       help="count this fraction of the events, for a faster estimate (default: all)")
@@ -280,7 +335,10 @@ def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     demo.add_argument("--events", type=_positive, default=120_000, metavar="N",
                       help="events to generate (default: 120000)")
     demo.add_argument("--workdir", default=None, metavar="DIR",
-                      help="where to put the log, checkpoint and databases (default: a temporary directory)")
+                      help="where to put the log, checkpoint and databases, and leave them (default: a "
+                      "temporary directory, removed at the end)")
+    demo.add_argument("--keep", action="store_true",
+                      help="keep the temporary directory (it holds about 40 MB for the default events)")
 
 
 def _locate(args: argparse.Namespace) -> int:
@@ -294,74 +352,117 @@ def _locate(args: argparse.Namespace) -> int:
             f"{key:<{width}}  hash {hash_value:>11}  segment #{index} "
             f"(id {member.segment_id}, mask {member.mask}, share {member.share:.4%})"
         )
-    return 0
+    return ExitCode.OK
+
+
+def _refused(command: str, error: Exception) -> int:
+    """Print why ``segack COMMAND`` cannot use its checkpoint; :attr:`ExitCode.REFUSED`."""
+    print(f"segack {command}: {error}", file=sys.stderr)
+    return ExitCode.REFUSED
 
 
 def _status(args: argparse.Namespace) -> int:
     from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore
+    from segack.spark_adapter.claims import latest_claim, recorded_state
 
     try:
         store = CheckpointStore(args.checkpoint)
-        state = store.load()
-    except (CheckpointError, ValueError) as error:
-        print(f"segack status: {error}", file=sys.stderr)
-        return 1
-    if state is None:
-        print(f"segack status: no checkpoint at {args.checkpoint}", file=sys.stderr)
-        return 1
+        state, unmerged = recorded_state(store)
+        letters = store.count_dead_letters()
+        claim = latest_claim(store)
+    except (CheckpointError, ValueError, OSError) as error:
+        return _refused("status", error)
     settings, tokens = state.settings, state.tokens
-    files = store.progress_files()
     print(f"{'checkpoint':<15} {store.location}")
-    print(f"{'status':<15} {settings.get('status', '?')}")
+    print(f"{'status':<15} {_status_line(settings.get('status', '?'), claim, letters)}")
     if tokens is not None:
-        total, done = tokens.total, tokens.done
-        per_group = tokens.done_per_key_group()
-        if total is None:
-            print(f"{'events':<15} {done:,} done; not counted until a run ends without a failure")
-        else:
-            print(f"{'events':<15} {done:,} of {total:,} done ({done / max(total, 1):.1%})")
-        if tokens.counted:
-            finished = int(((per_group == tokens.count) & (tokens.count > 0)).sum())
-            print(f"{'key groups':<15} {tokens.size:,} ({tokens.bits} bits): "
-                  f"{int((tokens.count > 0).sum()):,} with events, {finished:,} of them done")
-        else:
-            print(f"{'key groups':<15} {tokens.size:,} ({tokens.bits} bits): "
-                  f"{int((per_group > 0).sum()):,} with events done")
-        if settings.get("segments"):
-            segments = SegmentSet.from_ids(settings["segments"])
-            owners = segments.key_group_owners(tokens.bits)
-            print(f"{'segments':<15} {len(segments)} now")
-            width = len(f"{int(max(tokens.count.max(initial=0), per_group.max(initial=0))):,}")
-            for position, member in enumerate(segments):
-                mine = owners == position
-                load = int(tokens.count[mine].sum())
-                # A segment's share of the events is its share of the run's time: the largest
-                # holds the run back (`segack plan` proposes a set that evens them out).
-                events = (f"{load:>{width},} events {load / max(tokens.total or 0, 1):6.1%}" if tokens.counted
-                          else f"{'?':>{width}} events {'':6}")
-                print(f"  #{position:<3} id {member.segment_id:<6} mask {member.mask:<6} "
-                      f"{events}  {int(per_group[mine].sum()):>{width},} done  "
-                      f"{int(mine.sum()):,} key groups")
+        print(f"{'events':<15} {_events_line(tokens.done, tokens.total, letters)}")
+        if unmerged and claim is not None:
+            when = "the run merges them" if claim.live(time.time()) else "the next run merges them"
+            print(f"{'':<15} (counting {counted(len(unmerged), 'progress file')} of run {claim.progress_run} "
+                  f"that the state does not hold yet: {when})")
+        _print_key_groups(tokens, settings.get("segments"))
     history = settings.get("segment_history", [])
     if history:
-        print(f"{'segment sets':<15} {_count(len(history), 'set')}, newest last")
+        print(f"{'segment sets':<15} {counted(len(history), 'set')}, newest last")
         for entry in history[-10:]:
             print(f"  {_when(entry['at'])}  {len(entry['segments']):>4} segments  {entry['why']}")
     pending = _pending_line(store)
     if pending:
         print(f"{'requested':<15} {pending}")
-    print(f"{'size':<15} {store.size_bytes():,} bytes (its state and {len(files)} progress files)")
+    files = store.progress_files()
+    print(f"{'size':<15} {store.size_bytes():,} bytes (its state and {counted(len(files), 'progress file')})")
     print(f"{'claim':<15} {_claim_line(store)}")
-    letters = store.read_dead_letters()
-    if letters is not None:
-        print(f"{'dead letters':<15} {_count(letters.num_rows, 'event')} set aside "
+    if letters:
+        print(f"{'dead letters':<15} {counted(letters, 'event')} set aside "
               f"(`segack dead-letters {args.checkpoint}` lists them)")
     if "input_fingerprint" in settings:
         print(f"{'input':<15} {_input_line(settings['input_fingerprint'])}")
     for name in ("source", "key", "order", "hash", "runs", "flush_every", "flush_interval"):
         if name in settings:
             print(f"{name:<15} {settings[name]}")
-    return 0
+    return ExitCode.OK
+
+
+def _status_line(status: str, claim: Claim | None, letters: int) -> str:
+    """What a checkpoint's recorded status and claim mean, and what to do next."""
+    if claim is not None and claim.live(time.time()):
+        return f"running: {claim.owner()} holds it"
+    if status in ("running", "incomplete"):
+        return "stopped before its end (killed, or its machine lost); the next run resumes it"
+    if status == "failed":
+        return "stopped: its last run failed (the handler, or a Spark task); the next run resumes it"
+    if status == "complete" and letters:
+        return (f"not complete: {counted(letters, 'dead letter')} left (read to the end; "
+                f"--retry-dead-letters handles them)")
+    if status == "complete":
+        return "complete: every event handled"
+    return status
+
+
+def _events_line(done: int, total: int | None, letters: int) -> str:
+    """Events handled, set aside and left, never rounded up to all of them."""
+    handled = max(done - letters, 0)
+    aside = f", {counted(letters, 'event')} set aside as dead letters" if letters else ""
+    if total is None:
+        return (f"{handled:,} handled{aside}; the total is counted once a run reads its input to the end "
+                f"without a failure")
+    return (f"{total:,} in all: {handled:,} handled ({percent(handled, total)}), {letters:,} set aside, "
+            f"{total - done:,} not reached yet")
+
+
+def percent(part: int, whole: int) -> str:
+    """``part / whole`` as a percentage to a tenth, rounded down: 100.0% only when all of it."""
+    tenths = part * 1000 // max(whole, 1)
+    return f"{tenths // 10}.{tenths % 10}%"
+
+
+def _print_key_groups(tokens: KeyGroupTokens, segment_ids: list[int] | None) -> None:
+    """The key groups' progress, and each segment's load and progress."""
+    per_group = tokens.done_per_key_group()
+    if tokens.counted:
+        finished = int(((per_group == tokens.count) & (tokens.count > 0)).sum())
+        print(f"{'key groups':<15} {tokens.size:,} ({tokens.bits} bits): "
+              f"{int((tokens.count > 0).sum()):,} with events, {finished:,} of them done")
+    else:
+        print(f"{'key groups':<15} {tokens.size:,} ({tokens.bits} bits): "
+              f"{int((per_group > 0).sum()):,} with events done")
+    if not segment_ids:
+        return
+    segments = SegmentSet.from_ids(segment_ids)
+    owners = segments.key_group_owners(tokens.bits)
+    print(f"{'segments':<15} {len(segments)} now (done counts events handled and set aside)")
+    width = len(f"{int(max(tokens.count.max(initial=0), per_group.max(initial=0))):,}")
+    for position, member in enumerate(segments):
+        mine = owners == position
+        load = int(tokens.count[mine].sum())
+        # A segment's share of the events is its share of the run's time: the largest
+        # holds the run back (`segack plan` proposes a set that evens them out).
+        events = (f"{load:>{width},} events {load / max(tokens.total or 0, 1):6.1%}" if tokens.counted
+                  else f"{'?':>{width}} events {'':6}")
+        print(f"  #{position:<3} id {member.segment_id:<6} mask {member.mask:<6} "
+              f"{events}  {int(per_group[mine].sum()):>{width},} done  "
+              f"{int(mine.sum()):,} key groups")
 
 
 def _input_line(fingerprint: str | None) -> str:
@@ -369,13 +470,11 @@ def _input_line(fingerprint: str | None) -> str:
     if fingerprint is None:
         return ("no fingerprint (not a query over files alone that Spark describes in full, or Spark "
                 "Connect): a resume checks the events done")
-    return (f"fingerprint {fingerprint[:12]}: a resume over the same files, unchanged, skips the check "
-            f"of the events done")
+    return f"fingerprint {fingerprint[:12]}: a resume over these files, unchanged, is not checked again"
 
 
 def _when(at: float) -> str:
     """A time as ``segack status`` shows it: local, to the second."""
-    import time
 
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
 
@@ -395,15 +494,13 @@ def _pending_line(store: CheckpointStore) -> str | None:
             f"{change.by}; the run applies it within seconds")
 
 
-def _count(number: int, noun: str) -> str:
+def counted(number: int, noun: str) -> str:
     """``1 event``, ``2 events``."""
     return f"{number:,} {noun}" + ("" if number == 1 else "s")
 
 
 def _claim_line(store: CheckpointStore) -> str:
     """The checkpoint's claim, as ``segack status`` shows it."""
-    import time
-
     from segack.spark_adapter.claims import latest_claim
 
     claim = latest_claim(store)
@@ -428,18 +525,15 @@ def _release(args: argparse.Namespace) -> int:
 
     try:
         store = CheckpointStore(args.checkpoint)
-        if not store.exists():
-            print(f"segack release: no checkpoint at {args.checkpoint}", file=sys.stderr)
-            return 1
+        store.load_existing()
         released = force_release(store, f"segack release --force (pid {os.getpid()})")
     except (CheckpointError, ValueError, OSError) as error:
-        print(f"segack release: {error}", file=sys.stderr)
-        return 1
+        return _refused("release", error)
     if released is None:
         print(f"segack release: {store.location} is not claimed; nothing to do")
     else:
         print(f"segack release: released the claim of {released.owner()}; should it come back, it is fenced")
-    return 0
+    return ExitCode.OK
 
 
 def _rescale(args: argparse.Namespace) -> int:
@@ -457,8 +551,7 @@ def _rescale(args: argparse.Namespace) -> int:
             outcome = rescale.scale(store, args.segments, workers=args.workers,
                                     claim_timeout=args.claim_timeout)
     except (CheckpointError, ValueError, OSError) as error:
-        print(f"{command}: {error}", file=sys.stderr)
-        return 1
+        return _refused(args.command, error)
     ids = ",".join(map(str, outcome.segments.ids))
     if outcome.segments == outcome.before:
         print(f"{command}: the segments are {ids} already; nothing to do")
@@ -468,7 +561,7 @@ def _rescale(args: argparse.Namespace) -> int:
     else:
         print(f"{command}: asked {outcome.run} to change {len(outcome.before)} -> {len(outcome.segments)} "
               f"segments ({ids}); it applies them within seconds (a stream: at its next micro-batch)")
-    return 0
+    return ExitCode.OK
 
 
 def _dead_letters(args: argparse.Namespace) -> int:
@@ -482,17 +575,13 @@ def _dead_letters(args: argparse.Namespace) -> int:
 
     try:
         store = CheckpointStore(args.checkpoint)
-        state = store.load()
+        state = store.load_existing()
         letters = store.read_dead_letters()
     except (CheckpointError, ValueError, OSError) as error:
-        print(f"segack dead-letters: {error}", file=sys.stderr)
-        return 1
-    if state is None:
-        print(f"segack dead-letters: no checkpoint at {args.checkpoint}", file=sys.stderr)
-        return 1
+        return _refused("dead-letters", error)
     if letters is None:
         print(f"{'dead letters':<15} none")
-        return 0
+        return ExitCode.OK
     key = state.settings.get("key")
     keys = letters.column(key).to_pylist()
     first: dict[object, tuple[int, str, int]] = {}
@@ -503,7 +592,7 @@ def _dead_letters(args: argparse.Namespace) -> int:
         counts[value] = counts.get(value, 0) + 1
         if value not in first or position < first[value][0]:
             first[value] = (position, reason, attempts)
-    print(f"{'dead letters':<15} {_count(letters.num_rows, 'event')} of {_count(len(counts), 'key')}")
+    print(f"{'dead letters':<15} {counted(letters.num_rows, 'event')} of {counted(len(counts), 'key')}")
     ranked = sorted(counts, key=lambda value: (-counts[value], str(value)))
     width = max(len(str(value)) for value in ranked[:args.top])
     print(f"{key:<{width}}  {'events':>8}  first error")
@@ -513,7 +602,7 @@ def _dead_letters(args: argparse.Namespace) -> int:
         print(f"{value!s:<{width}}  {counts[value]:>8,}  {reason}{tries}")
     if len(ranked) > args.top:
         print(f"... and {len(ranked) - args.top:,} more keys")
-    return 0
+    return ExitCode.OK
 
 
 class _LogLines(logging.Formatter):
@@ -548,14 +637,21 @@ def _log_to_stderr(verbose: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``segack`` command; returns the exit status."""
+    # Whole lines, in the order they were printed, when stdout and stderr go to one file.
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
+        if args.command in ("replay", "plan") and (args.input is None) == (args.table is None):
+            parser.exit(ExitCode.USAGE, f"segack {args.command}: error: give INPUT or --table NAME, "
+                                        f"one of them\n")
         _log_to_stderr(getattr(args, "verbose", False))
         return _run(args)
     except BrokenPipeError:
         # The reader went away (``segack status CK | head``): not an error of ours.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return ExitCode.OK
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -4,45 +4,72 @@ start Spark."""
 from __future__ import annotations
 
 import argparse
+import collections
+import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
-from segack.cli import run_keywords
-from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore, resolve_location
+from segack.cli import ExitCode, counted, percent, run_keywords
+from segack.input_files import check_input_files, read_input
+from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore
 from segack.spark_adapter.errors import HandlerFailedError, InputError, OptionError, ReplayError
-from segack.spark_adapter.options import RunOptions
-from segack.spark_adapter.replay import Progress, load_handler, replay, worker_error
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+from segack.spark_adapter.replay import Progress, ReplayResult, load_handler, replay, worker_error
 
 __all__ = ["ProgressPrinter", "demo_command", "plan_command", "replay_command"]
 
+log = logging.getLogger("segack.cli")
+
 
 class ProgressPrinter:
-    """Progress on one rewritten line on a terminal, plain log lines elsewhere."""
+    """Progress on one rewritten line on a terminal, plain log lines elsewhere: events done (with
+    the total, once counted, their share and the time left), the rate over the last ``window``
+    seconds, the segments, and the calls in flight."""
 
-    def __init__(self, stream: TextIO = sys.stderr, every: float = 5.0) -> None:
-        self.stream = stream
-        self.terminal = stream.isatty()
-        self.every = every
+    def __init__(self, stream: TextIO | None = None, every: float = 5.0, window: float = 10.0) -> None:
+        self.stream = sys.stderr if stream is None else stream  # stderr as it is now, not at import
+        self.terminal = self.stream.isatty()
+        self.every, self.window = every, window
         self._last = float("-inf")
+        #: ``(seconds, handled)`` of the reports of the last ``window`` seconds, oldest first.
+        self._samples: collections.deque[tuple[float, int]] = collections.deque()
+
+    def rate(self, progress: Progress) -> float | None:
+        """Events handled per second since the oldest report of the window (``None`` at the
+        first report: the time before it went to Spark's start, not to events)."""
+        self._samples.append((progress.seconds, progress.handled))
+        while len(self._samples) > 2 and progress.seconds - self._samples[1][0] >= self.window:
+            self._samples.popleft()
+        seconds, handled = self._samples[0]
+        if progress.seconds <= seconds:
+            return None
+        return (progress.handled - handled) / (progress.seconds - seconds)
+
+    def line(self, progress: Progress) -> str:
+        """The progress line for ``progress`` (one more report for the rate)."""
+        rate = self.rate(progress)
+        if progress.total is None:
+            parts = [f"{counted(progress.done, 'event')} done"]
+        else:
+            parts = [f"{progress.done:,} of {counted(progress.total, 'event')} done "
+                     f"({percent(progress.done, progress.total)})"]
+        if rate is not None:
+            left = "" if progress.total is None or rate <= 0 else (
+                f", {_duration((progress.total - progress.done) / rate)} left")
+            parts.append(f"{rate:,.0f}/s{left}")
+        parts.append(counted(progress.segments, "segment"))
+        if progress.in_flight or progress.pending:
+            parts.append(f"{counted(progress.in_flight, 'call')} in flight, "
+                         f"{counted(progress.pending, 'row')} pending")
+        return ", ".join(parts)
 
     def __call__(self, progress: Progress) -> None:
-        rate = progress.handled / progress.seconds if progress.seconds > 0 else 0.0
-        if progress.total is None:
-            done = f"{progress.done:,} events done"
-        else:
-            share = progress.done / max(progress.total, 1)
-            done = f"{progress.done:,} of {progress.total:,} events done ({share:.1%})"
-        line = f"{done}, {rate:,.0f}/s, {progress.segments} segments"
-        if progress.in_flight or progress.pending:
-            line += f", {progress.in_flight:,} calls in flight, {progress.pending:,} rows pending"
+        line = self.line(progress)
         if self.terminal:
             self.stream.write("\r" + line + "\033[K")
         elif progress.handled and time.monotonic() - self._last >= self.every:
@@ -54,6 +81,14 @@ class ProgressPrinter:
         if self.terminal:
             self.stream.write("\n")
             self.stream.flush()
+
+
+def _duration(seconds: float) -> str:
+    """``about 40 s``, ``about 3 min``, ``about 2 h 5 min``."""
+    if seconds < 60:
+        return f"about {max(round(seconds), 1)} s"
+    minutes = round(seconds / 60)
+    return f"about {minutes} min" if minutes < 60 else f"about {minutes // 60} h {minutes % 60} min"
 
 
 def _importable_from_here() -> None:
@@ -68,31 +103,29 @@ def _is_embedded_local(master: str) -> bool:
     return master == "local" or master.startswith("local[")
 
 
-def _read(spark: SparkSession, path: str, fmt: str) -> DataFrame:
-    reader = spark.read.format(fmt)
-    if fmt == "csv":
-        reader = reader.option("header", "true").option("inferSchema", "true")
-    # A relative path means this directory, not the one a Connect server or cluster driver runs in.
-    return reader.load(resolve_location(path))
-
-
 def replay_command(args: argparse.Namespace) -> int:
-    """``segack replay``: exit 0 once every event is done, else 1 with a one-line reason."""
+    """``segack replay``: an :class:`~segack.cli.ExitCode`, with a one-line reason unless it is ``OK``."""
     from segack.spark_adapter.session import ship_module, ship_py_files, spark_session
 
     _importable_from_here()
     py_files = [path for path in args.py_files.split(",") if path]
-    try:
+    try:  # what the command line names, before Spark starts
         handler = load_handler(args.handler)
-        RunOptions.from_keywords(run_keywords(args))  # refused before Spark starts
+    except OptionError as error:
+        print(f"segack replay: argument --handler: {error}", file=sys.stderr)
+        return ExitCode.USAGE
+    missing = [path for path in py_files if not os.path.isfile(path)]
+    if missing:
+        print(f"segack replay: argument --py-files: no such file {missing[0]!r}", file=sys.stderr)
+        return ExitCode.USAGE
+    try:
         store = CheckpointStore(args.checkpoint)
         store.load()
-        missing = [path for path in py_files if not os.path.isfile(path)]
-        if missing:
-            raise OptionError(f"--py-files: no such file {missing[0]!r}")
+        if args.input is not None:
+            check_input_files(args.input, args.format)
     except (ValueError, OSError) as error:
         print(f"segack replay: {error}", file=sys.stderr)
-        return 1
+        return ExitCode.REFUSED
     master = None if args.remote else (args.master or "local[2]")
     printer = ProgressPrinter()
     spark = None
@@ -100,17 +133,22 @@ def replay_command(args: argparse.Namespace) -> int:
         spark = spark_session(master=master, remote=args.remote, conf=dict(args.conf), quiet=not args.verbose)
         ship_module(spark, args.handler.partition(":")[0])
         ship_py_files(spark, py_files)
-        events = _read(spark, args.input, args.format)
+        events = read_input(spark, args.input, args.format, dict(args.option), args.table)
+        source = args.input if args.table is None else f"table {args.table}"
         result = replay(events, key=args.key, order=args.order, handler=handler, checkpoint=store,
-                        progress=printer, source=args.input, **run_keywords(args))
-    except (HandlerFailedError, ReplayError, CheckpointError, ValueError, OSError) as error:
+                        progress=printer, source=source, **run_keywords(args))
+    except (HandlerFailedError, ReplayError) as error:
         printer.close()
         print(f"segack replay: {error}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
+    except (ValueError, OSError) as error:  # a refusal: nothing was written
+        printer.close()
+        print(f"segack replay: {error}", file=sys.stderr)
+        return ExitCode.REFUSED
     except Exception as error:
         printer.close()
         print(f"segack replay: {worker_error(error)}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     finally:
         # On an embedded local master the JVM stops itself (shutdown hooks included) when this
         # process exits, so the command does not wait for that. Anything else stops in order:
@@ -119,26 +157,37 @@ def replay_command(args: argparse.Namespace) -> int:
         if spark is not None and not (master is not None and _is_embedded_local(master)):
             spark.stop()
     printer.close()
+    return _report(result, args)
+
+
+def _report(result: ReplayResult, args: argparse.Namespace) -> int:
+    """What ``segack replay`` prints at the end of a run, and its exit code."""
     print(f"segack replay: {result.handled:,} events handled, {result.already_done:,} already done, "
           f"{result.total:,} in all, over {result.segments} segments and {2**result.key_group_bits:,} "
           f"key groups in {result.seconds:.1f} s")
     if result.already_done and not result.input_checked:
-        print("segack replay: the input is the same files, unchanged, as the last run read: the events "
-              "done were not read again to check them (--verify always checks)")
+        log.info("the input is the same files, unchanged, as the last run read: the events done were not "
+                 "read again to check them (--verify always checks)")
     if result.segment_changes:
         times = "once" if result.segment_changes == 1 else f"{result.segment_changes} times"
         print(f"segack replay: the segments changed {times} while it ran; `segack status "
               f"{args.checkpoint}` shows each set")
     if args.retry_dead_letters:
         stay = f"; {result.retry_failed:,} failed again and stay" if result.retry_failed else ""
-        print(f"segack replay: {result.retried:,} dead letters handled again{stay}")
+        print(f"segack replay: {counted(result.retried, 'dead letter')} handled again{stay}")
     if result.dead_letters:
-        print(f"segack replay: {result.dead_letters:,} events set aside as dead letters (they or an earlier "
-              f"event of their key failed); `segack dead-letters {args.checkpoint}` lists them")
+        print(f"segack replay: {counted(result.dead_letters, 'event')} set aside as dead letters in this run "
+              f"(they or an earlier event of their key failed)")
+    if result.dead_letters_left:
+        print(f"segack replay: not complete: {counted(result.dead_letters_left, 'event')} set aside as dead "
+              f"letters remain; `segack dead-letters {args.checkpoint}` lists them, and a run with "
+              f"--retry-dead-letters handles them again", file=sys.stderr)
+        return ExitCode.DEAD_LETTERS
     if not result.complete:
-        print(f"segack replay: incomplete: {result.done:,} of {result.total:,} events done", file=sys.stderr)
-        return 1
-    return 0
+        print(f"segack replay: not complete: {result.done:,} of {result.total:,} events done",
+              file=sys.stderr)
+        return ExitCode.FAILED
+    return ExitCode.OK
 
 
 def _share(fraction: float) -> str:
@@ -152,21 +201,27 @@ def plan_command(args: argparse.Namespace) -> int:
     from segack.spark_adapter.planning import plan
     from segack.spark_adapter.session import spark_session
 
+    try:
+        if args.input is not None:
+            check_input_files(args.input, args.format)
+    except InputError as error:
+        print(f"segack plan: {error}", file=sys.stderr)
+        return ExitCode.REFUSED
     master = None if args.remote else (args.master or "local[2]")
     spark = None
     try:
         spark = spark_session(master=master, remote=args.remote, conf=dict(args.conf), quiet=not args.verbose)
-        events = _read(spark, args.input, args.format)
+        events = read_input(spark, args.input, args.format, dict(args.option), args.table)
         if args.order is not None and args.order not in events.columns:
             raise InputError(f"no column {args.order!r}; the columns are {events.columns}")
         result = plan(events, key=args.key, hash=args.hash, workers=args.workers,
                       key_group_bits=args.key_group_bits, sample=args.sample, top=args.top)
     except (ValueError, OSError) as error:
         print(f"segack plan: {error}", file=sys.stderr)
-        return 1
+        return ExitCode.REFUSED
     except Exception as error:
         print(f"segack plan: {worker_error(error)}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     finally:
         if spark is not None and not (master is not None and _is_embedded_local(master)):
             spark.stop()
@@ -195,6 +250,14 @@ def plan_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recorded_done(store: CheckpointStore) -> int:
+    """Events recorded done, as ``segack status`` counts them."""
+    from segack.spark_adapter.claims import recorded_state
+
+    tokens = recorded_state(store)[0].tokens
+    return 0 if tokens is None else tokens.done
+
+
 def _replay_process(workdir: str, segments: int) -> subprocess.Popen[bytes]:
     environment = dict(os.environ, SEGACK_DEMO_DB=os.path.join(workdir, "users.sqlite"))
     command = [
@@ -207,12 +270,23 @@ def _replay_process(workdir: str, segments: int) -> subprocess.Popen[bytes]:
 
 
 def demo_command(args: argparse.Namespace) -> int:
-    """``segack demo``: replay, crash, rescale and resume, check against sequential processing."""
+    """``segack demo``: replay, crash, rescale and resume, check against sequential processing, in
+    ``--workdir`` (else a temporary directory, removed at the end unless ``--keep``)."""
+    workdir = args.workdir or tempfile.mkdtemp(prefix="segack-demo-")
+    print(f"segack demo: its event log, checkpoint and databases go to {workdir}")
+    try:
+        return _demo(workdir, args.events)
+    finally:
+        if args.workdir is None and not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+            print(f"segack demo: removed {workdir} (--keep keeps it)")
+
+
+def _demo(workdir: str, count: int) -> int:
     import pyarrow.parquet as pq
 
     from segack import demo
 
-    workdir = args.workdir or tempfile.mkdtemp(prefix="segack-demo-")
     os.makedirs(workdir, exist_ok=True)
     for name in ("users.sqlite", "users.sqlite-wal", "users.sqlite-shm", "expected.sqlite"):
         if os.path.exists(os.path.join(workdir, name)):
@@ -221,7 +295,7 @@ def demo_command(args: argparse.Namespace) -> int:
     if store.exists():
         print(f"segack demo: {workdir} already holds a checkpoint; use an empty --workdir", file=sys.stderr)
         return 1
-    events = demo.generate_events(args.events)
+    events = demo.generate_events(count)
     pq.write_table(events, os.path.join(workdir, "events.parquet"))
     users = len(set(events.column("user").to_pylist()))
     print(f"1. wrote {events.num_rows:,} events of {users:,} users (skewed, shuffled) "
@@ -246,7 +320,7 @@ def demo_command(args: argparse.Namespace) -> int:
             if done >= target:
                 os.killpg(first.pid, signal.SIGKILL)
                 first.wait()
-                killed_at = done
+                killed_at = _recorded_done(store)
     if killed_at is None and first.returncode != 0:
         print(f"segack demo: the first run failed (exit {first.returncode})", file=sys.stderr)
         return 1
@@ -254,9 +328,10 @@ def demo_command(args: argparse.Namespace) -> int:
         print("   the run ended before it could be killed")
     else:
         applied = demo.count_events(demo.read_users(os.path.join(workdir, "users.sqlite")))
-        print(f"   killed with {killed_at:,} events recorded done in the checkpoint's state (progress files "
-              f"hold more, which the next run merges) and {applied:,} applied to the database: the next run "
-              f"is handed again those applied but not recorded, and the sink skips them")
+        print(f"   killed with {killed_at:,} events recorded done (in the checkpoint's state and the "
+              f"progress files the next run merges, as `segack status` counts them) and {applied:,} applied "
+              f"to the database: the next run is handed again those applied but not recorded, and the sink "
+              f"skips them")
     print("4. resuming from the checkpoint with 7 segments instead of 4 (a rescale)")
     second = _replay_process(workdir, 7)
     if second.wait() != 0:

@@ -1,7 +1,7 @@
 """Durable checkpoints: per-key-group tokens plus the settings of the run that wrote them.
 
-A checkpoint is a directory, a local path or any URI :mod:`pyarrow.fs` opens
-(``hdfs://``, ``s3://``, ``gs://``, ``file://`` ...)::
+A checkpoint is a directory: a local path, an object store's prefix (``s3://``, ``gs://``,
+``az://``) or any other URI :mod:`pyarrow.fs` opens (``hdfs://``, ``file://``)::
 
     CHECKPOINT/checkpoint-N.json         the committed state, rewritten atomically (N: the claim)
     CHECKPOINT/progress/RUN-sN-aN.sgku   what each running task has finished (its updates)
@@ -45,6 +45,7 @@ from typing import Any
 import pyarrow as pa
 
 from segack._version import __version__
+from segack.spark_adapter.driver_watch import DriverProcess
 from segack.spark_adapter.errors import CheckpointError, CheckpointLocationError, TokenError
 from segack.spark_adapter.storage import Files, LocalFiles, open_files
 from segack.spark_adapter.tokens import KeyGroupTokens, decode_updates, encode_updates
@@ -148,6 +149,15 @@ def _canonical(body: dict[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
+def _checkpoint_entry(name: str) -> bool:
+    """Whether a checkpoint may hold a file or directory of this name: its own, one of its writes
+    that did not finish (``NAME.<hex>.tmp``), or a hidden file (NFS and desktops make them)."""
+    if name.endswith(".tmp"):
+        name = name.rsplit(".", 2)[0]
+    return (name.startswith(".") or name in (PROGRESS_DIR, DEAD_LETTERS_DIR, CLAIMS_DIR, SEGMENTS_REQUEST)
+            or (name.startswith(STATE_PREFIX) and name.endswith(STATE_SUFFIX)))
+
+
 def _claim_numbers(files: Files) -> list[int]:
     """The numbers of the claim files present now, ascending."""
     numbers = []
@@ -221,8 +231,9 @@ class CheckpointStore:
         return isinstance(self.files, LocalFiles)
 
     def for_tasks(self, run_id: str, claim_number: int) -> TaskStore:
-        """The view of the tasks of ``run_id``, which holds claim ``claim_number``."""
-        return TaskStore(self.location, run_id, claim_number)
+        """The view of the tasks of ``run_id``, which holds claim ``claim_number`` and whose driver
+        is the calling process."""
+        return TaskStore(self.location, run_id, claim_number, DriverProcess.this())
 
     # ---------------------------------------------------------- the state
 
@@ -255,12 +266,35 @@ class CheckpointStore:
         for _ in range(10):
             path = self.state_file()
             if path is None:
+                self._check_new_location()
                 return None
             data = self.files.read(path)
             if data is not None:
                 return Checkpoint.from_bytes(data, where=f"checkpoint {self.location}")
             # Pruned after a newer one was written: look again.
         raise CheckpointError(f"checkpoint {self.location}: its state files keep changing under the reader")
+
+    def load_existing(self) -> Checkpoint:
+        """The stored checkpoint, for a command that needs one:
+        :class:`~segack.spark_adapter.CheckpointLocationError` where there is none."""
+        state = self.load()
+        if state is None:
+            raise CheckpointLocationError(f"no checkpoint at {self.location}")
+        return state
+
+    def _check_new_location(self) -> None:
+        """Refuse (:class:`~segack.spark_adapter.CheckpointLocationError`) a location without a
+        state file that a run could not make a checkpoint of: a file, or a directory holding other
+        files than a checkpoint's (the input's directory given by mistake, say)."""
+        names = self.files.entries(self.files.path())
+        if names is None:
+            raise CheckpointLocationError(f"{self.location} is a file, not a checkpoint's directory")
+        others = sorted(name for name in names if not _checkpoint_entry(name))
+        if others:
+            more = f" and {len(others) - 1:,} more" if len(others) > 1 else ""
+            raise CheckpointLocationError(
+                f"{self.location} is not a checkpoint: it holds {others[0]!r}{more}, which no checkpoint "
+                f"holds (a new checkpoint needs a new or empty directory)")
 
     def save(self, checkpoint: Checkpoint, claim_number: int | None = None) -> None:
         """Write ``checkpoint`` atomically and durably, as the state of claim ``claim_number``
@@ -312,6 +346,17 @@ class CheckpointStore:
         first = {tuple(place.values()): row for row, place in reversed(list(enumerate(places)))}
         return letters.take(sorted(first.values()))
 
+    def count_dead_letters(self) -> int:
+        """How many events the dead letters hold, each once (as :meth:`read_dead_letters` rows),
+        read from two columns of each file."""
+        columns = [DEAD_KEY_GROUP, DEAD_POSITION]
+        places = [table for table in (self.read_dead_letter_file(path, columns=columns)
+                                      for path in self.dead_letter_files()) if table is not None]
+        if not places:
+            return 0
+        distinct = pa.concat_tables(places).group_by([DEAD_KEY_GROUP, DEAD_POSITION]).aggregate([])
+        return int(distinct.num_rows)
+
     def dead_letter_keys(self, key: str) -> frozenset[Any]:
         """The keys that have dead letters (their later events wait behind them)."""
         keys: set[Any] = set()
@@ -330,8 +375,9 @@ class CheckpointStore:
 
     @property
     def claims_are_atomic(self) -> bool:
-        """Whether two runs claiming at once cannot both win: true on local disks (and NFS) and
-        HDFS, whose rename refuses to replace a file; elsewhere a claim is made by looking first."""
+        """Whether two runs claiming at once cannot both win: true on local disks (and NFS), object
+        stores (conditional writes) and HDFS, whose rename refuses to replace a file; elsewhere a
+        claim is made by looking first."""
         return self.files.exclusive_create
 
     def claim_numbers(self) -> list[int]:
@@ -413,15 +459,20 @@ class TaskStore:
     progress and dead letters, read what earlier attempts of their segment recorded, and look for
     a stop request and for a claim newer than theirs, ``claim_number``.
 
-    It pickles as its location, run and claim: a task carries nothing else of the checkpoint.
+    It pickles as its location, run, claim and ``driver`` (the run's driver process, which tasks
+    on its machine watch: :mod:`~segack.spark_adapter.driver_watch`): a task carries nothing else
+    of the checkpoint.
     """
 
-    def __init__(self, location: str, run_id: str, claim_number: int) -> None:
+    def __init__(self, location: str, run_id: str, claim_number: int,
+                 driver: DriverProcess | None = None) -> None:
         self.location, self.run_id, self.claim_number = location, run_id, claim_number
+        self.driver = driver
         self.files = open_files(location)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"location": self.location, "run_id": self.run_id, "claim_number": self.claim_number}
+        return {"location": self.location, "run_id": self.run_id, "claim_number": self.claim_number,
+                "driver": self.driver}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]

@@ -19,9 +19,13 @@ The rules:
    claim's run left (a crash's progress is kept); files of any older run were written after it
    lost its claim, and are deleted unread. State files are named after their writer's claim
    number, and the newest is the checkpoint.
+5. **A run refused before its first save leaves no trace.** Older claim files are pruned at a
+   run's first save; a run that stops before it (its input is another checkpoint's, its sink
+   cannot start) deletes its own claim file, so the checkpoint is as it found it, byte for byte.
 
-On a store that offers neither an exclusive create nor a rename that refuses to replace (S3,
-GCS, ...), a claim is created by looking first: two runs that start within the same moment could
+Object stores (S3, GCS, Azure) create claims with their conditional writes. On a store that
+offers neither an exclusive create nor a rename that refuses to replace (other :mod:`pyarrow.fs`
+file systems), a claim is created by looking first: two runs that start within the same moment could
 both believe they hold it. :attr:`~segack.spark_adapter.checkpoint.CheckpointStore.claims_are_atomic`
 says which, and ``segack status`` shows it. A driver paused between its check and its save
 writes the state file of its own, older claim number, which the checkpoint ignores
@@ -39,14 +43,21 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from segack.spark_adapter.errors import CheckpointClaimedError, CheckpointError, ClaimLostError, OptionError
+from segack.spark_adapter.errors import (
+    CheckpointClaimedError,
+    CheckpointError,
+    ClaimLostError,
+    OptionError,
+    TokenError,
+)
 from segack.spark_adapter.periodic import Periodic
 
 if TYPE_CHECKING:
     from segack.spark_adapter.checkpoint import Checkpoint, CheckpointStore
 
 __all__ = ["DEFAULT_CLAIM_TIMEOUT", "CheckpointClaimedError", "Claim", "ClaimKeeper", "ClaimLostError",
-           "acquire", "check_claim_timeout", "force_release", "latest_claim", "previous_run"]
+           "acquire", "check_claim_timeout", "force_release", "latest_claim", "previous_run",
+           "recorded_state", "unmerged_progress"]
 
 #: Seconds a claim lives without being extended, unless a run says otherwise.
 DEFAULT_CLAIM_TIMEOUT = 60.0
@@ -73,6 +84,11 @@ class Claim:
     #: The run whose progress files the next owner merges (rule 4), when not this claim's own: a
     #: command that handles no events (``segack split``, ...) passes its predecessor's on.
     progress_of: str | None = None
+
+    @property
+    def progress_run(self) -> str:
+        """The run whose progress files the next owner merges (rule 4)."""
+        return self.progress_of or self.run_id
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode("utf-8") + b"\n"
@@ -142,8 +158,29 @@ def previous_run(store: CheckpointStore, claim: Claim) -> str | None:
     data = store.read_claim_file(claim.number - 1)
     if data is None:
         return None
-    before = Claim.from_bytes(data, "the previous claim")
-    return before.progress_of or before.run_id
+    return Claim.from_bytes(data, "the previous claim").progress_run
+
+
+def recorded_state(store: CheckpointStore) -> tuple[Checkpoint, list[str]]:
+    """The checkpoint's state with what :func:`unmerged_progress` adds to it (the progress a run
+    resumes from), and those files; :class:`~segack.spark_adapter.CheckpointLocationError` where
+    there is no checkpoint. Nothing is written."""
+    state = store.load_existing()
+    unmerged = unmerged_progress(store)
+    if state.tokens is not None:
+        try:
+            for _, updates in store.read_progress(unmerged):
+                state.tokens.apply(updates)
+        except TokenError as error:
+            raise CheckpointError(f"checkpoint {store.location}: {error}") from None
+    return state, unmerged
+
+
+def unmerged_progress(store: CheckpointStore) -> list[str]:
+    """The progress files not yet in the state that count: the live run's, or those the next run
+    will merge (rule 4); a reader adds them to the state to see what is recorded done."""
+    latest = latest_claim(store)
+    return [] if latest is None else store.progress_files(latest.progress_run)
 
 
 def _prune(store: CheckpointStore, number: int) -> None:
@@ -160,7 +197,7 @@ def acquire(store: CheckpointStore, run_id: str, timeout: float, *, handles_even
     latest = latest_claim(store)
     if latest is not None and latest.live(now):
         raise CheckpointClaimedError(store.location, latest, now)
-    passed_on = None if handles_events or latest is None else latest.progress_of or latest.run_id
+    passed_on = None if handles_events or latest is None else latest.progress_run
     claim = Claim(number=1 if latest is None else latest.number + 1, run_id=run_id, host=socket.gethostname(),
                   pid=os.getpid(), claimed_at=now, extended_at=now, timeout=timeout, progress_of=passed_on)
     if not store.create_claim_file(claim.number, claim.to_bytes()):
@@ -168,7 +205,6 @@ def acquire(store: CheckpointStore, run_id: str, timeout: float, *, handles_even
         assert winner is not None
         log.info("%s: %s claimed it in the same moment as run %s", store.location, winner.owner(), run_id)
         raise CheckpointClaimedError(store.location, winner, time.time())
-    _prune(store, claim.number)
     if latest is not None and not latest.released:
         log.info("%s: run %s took the checkpoint over from %s, whose claim %s", store.location, run_id,
                  latest.owner(), "outlived its process" if latest.owner_gone() else "lapsed")
@@ -208,6 +244,8 @@ class ClaimKeeper(Periodic):
         super().__init__(min(claim.timeout / 4, 5.0), "segack-claim")
         self.store, self.claim, self.on_lost = store, claim, on_lost
         self.lost: ClaimLostError | None = None
+        #: Whether the run has saved under this claim (rule 5).
+        self.saved = False
 
     def check(self) -> None:
         """Raise :class:`~segack.spark_adapter.ClaimLostError` unless this run still holds the newest
@@ -223,6 +261,9 @@ class ClaimKeeper(Periodic):
         """Save ``state`` as this run's, once :meth:`check` has found the claim still held."""
         self.check()
         self.store.save(state, self.claim.number)
+        if not self.saved:
+            _prune(self.store, self.claim.number)
+            self.saved = True
 
     def extend(self) -> None:
         self.check()
@@ -249,6 +290,11 @@ class ClaimKeeper(Periodic):
         if self.lost is None:
             try:
                 self.check()
+                if exc_info[0] is not None and not self.saved:
+                    self.store.delete_claim_files([self.claim.number])  # rule 5
+                    log.info("%s: run %s withdrew claim %d: it stopped before it saved anything",
+                             self.store.location, self.claim.run_id, self.claim.number)
+                    return
                 released = replace(self.claim, extended_at=time.time(), released=True)
                 self.store.write_claim_file(released.number, released.to_bytes())
             except ClaimLostError as lost:

@@ -45,6 +45,7 @@ from segack.spark_adapter.checkpoint import (
 )
 from segack.spark_adapter.columns import member_index_column
 from segack.spark_adapter.dispatch import Dispatcher
+from segack.spark_adapter.driver_watch import watching_driver
 from segack.spark_adapter.errors import HandlerFailedError, ReplayError, worker_error
 from segack.spark_adapter.handlers import (
     close_handler,
@@ -195,7 +196,13 @@ class _RetryTask:
 
 
 def _retry_task(plan: _RetryPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The ``mapInArrow`` function of a retry: one segment's dead letters in, one result row out."""
+    """The ``mapInArrow`` function of a retry: one segment's dead letters in, one result row out;
+    the worker ends should the driver's process end meanwhile."""
+    with watching_driver(plan.store.driver):
+        yield from _retry_segment(plan, batches)
+
+
+def _retry_segment(plan: _RetryPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     from pyspark import TaskContext
 
     context = TaskContext.get()

@@ -10,9 +10,11 @@ Refusals (``ValueError``)          why
 :class:`OptionError`               a setting out of range, of the wrong type, or not one
                                    of its choices
 :class:`InputError`                the events cannot be replayed as asked: a column is
-                                   missing, reserved or of a type segack cannot sort or hash
+                                   missing, reserved or of a type segack cannot sort or hash,
+                                   or the order column is null or NaN in some events
 :class:`SessionError`              the Spark session is not fit for ordered processing
-:class:`CheckpointLocationError`   no location, or one the executors cannot reach
+:class:`CheckpointLocationError`   no location, one the executors cannot reach, or
+                                   one that is not a checkpoint
 :class:`CheckpointError`           a checkpoint that cannot be trusted: damaged, foreign,
                                    of another version
 :class:`ForeignInputError`         a checkpoint of other input, or cut otherwise
@@ -72,7 +74,8 @@ class SessionError(SegackValueError):
 
 
 class CheckpointLocationError(SegackValueError):
-    """No checkpoint location was given, or a local path the executors would not reach."""
+    """No checkpoint location was given, a local path the executors would not reach, or a location
+    that holds no checkpoint (a file, a directory of other files, or nothing, where one is needed)."""
 
 
 class CheckpointError(SegackValueError):

@@ -65,8 +65,8 @@ class EventInput:
         self.order_type = df.schema[order].dataType
         order_name = self.order_type.simpleString()
         if order_name not in _ORDER_TYPES and not order_name.startswith("decimal("):
-            raise InputError(f"the order column must have a plain sortable type (numbers, strings, "
-                                   f"dates, timestamps, binary), not {order_name}")
+            raise InputError(f"the order column {order!r} must have a plain sortable type (numbers, "
+                             f"strings, dates, timestamps, binary), not {order_name}")
         from pyspark.sql import functions as F
 
         self.key_group: Column = hash_column(key, self.key_type.simpleString(), hash, method).bitwiseAND(
@@ -89,6 +89,28 @@ class EventInput:
         if "map<" in type_name or _has_floats(type_name):
             return F.to_json(F.col(name))
         return F.col(name)
+
+    def check_order_values(self) -> None:
+        """Refuse (:class:`~segack.spark_adapter.InputError`) events whose order is null, or NaN: they
+        have no place among their key's events. One Spark job, unless the schema rules both out;
+        Parquet's statistics let it skip the row groups without nulls."""
+        from pyspark.sql import functions as F
+
+        nullable = self.df.schema[self.order].nullable
+        floats = _has_floats(self.order_type.simpleString())
+        if not nullable and not floats:
+            return
+        order = F.col(self.order)
+        missing = order.isNull() if nullable else F.lit(False)
+        if floats:
+            missing = missing | F.isnan(order)
+        found = self.df.where(missing).count()
+        if found:
+            what = "null or NaN" if floats else "null"
+            events = f"{found:,} event{'' if found == 1 else 's'}"
+            raise InputError(f"the order column {self.order!r} is {what} in {events}: each event needs a "
+                             f"place in its key's order; fill those values in, or filter the events out, "
+                             f"before replaying")
 
     @property
     def column_types(self) -> dict[str, str]:

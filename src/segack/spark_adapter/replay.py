@@ -151,14 +151,17 @@ def replay(
     Returns
     -------
     ReplayResult
-        What the run did; ``complete`` says whether every event is done.
+        What the run did; ``complete`` says whether every event was handled (it is ``False`` while
+        dead letters are left).
 
     Raises
     ------
     OptionError, InputError, SessionError, CheckpointLocationError
-        Before anything is written: a bad setting, a missing or unsortable column, speculation on,
-        or a local checkpoint path executors on other machines could not reach (unless
-        ``shared_local_checkpoint``).
+        Before anything is written: a bad setting, a missing or unsortable column, an order column
+        null or NaN in some events (checked by one Spark job, unless the checkpoint's last run read
+        the same unchanged files), speculation on, a checkpoint location that is a file or a
+        directory of other files, or a local checkpoint path executors on other machines could not
+        reach (unless ``shared_local_checkpoint``).
     CheckpointError
         A damaged checkpoint, one of another version, or (:class:`~segack.spark_adapter.ForeignInputError`)
         one written for other input; :class:`~segack.spark_adapter.CheckpointClaimedError` when
@@ -182,6 +185,8 @@ def replay(
     chosen = run_options.segments if isinstance(run_options.segments, SegmentSet) else None
     setup = _Setup(df, store, key, order, run_options, chosen)  # refuses bad input
     fingerprint = input_fingerprint(df)
+    if fingerprint is None or fingerprint != setup.state.settings.get("input_fingerprint"):
+        setup.events.check_order_values()  # else the run that recorded the fingerprint checked them
     if planned:
         chosen = plan(df, key=key, hash=run_options.hash, workers=default_segment_count(spark),
                       key_group_bits=setup.bits, method=run_options.method).segments
@@ -216,5 +221,6 @@ def replay(
         segments=len(counts.segments or setup.segments), key_group_bits=setup.bits,
         seconds=time.monotonic() - began, segment_changes=counts.segment_changes,
         peak_pending=counts.peak_pending, dead_letters=counts.dead_letters,
+        dead_letters_left=store.count_dead_letters(),
         retried=counts.retry.handled, retry_failed=counts.retry.kept, input_checked=counts.input_checked,
     )

@@ -221,9 +221,9 @@ def _change(store: CheckpointStore, make: Callable[[SegmentSet, Checkpoint], tup
             claim_timeout: float) -> Rescale:
     """Rules 1-3 for one change: ``make`` turns the current set (and the state) into the new set
     and why, or raises."""
-    state = store.load()
-    current = None if state is None else recorded_segments(state)
-    if state is None or current is None or state.tokens is None:
+    state = store.load_existing()
+    current = recorded_segments(state)
+    if current is None or state.tokens is None:
         raise CheckpointError(f"no segments recorded at {store.location}: a run records them first")
     pending = pending_change(store)
     if pending is not None:
@@ -244,8 +244,7 @@ def _change(store: CheckpointStore, make: Callable[[SegmentSet, Checkpoint], tup
                  claimed.claim.owner())
         return Rescale(current, segments, applied=False, run=claimed.claim.owner())
     with ClaimKeeper(store, claim) as keeper:
-        state = store.load()
-        assert state is not None  # a run that held it saved a state; nothing deletes one
+        state = store.load_existing()  # a run that held it saved a state; nothing deletes one
         record_segments(state, segments, f"{why} (by {by})")
         keeper.save(state)
         store.delete_segments_request()

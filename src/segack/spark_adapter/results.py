@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 __all__ = ["Progress", "ReplayResult"]
@@ -30,7 +31,7 @@ class Progress:
     pending: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ReplayResult:
     """The outcome of :func:`~segack.spark_adapter.replay`."""
 
@@ -54,6 +55,9 @@ class ReplayResult:
     #: (``on_error="dead-letter"``), or their key had dead letters already; ``done`` counts them,
     #: ``handled`` does not.
     dead_letters: int = 0
+    #: Dead letters the checkpoint holds after the run, from this run and earlier ones: events set
+    #: aside and not handled, until a run with ``retry_dead_letters=True`` handles them.
+    dead_letters_left: int = 0
     #: Dead letters of earlier runs handled this time (``retry_dead_letters=True``).
     retried: int = 0
     #: Dead letters retried that failed again, or wait behind one of their key that did: they stay.
@@ -66,5 +70,10 @@ class ReplayResult:
 
     @property
     def complete(self) -> bool:
-        """Whether every event is done."""
-        return self.done == self.total
+        """Whether every event was handled: each is done, and no dead letter is left
+        (``dead_letters_left``)."""
+        return self.done == self.total and self.dead_letters_left == 0
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{spec.name}={getattr(self, spec.name)!r}" for spec in dataclasses.fields(self))
+        return f"ReplayResult(complete={self.complete}, {fields})"

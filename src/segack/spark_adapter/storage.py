@@ -1,8 +1,9 @@
-"""Where a checkpoint's files live: a local (or mounted) directory, or any :mod:`pyarrow.fs` file
-system (``hdfs://``, ``s3://``, ``gs://``, ...).
+"""Where a checkpoint's files live: a local (or mounted) directory, an object store (``s3://``,
+``gs://``, ``az://``), or any other :mod:`pyarrow.fs` file system (``hdfs://``).
 
 A checkpoint needs a handful of operations on small files. :class:`Files` names them and what each
-promises; :class:`LocalFiles` and :class:`ArrowFiles` keep the promises, each its own way.
+promises; :class:`LocalFiles`, :class:`ObjectStoreFiles` and :class:`ArrowFiles` keep the promises,
+each its own way.
 :func:`open_files` picks one for a location. A new backend (an object store's own client, say) is
 one more subclass, and a line in :func:`open_files`.
 
@@ -12,18 +13,24 @@ one more subclass, and a line in :func:`open_files`.
   into place.
 - **Exclusive creates.** :meth:`Files.create` creates a file unless it exists; where the backend
   can (:attr:`Files.exclusive_create`), of two callers at once exactly one wins: a hard link on
-  local disks and NFS, a rename that refuses to replace on HDFS. Elsewhere it looks first.
+  local disks and NFS, a conditional write on object stores, a rename that refuses to replace on
+  HDFS. Elsewhere it looks first.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import uuid
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["ArrowFiles", "Files", "LocalFiles", "open_files"]
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, RetryConfig
+
+__all__ = ["OBJECT_STORE_SCHEMES", "ArrowFiles", "Files", "LocalFiles", "ObjectStoreFiles", "open_files"]
 
 
 class Files(ABC):
@@ -68,6 +75,11 @@ class Files(ABC):
     @abstractmethod
     def parquet_source(self, path: str) -> Any:
         """What :mod:`pyarrow.parquet` reads the file from; ``FileNotFoundError`` if it is gone."""
+
+    @abstractmethod
+    def entries(self, directory: str) -> Sequence[str] | None:
+        """The names of the files and directories in ``directory`` (none if it does not exist);
+        ``None`` if it is a file."""
 
 
 class LocalFiles(Files):
@@ -128,10 +140,7 @@ class LocalFiles(Files):
             os.remove(path)
 
     def list(self, directory: str) -> list[tuple[str, int]]:
-        try:
-            names = os.listdir(directory)
-        except FileNotFoundError:
-            return []
+        names = self.entries(directory) or []
         found = []
         for name in names:
             with contextlib.suppress(FileNotFoundError):
@@ -140,6 +149,14 @@ class LocalFiles(Files):
 
     def parquet_source(self, path: str) -> Any:
         return path
+
+    def entries(self, directory: str) -> Sequence[str] | None:
+        try:
+            return os.listdir(directory)
+        except FileNotFoundError:
+            return []
+        except NotADirectoryError:
+            return None
 
 
 class ArrowFiles(Files):
@@ -196,14 +213,149 @@ class ArrowFiles(Files):
     def list(self, directory: str) -> list[tuple[str, int]]:
         from pyarrow import fs
 
-        infos = self._fs.get_file_info(fs.FileSelector(directory, allow_not_found=True))
+        try:
+            infos = self._fs.get_file_info(fs.FileSelector(directory, allow_not_found=True))
+        except NotADirectoryError:
+            return []
         return [(info.path, int(info.size or 0)) for info in infos if info.type == fs.FileType.File]
 
     def parquet_source(self, path: str) -> Any:
         return self._fs.open_input_file(path)
 
+    def entries(self, directory: str) -> Sequence[str] | None:
+        from pyarrow import fs
+
+        if self._fs.get_file_info(directory).type == fs.FileType.File:
+            return None
+        infos = self._fs.get_file_info(fs.FileSelector(directory, allow_not_found=True))
+        return [info.base_name for info in infos]
+
+
+#: The schemes :class:`ObjectStoreFiles` serves: S3 (and MinIO, R2, ...), GCS, Azure Blob Storage.
+OBJECT_STORE_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss")
+
+
+class ObjectStoreFiles(Files):
+    """A prefix in an object store bucket, through obstore, whose conditional writes make
+    :meth:`create` atomic: S3's ``If-None-Match: *``, GCS's ``ifGenerationMatch=0``, Azure's
+    ``If-None-Match: *``. Every write of one object is atomic on these stores.
+
+    Credentials and endpoints come the stores' standard way (``AWS_ACCESS_KEY_ID``,
+    ``AWS_ENDPOINT_URL``, ``AWS_REGION``, ...; ``GOOGLE_SERVICE_ACCOUNT``; ``AZURE_STORAGE_...``);
+    an ``http://`` endpoint is allowed when it is the one configured. A store that cannot be
+    reached, or refuses, is an ``OSError`` of one line.
+    """
+
+    exclusive_create = True
+
+    def __init__(self, location: str) -> None:
+        from datetime import timedelta
+
+        from obstore.store import from_url
+
+        self.location = location
+        self.root = ""
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+        options: ClientConfig = {"allow_http": True} if endpoint.startswith("http://") else {}
+        # A few quick retries: an endpoint that does not answer is refused in seconds, not minutes.
+        retries: RetryConfig = {"max_retries": 3, "retry_timeout": timedelta(seconds=20)}
+        self._store = from_url(location.replace("s3a://", "s3://", 1), client_options=options,
+                               retry_config=retries)
+
+    def path(self, *parts: str) -> str:
+        return "/".join(parts)  # keys under the location's prefix, which the store adds
+
+    def _call(self, operation: Any, *arguments: Any, **keywords: Any) -> Any:
+        """``operation(store, ...)``, its failures but a missing object as one-line ``OSError``."""
+        from obstore.exceptions import AlreadyExistsError, BaseError
+
+        try:
+            return operation(self._store, *arguments, **keywords)
+        except (FileNotFoundError, AlreadyExistsError):
+            raise
+        except (BaseError, OSError) as error:
+            raise OSError(f"checkpoint store {self.location}: {_store_failure(str(error))}") from None
+
+    def read(self, path: str) -> bytes | None:
+        import obstore
+
+        try:
+            return bytes(self._call(obstore.get, path).bytes())
+        except FileNotFoundError:
+            return None
+
+    def exists(self, path: str) -> bool:
+        import obstore
+
+        try:
+            self._call(obstore.head, path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def write(self, path: str, data: bytes) -> None:
+        import obstore
+
+        self._call(obstore.put, path, data)
+
+    def create(self, path: str, data: bytes) -> bool:
+        import obstore
+        from obstore.exceptions import AlreadyExistsError
+
+        try:
+            self._call(obstore.put, path, data, mode="create")
+        except AlreadyExistsError:
+            return False
+        return True
+
+    def delete(self, path: str) -> None:
+        import obstore
+
+        with contextlib.suppress(FileNotFoundError):
+            self._call(obstore.delete, path)
+
+    def list(self, directory: str) -> list[tuple[str, int]]:
+        import obstore
+
+        listing = self._call(obstore.list_with_delimiter, directory.rstrip("/") + "/" if directory else None)
+        return [(entry["path"], int(entry["size"])) for entry in listing["objects"]]
+
+    def entries(self, directory: str) -> Sequence[str] | None:
+        import obstore
+
+        prefix = directory.rstrip("/") + "/" if directory else None
+        listing = self._call(obstore.list_with_delimiter, prefix)
+        found = [*listing["common_prefixes"], *(entry["path"] for entry in listing["objects"])]
+        return [name.rstrip("/").rsplit("/", 1)[-1] for name in found]
+
+    def parquet_source(self, path: str) -> Any:
+        import pyarrow as pa
+
+        data = self.read(path)
+        if data is None:
+            raise FileNotFoundError(path)
+        return pa.BufferReader(data)
+
+
+def _store_failure(text: str) -> str:
+    """What an object store's error means, in one line: its status and code, or why it was not
+    reached."""
+    status = re.search(r"status code: (\d{3} [A-Za-z ]+?):", text)
+    code = re.search(r"<Code>(\w+)</Code>", text)
+    if "169.254.169.254" in text:  # no credentials configured: the client asked the instance metadata
+        return ("no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the store's own "
+                "variables)")
+    if status is not None:
+        return f"the store answered {status[1]}" + (f" ({code[1]})" if code else "")
+    first = text.strip().splitlines()[0] if text.strip() else "unknown error"
+    return f"cannot reach the store: {first}"
+
 
 def open_files(location: str) -> Files:
-    """The backend for a resolved location: a URI with a scheme goes to :mod:`pyarrow.fs`, a path
-    to the local file system."""
-    return ArrowFiles(location) if "://" in location else LocalFiles(location)
+    """The backend for a resolved location: an object store's URI (:data:`OBJECT_STORE_SCHEMES`)
+    goes to :class:`ObjectStoreFiles`, another URI to :mod:`pyarrow.fs`, a path to the local file
+    system."""
+    scheme = location.split("://", 1)[0] if "://" in location else None
+    if scheme in OBJECT_STORE_SCHEMES:
+        return ObjectStoreFiles(location)
+    return ArrowFiles(location) if scheme is not None else LocalFiles(location)

@@ -48,6 +48,7 @@ from segack.spark_adapter.checkpoint import (
     TaskStore,
 )
 from segack.spark_adapter.dispatch import Dispatcher, is_async
+from segack.spark_adapter.driver_watch import watching_driver
 from segack.spark_adapter.errors import HandlerFailedError
 from segack.spark_adapter.handlers import (
     close_handler,
@@ -524,7 +525,13 @@ class _Batch:
 
 
 def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The ``mapInArrow`` function of a replay: one segment's events in, its progress out."""
+    """The ``mapInArrow`` function of a replay: one segment's events in, its progress out; the
+    worker ends should the driver's process end meanwhile."""
+    with watching_driver(plan.store.driver):
+        yield from _segment_task(plan, batches)
+
+
+def _segment_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     from pyspark import TaskContext
 
     context = TaskContext.get()

@@ -1,0 +1,50 @@
+"""A real S3 API server for the tests: moto's standalone server (``moto[server]``) on a free
+loopback port, started once for the test run and stopped after, reached the standard way."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from tests.ports import free_port
+
+#: What every client of the server needs in its environment (Spark's workers included).
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@contextmanager
+def s3_server() -> Iterator[str]:
+    """Run the server until the block ends; yields its endpoint URL (``http://127.0.0.1:PORT``)."""
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto's server did not start: {server.stderr.read()}") from None
+                time.sleep(0.1)
+        yield endpoint
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def make_bucket(endpoint: str, name: str) -> None:
+    """Create bucket ``name`` on the server."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name=CREDENTIALS["AWS_REGION"],
+                          aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
+    client.create_bucket(Bucket=name)
