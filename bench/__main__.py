@@ -1,4 +1,5 @@
-"""``python -m bench [hashes] [acker] [spark] [sinks]``: same-run ratios against competitors.
+"""``python -m bench [hashes] [acker] [spark] [sinks] [crashes]``: same-run ratios against competitors
+(``crashes``, not run by default, counts what a crash costs a handler instead).
 
 Every table times segack and its competitor in this one process, on the same
 input, and prints the ratio; absolute times on shared machines are noise, the
@@ -19,9 +20,10 @@ from bench.common import cpus
 
 
 def main(argv: list[str]) -> int:
-    from bench import acker, hashes, sinks, spark
+    from bench import acker, crashes, hashes, sinks, spark
 
-    suites = {"hashes": hashes.run, "acker": acker.run, "spark": spark.run, "sinks": sinks.run}
+    suites = {"hashes": hashes.run, "acker": acker.run, "spark": spark.run, "sinks": sinks.run,
+              "crashes": crashes.run}
     chosen = argv or ["hashes", "acker", "spark", "sinks"]
     unknown = [name for name in chosen if name not in suites]
     if unknown:

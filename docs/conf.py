@@ -30,7 +30,7 @@ html_static_path: list[str] = []
 nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"(pyspark|numpy|npt|pyarrow|pa|np)\..*"),
-    (r"py:.*", r"(Any|Callable|Iterator|Iterable|AsyncIterable|AsyncIterator|TextIO)"),
+    (r"py:.*", r"(Any|Callable|Iterator|Iterable|AsyncIterable|AsyncIterator|TextIO|Sequence)"),
     (r"py:.*", r"(Column|DataFrame|SparkSession)"),
     (r"py:.*", r"(collections\.abc|typing)\..*"),
     (r"py:class", r"segack\.(specs\.snapshot|spark_adapter\.replay)\..*"),

@@ -27,7 +27,7 @@ def segment_tree(out: Path) -> None:
         x = (left + right) / 2
         positions[(segment.segment_id, segment.mask)] = (x, -depth)
         is_live = segment in live
-        axis.text(x, -depth, f"id {segment.segment_id}\nmask {segment.mask:b}\n{segment.share:.1%}",
+        axis.text(x, -depth, f"id {segment.segment_id}\nmask {segment.mask}\n{segment.share:.1%}",
                   ha="center", va="center", fontsize=8,
                   bbox={"boxstyle": "round", "fc": "#cde" if is_live else "#eee"})
         if not is_live:
@@ -190,30 +190,42 @@ def performance(out: Path) -> None:
     # The labels are long: let the saved image grow to hold them rather than cut them.
     figure.savefig(out / "perf-hashes.png", dpi=110, bbox_inches="tight")
     plt.close(figure)
-    tables = []
-    for name in ("hashes", "acker", "acker-state", "spark-columns", "spark-replay", "spark-checkpoint",
-                 "spark-resume", "spark-concurrency", "spark-planning", "spark-rescale", "spark-claims",
-                 "sinks-postgres", "sinks-lists"):
-        data = json.loads((HERE / "perf" / f"{name}.json").read_text())
-        columns = list(dict.fromkeys(key for row in data["rows"] for key in row))
-        tables.append(f".. list-table:: {name}\n   :header-rows: 1\n")
-        for row in [dict(zip(columns, columns, strict=True)), *data["rows"]]:
-            # An en dash: a lone "-" would start a bullet list inside the cell.
-            cells = [str(row.get(column, "")) or "\u2013" for column in columns]
-            tables.append("   * - " + "\n     - ".join(cells))
-        tables.append("")
+    tables = [_list_table(name) for name in (
+        "hashes", "acker", "acker-state", "spark-columns", "spark-replay", "spark-checkpoint",
+        "spark-resume", "spark-concurrency", "spark-planning", "spark-rescale", "spark-claims",
+        "sinks-postgres", "sinks-lists")]
     (out / "perf-tables.rst").write_text("\n".join(tables) + "\n")
+    (out / "crashes-table.rst").write_text(_list_table("crashes") + "\n")
+
+
+def _list_table(name: str) -> str:
+    """A saved benchmark table (``docs/perf/NAME.json``) as a reStructuredText list table."""
+    data = json.loads((HERE / "perf" / f"{name}.json").read_text())
+    columns = list(dict.fromkeys(key for row in data["rows"] for key in row))
+    lines = [f".. list-table:: {name}\n   :header-rows: 1\n"]
+    for row in [dict(zip(columns, columns, strict=True)), *data["rows"]]:
+        cells = [_cell(str(row.get(column, ""))) for column in columns]
+        lines.append("   * - " + "\n     - ".join(cells))
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    """A table cell: an en dash for nothing (a lone "-" would start a bullet list), command-line
+    flags as literal text (Sphinx would make "--" a dash)."""
+    if not text:
+        return "\u2013"
+    return f"``{text}``" if text.startswith("--") else text
 
 
 def cli_page(out: Path) -> None:
     """The ``segack`` command's help, every subcommand, from its own argument parser."""
     parser = build_parser()
-    lines = ["``segack``", "----------", "", ".. code-block:: text", ""]
+    lines = ["``segack``", "~~~~~~~~~~", "", ".. code-block:: text", ""]
     lines += ["   " + line for line in parser.format_help().splitlines()]
     actions = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
     for name, subparser in actions[0].choices.items():
         title = f"``segack {name}``"
-        lines += ["", title, "-" * len(title), "", ".. code-block:: text", ""]
+        lines += ["", title, "~" * len(title), "", ".. code-block:: text", ""]
         lines += ["   " + line for line in subparser.format_help().splitlines()]
     (out / "cli.rst").write_text("\n".join(lines) + "\n")
 
