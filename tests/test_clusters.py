@@ -103,7 +103,7 @@ def _replay(workdir: Path, handler: str, checkpoint: str, *extra: str) -> subpro
     return subprocess.run(command, cwd=workdir, env=environment, capture_output=True, text=True, timeout=900)
 
 
-def _assert_complete(workdir: Path, checkpoint: Path) -> None:
+def _assert_complete(workdir: Path, checkpoint: Path | str) -> None:
     table = pq.read_table(workdir / "events.parquet")
     state = CheckpointStore(str(checkpoint)).load()
     assert state.tokens.complete and state.settings["status"] == "complete"
@@ -124,6 +124,19 @@ def test_local_cluster_with_a_relative_checkpoint_records_everything(workdir):
     _assert_complete(workdir, workdir / "ck")
     pids = {line.rsplit(",", 1)[1] for line in (workdir / "log.jsonl").read_text().splitlines()}
     assert len(pids) >= 2, "the events were not handled in separate executors"
+
+
+def test_local_cluster_with_a_checkpoint_on_s3_records_everything_and_says_its_claims_are_atomic(workdir, s3):
+    """Executors in separate JVMs write their progress to an S3 API server (moto's, on loopback),
+    reached from the environment they inherit (``AWS_ENDPOINT_URL``, credentials)."""
+    checkpoint = f"{s3}/ck"
+    done = _replay(workdir, "record", checkpoint, "--master", "local-cluster[2,1,1024]", "--segments", "3")
+    assert done.returncode == 0, done.stderr
+    assert "20,000 events handled" in done.stdout
+    _assert_complete(workdir, checkpoint)
+    status = subprocess.run([sys.executable, "-m", "segack", "status", checkpoint], env=_environment(),
+                            capture_output=True, text=True, timeout=120)
+    assert "claim           free: run " in status.stdout and "exclusively" not in status.stdout, status
 
 
 @pytest.fixture
