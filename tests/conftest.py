@@ -97,14 +97,26 @@ def s3_endpoint():
         yield endpoint
 
 
+def _fresh_bucket(endpoint, monkeypatch, request):
+    from tests.s3 import CREDENTIALS, make_bucket
+
+    for name, value in {**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint}.items():
+        monkeypatch.setenv(name, value)
+    bucket = "t-" + "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:50].strip("-")
+    make_bucket(endpoint, bucket)
+    return f"s3://{bucket}"
+
+
 @pytest.fixture
 def s3(s3_endpoint, monkeypatch, request):
     """A fresh bucket on the test server, and this process's environment pointing at the server
     the standard way (``AWS_ENDPOINT_URL`` and credentials); yields ``s3://BUCKET``."""
-    from tests.s3 import CREDENTIALS, make_bucket
+    return _fresh_bucket(s3_endpoint, monkeypatch, request)
 
-    for name, value in {**CREDENTIALS, "AWS_ENDPOINT_URL": s3_endpoint}.items():
-        monkeypatch.setenv(name, value)
-    bucket = "t-" + "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:50].strip("-")
-    make_bucket(s3_endpoint, bucket)
-    return f"s3://{bucket}"
+
+@pytest.fixture(params=["local", "s3"])
+def checkpoint_location(request, tmp_path):
+    """A new checkpoint's location: a local directory, then a fresh bucket on the S3 test server."""
+    if request.param == "local":
+        return str(tmp_path / "checkpoint")
+    return f"{request.getfixturevalue('s3')}/checkpoint"

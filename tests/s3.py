@@ -7,6 +7,7 @@ import ctypes
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -33,23 +34,30 @@ def s3_server() -> Iterator[str]:
     """Run the server until the block ends; yields its endpoint URL (``http://127.0.0.1:PORT``)."""
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              preexec_fn=_ends_with_its_parent)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
+    # The server logs a line per request: to a file, as a pipe nobody reads would fill up and then
+    # block every request (and the server's exit) on its log line.
+    with tempfile.TemporaryFile() as log:
+        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                  stdout=subprocess.DEVNULL, stderr=log, preexec_fn=_ends_with_its_parent)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).close()
+                    break
+                except OSError:
+                    if server.poll() is not None or time.monotonic() > deadline:
+                        log.seek(0)
+                        raise RuntimeError(f"moto's server did not start: {log.read().decode()}") from None
+                    time.sleep(0.1)
+            yield endpoint
+        finally:
+            server.terminate()
             try:
-                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto's server did not start: {server.stderr.read()}") from None
-                time.sleep(0.1)
-        yield endpoint
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
 
 
 def make_bucket(endpoint: str, name: str) -> None:

@@ -9,6 +9,7 @@ that exists only in the test's working directory: ``segack replay`` must ship it
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -36,13 +37,13 @@ pytestmark = [
 EVENTS = 20_000
 # Executors take their environment from the cluster, not from the driver: the log's path is in the source.
 HANDLERS = '''
-import json, os
+import json, os, sys
 
 LOG = LOG_PATH
 
 def record(event):
     with open(LOG, "a") as log:
-        log.write(json.dumps([event["user"], event["seq"], os.getpid()]) + "\\n")
+        log.write(json.dumps([event["user"], event["seq"], os.getpid(), sys.executable]) + "\\n")
 
 def refuse(event):
     if event["seq"] == 3:
@@ -122,7 +123,7 @@ def test_local_cluster_with_a_relative_checkpoint_records_everything(workdir):
     # The command stops its session in order: no errors from the cluster racing its exit.
     assert " ERROR " not in done.stderr, done.stderr[-3000:]
     _assert_complete(workdir, workdir / "ck")
-    pids = {line.rsplit(",", 1)[1] for line in (workdir / "log.jsonl").read_text().splitlines()}
+    pids = {json.loads(line)[2] for line in (workdir / "log.jsonl").read_text().splitlines()}
     assert len(pids) >= 2, "the events were not handled in separate executors"
 
 
@@ -185,11 +186,91 @@ def test_standalone_cluster_ships_the_handler_and_refuses_a_local_checkpoint(wor
     _assert_complete(workdir, workdir / "ck")
 
     failed = _replay(workdir, "refuse", "ck-refuse", "--master", standalone_master,
-                     "--shared-local-checkpoint")
+                     "--shared-local-checkpoint", "--segments", "2")
     assert failed.returncode == 1
     reason = [line for line in failed.stderr.splitlines() if line.startswith("segack replay:")]
     assert len(reason) == 1
     assert "LookupError: part 3 of user-" in reason[0] and "is missing" in reason[0]
+
+
+def _python_environment(directory: Path, *packages: str) -> Path:
+    """A virtualenv of the base interpreter (same Python version as the driver) with ``packages``
+    installed from their wheels; its ``bin/python``."""
+    subprocess.run([sys.executable, "-m", "venv", str(directory)], check=True, capture_output=True)
+    if packages:
+        subprocess.run([str(directory / "bin" / "python"), "-m", "pip", "install", "-q", *packages],
+                       check=True, capture_output=True, text=True, timeout=600)
+    return directory / "bin" / "python"
+
+
+def _install_this_segack(python: Path, scratch: Path) -> None:
+    """Install the segack these tests import, and its dependencies, for ``python``: the installed
+    distribution's files as they are (as ``nox -s tests`` installs it: no second compile), or,
+    from an editable install, a wheel built from the checkout."""
+    from importlib.metadata import distribution
+
+    installed = distribution("segack")
+    where = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    site_packages = Path(subprocess.run([str(python), "-c", where], check=True, capture_output=True,
+                                        text=True).stdout.strip())
+    editable = json.loads(installed.read_text("direct_url.json") or "{}").get("dir_info", {}).get("editable")
+    if editable or not installed.files:
+        checkout = str(Path(__file__).resolve().parents[1])
+        wheels = str(scratch / "wheels")
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, checkout],
+                       check=True, capture_output=True, timeout=900)
+        [wheel] = (scratch / "wheels").glob("segack-*.whl")
+        packages = [str(wheel)]
+    else:
+        for file in installed.files:
+            if not str(file).startswith(".."):  # the console script, outside site-packages
+                (site_packages / file).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(installed.locate_file(file), site_packages / file)
+        packages = [requirement for requirement in installed.requires or () if "extra ==" not in requirement]
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *packages], check=True, capture_output=True,
+                   timeout=600)
+
+
+def test_executors_without_segack_are_refused_at_once_then_run_from_a_packed_environment(
+        workdir, standalone_master, tmp_path_factory):
+    """The worker's Python has no segack: the run is refused before it claims anything, in one line
+    that says what to pass; then the documented command line ships a venv-pack'ed environment
+    through ``spark.archives`` and the same replay completes."""
+    here = tmp_path_factory.mktemp("environments")
+    bare = _python_environment(here / "bare")
+    cluster = ["--master", standalone_master, "--shared-local-checkpoint"]
+    refused = _replay(workdir, "record", "ck", *cluster, "--conf", f"spark.pyspark.python={bare}")
+    assert refused.returncode == 4, refused.stderr  # ExitCode.REFUSED
+    [line] = [line for line in refused.stderr.splitlines() if line.startswith("segack")]
+    assert line.startswith("segack replay: the executors' Python cannot import segack (ModuleNotFoundError: "
+                           f"No module named 'segack'; {bare}, Python "), line
+    assert line.endswith("pass --conf spark.archives=segack-env.tar.gz#environment "
+                         "--conf spark.pyspark.python=./environment/bin/python"), line
+    assert "Traceback" not in refused.stderr
+    assert not (workdir / "ck").exists() and not (workdir / "log.jsonl").exists()
+
+    unstartable = _replay(workdir, "record", "ck", *cluster, "--conf", "spark.pyspark.python=/nowhere/python")
+    assert unstartable.returncode == 4, unstartable.stderr
+    [line] = [line for line in unstartable.stderr.splitlines() if line.startswith("segack")]
+    assert line.startswith("segack replay: the executors could not run a Python task with its Python "
+                           "(/nowhere/python): "), line
+    assert "/nowhere/python" in line.partition("): ")[2] and "spark.archives=" in line, line
+    assert not (workdir / "ck").exists()
+
+    # The docs' recipe: a virtualenv with segack installed, packed by venv-pack.
+    _install_this_segack(_python_environment(here / "env"), here)
+    archive = workdir / "segack-env.tar.gz"
+    subprocess.run([shutil.which("venv-pack") or "venv-pack", "-p", str(here / "env"), "-o", str(archive),
+                    "-q"], check=True, capture_output=True, timeout=600)
+    done = _replay(workdir, "record", "ck", *cluster, "--segments", "3",
+                   "--conf", "spark.archives=segack-env.tar.gz#environment",
+                   "--conf", "spark.pyspark.python=./environment/bin/python")
+    assert done.returncode == 0, done.stderr
+    _assert_complete(workdir, workdir / "ck")
+    # Each event was handled by the environment's Python, unpacked in the executor's directory.
+    pythons = {json.loads(line)[3] for line in (workdir / "log.jsonl").read_text().splitlines()}
+    assert {os.path.relpath(python, os.path.dirname(os.path.dirname(os.path.dirname(python))))
+            for python in pythons} == {"environment/bin/python"}, pythons
 
 
 @pytest.fixture

@@ -49,6 +49,12 @@ def test_a_handler_failure_pickles_with_everything_it_says():
     ("\n\n  the first line that says something\nmore", "RuntimeError: the first line that says something"),
     ("", "RuntimeError"),
     ("Traceback (most recent call last):\n\tat a frame indented by a tab\nKeyError: 'k'\n", "KeyError: 'k'"),
+    # A task that failed before its Python ran (as Spark words it when the Python does not exist).
+    ("An error occurred while calling o63.collectToPython.\n: org.apache.spark.SparkException: Job aborted "
+     "due to stage failure: Task 0 in stage 0.0 failed 4 times, most recent failure: Lost task 0.3 in stage "
+     "0.0 (TID 6) (192.0.2.2 executor 0): java.io.IOException: Cannot run program \"/nowhere/python\": "
+     "error=2, No such file or directory\n\tat java.lang.ProcessBuilder.start\n",
+     'java.io.IOException: Cannot run program "/nowhere/python": error=2, No such file or directory'),
 ])
 def test_a_workers_failure_is_read_out_of_sparks_wrapping(text, read):
     assert errors.worker_error(RuntimeError(text)) == read

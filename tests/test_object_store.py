@@ -162,3 +162,63 @@ def test_an_s3_checkpoint_it_cannot_use_is_refused_in_one_line_before_spark_star
         assert done.stderr.startswith(line), done.stderr
         assert done.stderr.count("\n") == 1, done.stderr
     assert ObjectStoreFiles(f"{s3}/ck").entries("") == []  # nothing written
+
+
+def _replay(tmp_path, checkpoint, segments, run, extra=(), handler="record_slowly"):
+    environment = dict(os.environ, SEGACK_TEST_LOG=str(tmp_path / "log.jsonl"), SEGACK_TEST_RUN=str(run))
+    command = [sys.executable, "-m", "segack", "replay", str(tmp_path / "events.parquet"), "--key", "user",
+               "--order", "ts", "--handler", f"tests.spark_handlers:{handler}", "--checkpoint", checkpoint,
+               "--segments", str(segments), *extra]
+    return subprocess.Popen(command, cwd=ROOT, env=environment, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.spark
+def test_a_replay_on_s3_killed_and_resumed_with_other_segments_does_every_event(s3, tmp_path):
+    import signal
+    import time
+
+    from tests.spark_handlers import read_log
+    from tests.test_spark_adapter import assert_each_key_in_order
+
+    table = generate_events(6000, seed=31)
+    pq.write_table(table, tmp_path / "events.parquet")
+    checkpoint = f"{s3}/ck"
+    first = _replay(tmp_path, checkpoint, 2, "first", ["--flush-every", "300", "--flush-interval", "0.3"])
+    deadline = time.monotonic() + 300
+    while len(read_log(str(tmp_path / "log.jsonl"))) < 1500 and first.poll() is None:
+        assert time.monotonic() < deadline, "the first run handled nothing"
+        time.sleep(0.1)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    recorded = CheckpointStore(checkpoint).load()
+    assert recorded is not None and recorded.tokens is not None
+    second = _replay(tmp_path, checkpoint, 3, "second")
+    out, err = second.communicate(timeout=600)
+    assert second.returncode == 0, err
+    handled = read_log(str(tmp_path / "log.jsonl"))
+    assert {(event["user"], event["seq"]) for event in handled} == set(
+        zip(table.column("user").to_pylist(), table.column("seq").to_pylist(), strict=True))
+    assert_each_key_in_order(handled, table)
+    assert any(event["run"] == "first" for event in handled) and "already done" in out
+    state = CheckpointStore(checkpoint).load()
+    assert state.tokens.complete and len(state.settings["segments"]) == 3
+
+
+@pytest.mark.spark
+def test_two_replays_started_at_once_on_s3_one_runs_and_the_other_is_refused_naming_it(s3, tmp_path):
+    from tests.spark_handlers import read_log
+
+    # Long enough (2 ms an event) that the winner still holds the claim when the other asks.
+    pq.write_table(generate_events(6000, seed=32), tmp_path / "events.parquet")
+    for attempt in range(2):
+        checkpoint = f"{s3}/ck-{attempt}"
+        runs = [_replay(tmp_path, checkpoint, 2, f"{attempt}-{n}", handler="record_when") for n in range(2)]
+        outcomes = [(run.returncode, out, err) for run in runs for out, err in [run.communicate(timeout=600)]]
+        codes = sorted(code for code, _, _ in outcomes)
+        assert codes == [ExitCode.OK, ExitCode.REFUSED], outcomes
+        [(_, _, refusal)] = [outcome for outcome in outcomes if outcome[0] == ExitCode.REFUSED]
+        winner = runs[[code for code, _, _ in outcomes].index(ExitCode.OK)]
+        assert "is claimed by run " in refusal and f"(pid {winner.pid} on " in refusal, refusal
+        loser = f"{attempt}-{[code for code, _, _ in outcomes].index(ExitCode.REFUSED)}"
+        assert not [event for event in read_log(str(tmp_path / "log.jsonl")) if event["run"] == loser]

@@ -26,11 +26,12 @@ pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _start(tmp_path, handler, segments, run, extra=()):
+def _start(tmp_path, handler, segments, run, extra=(), checkpoint=None):
     environment = dict(os.environ, **{LOG_ENV: str(tmp_path / "log.jsonl"), "SEGACK_TEST_RUN": str(run)})
     command = [sys.executable, "-m", "segack", "replay", str(tmp_path / "events.parquet"),
                "--key", "user", "--order", "ts", "--handler", handler,
-               "--checkpoint", str(tmp_path / "checkpoint"), "--segments", str(segments), *extra]
+               "--checkpoint", checkpoint or str(tmp_path / "checkpoint"), "--segments", str(segments),
+               *extra]
     return subprocess.Popen(command, cwd=ROOT, env=environment, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -154,33 +155,35 @@ def test_handler_failure_exits_non_zero_with_one_line_naming_the_event(tmp_path)
     assert ("u1", 10) not in done and ("u1", 9) in done
 
 
-def test_dead_letters_are_set_aside_then_retried_in_order_by_the_command(tmp_path, capsys):
+def test_dead_letters_are_set_aside_then_retried_in_order_by_the_command(tmp_path, checkpoint_location,
+                                                                          capsys):
     import pyarrow as pa
 
     table = pa.table({"user": [f"u{n % 5}" for n in range(100)], "seq": [n // 5 for n in range(100)],
                       "ts": [1000 + n for n in range(100)]})
     pq.write_table(table, tmp_path / "events.parquet")
     handler = "tests.spark_handlers:record_refusing_tenth_until_fixed"
-    first = _start(tmp_path, handler, 2, 0, ["--on-error", "dead-letter", "--concurrency", "4"])
+    first = _start(tmp_path, handler, 2, 0, ["--on-error", "dead-letter", "--concurrency", "4"],
+                   checkpoint_location)
     out, err = first.communicate(timeout=600)
     assert "segack replay: 10 events set aside as dead letters in this run" in out, err
     # Not complete, in a way a scheduler sees: an exit code of its own, and the last line says why.
     assert first.returncode == ExitCode.DEAD_LETTERS == 3
     assert err.splitlines()[-1].startswith("segack replay: not complete: 10 events set aside as dead letters "
                                            "remain")
-    assert main(["status", str(tmp_path / "checkpoint")]) == 0
+    assert main(["status", checkpoint_location]) == 0
     status = capsys.readouterr().out
     assert "status          not complete: 10 dead letters left (read to the end; --retry" in status
     assert "events          100 in all: 90 handled (90.0%), 10 set aside, 0 not reached yet" in status
     assert {event["seq"] for event in read_log(str(tmp_path / "log.jsonl")) if event["user"] == "u1"} == set(
         range(10))
-    process = _start(tmp_path, handler, 3, "fixed", ["--retry-dead-letters"])
+    process = _start(tmp_path, handler, 3, "fixed", ["--retry-dead-letters"], checkpoint_location)
     out, err = process.communicate(timeout=600)
     assert process.returncode == 0, err
     assert "segack replay: 10 dead letters handled again\n" in out
     assert "set aside" not in out
-    assert CheckpointStore(str(tmp_path / "checkpoint")).read_dead_letters() is None
-    assert main(["status", str(tmp_path / "checkpoint")]) == 0
+    assert CheckpointStore(checkpoint_location).read_dead_letters() is None
+    assert main(["status", checkpoint_location]) == 0
     status = capsys.readouterr().out
     assert "status          complete: every event handled" in status
     assert "events          100 in all: 100 handled (100.0%), 0 set aside, 0 not reached yet" in status

@@ -40,11 +40,12 @@ def _history(checkpoint):
     return [] if state is None else state.settings.get("segment_history", [])
 
 
-def test_a_replay_split_twice_and_merged_once_while_it_runs_handles_each_event_once(tmp_path, capsys):
+def test_a_replay_split_twice_and_merged_once_while_it_runs_handles_each_event_once(
+        tmp_path, checkpoint_location, capsys):
     total = 16_000
     table = generate_events(total, seed=41)
     pq.write_table(table, tmp_path / "events.parquet")
-    log, checkpoint = str(tmp_path / "log.jsonl"), str(tmp_path / "checkpoint")
+    log, checkpoint = str(tmp_path / "log.jsonl"), checkpoint_location
     command = [sys.executable, "-m", "segack", "replay", str(tmp_path / "events.parquet"), "--key", "user",
                "--order", "ts", "--handler", "tests.spark_handlers:record_with_task",
                "--checkpoint", checkpoint, "--segments", "2", "--flush-interval", "0.3",

@@ -13,6 +13,8 @@ Refusals (``ValueError``)          why
                                    missing, reserved or of a type segack cannot sort or hash,
                                    or the order column is null or NaN in some events
 :class:`SessionError`              the Spark session is not fit for ordered processing
+:class:`ExecutorEnvironmentError`  the executors' Python lacks segack, has another version
+                                   of it, or cannot be started
 :class:`CheckpointLocationError`   no location, one the executors cannot reach, or
                                    one that is not a checkpoint
 :class:`CheckpointError`           a checkpoint that cannot be trusted: damaged, foreign,
@@ -34,6 +36,7 @@ can travel from a Spark task to the driver.
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +50,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointLocationError",
     "ClaimLostError",
+    "ExecutorEnvironmentError",
     "ForeignInputError",
     "HandlerFailedError",
     "InputError",
@@ -71,6 +75,11 @@ class InputError(SegackValueError):
 
 class SessionError(SegackValueError):
     """The Spark session is not fit for ordered processing (speculative execution is on)."""
+
+
+class ExecutorEnvironmentError(SessionError):
+    """The executors' Python cannot run segack's tasks: it lacks segack or one of its dependencies,
+    has another version of segack, or cannot be started; nothing ran."""
 
 
 class CheckpointLocationError(SegackValueError):
@@ -155,12 +164,18 @@ class ClaimLostError(ReplayError):
         self.newer = newer
 
 
+#: Spark's line for a job's last failed task: ``... Lost task 0.3 in stage 0.0 (TID 6) (host executor 0): E``.
+_TASK_FAILURE = re.compile(r"most recent failure: Lost task [^\n]*?\): ([^\n]+)")
+
+
 def worker_error(error: BaseException) -> str:
     """The exception a Spark task raised, as ``"Type: message"``, read out of Spark's wrapping.
 
     Spark reports a Python worker's failure as text: its traceback inside one
     or more Java exceptions. The last traceback's closing line is the
-    exception itself; failing that, the first line of ``error``.
+    exception itself; failing that (a task that failed before its Python ran:
+    a worker that cannot start, say), the exception of the job's most recent
+    task failure; failing that, the first line of ``error``.
     """
     text = str(error)
     marker = "Traceback (most recent call last):"
@@ -169,6 +184,9 @@ def worker_error(error: BaseException) -> str:
         closing = [line.strip() for line in lines if line.strip() and not line.startswith((" ", "\t"))]
         if closing:
             return closing[0]
+    task_failure = _TASK_FAILURE.search(text)
+    if task_failure:
+        return task_failure.group(1)
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     return f"{type(error).__name__}: {first}" if first else type(error).__name__
 

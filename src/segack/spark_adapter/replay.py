@@ -47,6 +47,7 @@ from segack.kernel import SegmentSet
 from segack.spark_adapter.checkpoint import Checkpoint, CheckpointStore
 from segack.spark_adapter.errors import HandlerFailedError, OptionError, ReplayError, worker_error
 from segack.spark_adapter.events import EventInput, check_same_setup
+from segack.spark_adapter.executors import check_executors
 from segack.spark_adapter.fingerprint import input_fingerprint
 from segack.spark_adapter.options import RunOptions, takes_options
 from segack.spark_adapter.planning import plan
@@ -141,8 +142,8 @@ def replay(
         Called with each event as a dict of its columns, in the key's order. An ``async def``
         handler runs as tasks on one event loop per task.
     checkpoint : str or CheckpointStore
-        A local path or a :mod:`pyarrow.fs` URI (``s3://``, ``hdfs://``, ...) that every executor
-        reaches.
+        A local path, an object store's URI (``s3://``, ``gs://``, ``az://``, ``abfs://``) or
+        another :mod:`pyarrow.fs` URI (``hdfs://``, ...) that every executor reaches.
     progress : callable, optional
         Receives a :class:`~segack.spark_adapter.Progress` at each merge of the tasks' progress.
 
@@ -159,9 +160,10 @@ def replay(
     OptionError, InputError, SessionError, CheckpointLocationError
         Before anything is written: a bad setting, a missing or unsortable column, an order column
         null or NaN in some events (checked by one Spark job, unless the checkpoint's last run read
-        the same unchanged files), speculation on, a checkpoint location that is a file or a
-        directory of other files, or a local checkpoint path executors on other machines could not
-        reach (unless ``shared_local_checkpoint``).
+        the same unchanged files), speculation on, executors whose Python cannot import this
+        segack (:class:`~segack.spark_adapter.ExecutorEnvironmentError`), a checkpoint location
+        that is a file or a directory of other files, or a local checkpoint path executors on
+        other machines could not reach (unless ``shared_local_checkpoint``).
     CheckpointError
         A damaged checkpoint, one of another version, or (:class:`~segack.spark_adapter.ForeignInputError`)
         one written for other input; :class:`~segack.spark_adapter.CheckpointClaimedError` when
@@ -190,6 +192,7 @@ def replay(
     if planned:
         chosen = plan(df, key=key, hash=run_options.hash, workers=default_segment_count(spark),
                       key_group_bits=setup.bits, method=run_options.method).segments
+    check_executors(spark)  # the last refusal: the only one that asks the executors
     run_id = new_run_id()
     with claimed(spark, store, run_id, run_options) as keeper:
         # A change of segments asked of an earlier run that ended first is this run's to apply,

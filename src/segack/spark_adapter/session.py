@@ -64,7 +64,9 @@ def spark_session(
     """A session fit for ordered processing, on a master or a Spark Connect server.
 
     Speculative execution is off (two attempts of one segment must never run at once), Python
-    workers use this interpreter, and on a local master the UI is off and shuffles are small.
+    workers use this interpreter unless ``PYSPARK_PYTHON`` or ``spark.pyspark.python`` names
+    another (a packed environment's, say), and on a local master the UI is off and shuffles are
+    small.
 
     Parameters
     ----------
@@ -92,6 +94,9 @@ def spark_session(
         raise OptionError("give a master or a Spark Connect remote, not both")
     settings = dict(_DEFAULTS)
     if remote is None:
+        if conf and "spark.pyspark.python" in conf:
+            # spark-submit hands this setting to PySpark as PYSPARK_PYTHON; here PySpark is running.
+            os.environ["PYSPARK_PYTHON"] = conf["spark.pyspark.python"]
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         if master is None or _is_local_master(master):

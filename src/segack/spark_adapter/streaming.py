@@ -25,6 +25,7 @@ from segack.spark_adapter.checkpoint import Checkpoint, CheckpointStore
 from segack.spark_adapter.claims import ClaimKeeper
 from segack.spark_adapter.errors import CheckpointError, ReplayError
 from segack.spark_adapter.events import EventInput, check_same_setup
+from segack.spark_adapter.executors import check_executors
 from segack.spark_adapter.options import RunOptions, takes_options
 from segack.spark_adapter.rescale import (
     SegmentChange,
@@ -102,6 +103,7 @@ class _BatchReplay:
         spark = batch.sparkSession
         check_session(spark)
         check_location(spark, self.store, self.options.shared_local_checkpoint)
+        check_executors(spark)  # once per application
         run_id = f"b{batch_id}-{new_run_id(8)}"
         with claimed(spark, self.store, run_id, self.options) as keeper:
             self._process(batch, batch_id, keeper)
