@@ -127,10 +127,10 @@ def _ask_executors(spark: SparkSession) -> list[dict[str, str]]:
     # A plain (pickled, not Arrow) UDF: the probe must not need pyarrow on the executors either.
     report = udf(_probe(), "string", useArrow=False)
     try:
-        rows = spark.range(0, probes, 1, probes).select(report("id").alias("report")).distinct().collect()
+        rows = spark.range(0, probes, 1, probes).select(report("id").alias("report")).collect()
     except Exception as error:
         python = "its Python" if is_connect(spark) else f"its Python ({spark.sparkContext.pythonExec})"
         raise ExecutorEnvironmentError(
             f"the executors could not run a Python task with {python}: {worker_error(error)}; if they "
             f"lack a Python with segack, {SHIP_SEGACK}") from error
-    return [json.loads(row["report"]) for row in rows]
+    return [json.loads(text) for text in sorted({row["report"] for row in rows})]
