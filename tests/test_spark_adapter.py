@@ -12,6 +12,7 @@ import os
 import pickle
 import threading
 import time
+import warnings
 import zlib
 from pathlib import Path
 
@@ -77,7 +78,10 @@ def test_segment_column_equals_the_kernel(spark, segments, hash_name, keys):
 def test_java_hash_candidates_agree_with_the_kernel(spark, method):
     keys = ["", "a", "user-000042", "ünïcødé", "\U0001f600 beyond the BMP", "x" * 300]
     frame = _frame(spark, keys)
-    got = [row[0] for row in frame.select(hash_column("k", "string", "java", method)).collect()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the column is built without a word to the user
+        column = hash_column("k", "string", "java", method)
+    got = [row[0] for row in frame.select(column).collect()]
     assert got == [kernel.java_hash(key) for key in keys]
 
 

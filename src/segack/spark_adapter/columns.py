@@ -58,8 +58,9 @@ def _java_hash_arrow() -> UserDefinedFunctionLike:
     def java_hash_batch(keys):  # type: ignore[no-untyped-def]
         return pa.array(java_hash_many(keys), type=pa.int32())
 
-    # Spark reads the UDF's kind from type hints it evaluates itself; say it outright instead.
-    return F.arrow_udf(java_hash_batch, "int", F.ArrowUDFType.SCALAR)  # type: ignore[attr-defined,no-any-return]
+    # Unannotated on purpose: Spark takes an Arrow UDF without type hints as scalar, while naming
+    # the kind outright warns on every call (and hints here would be strings it cannot evaluate).
+    return F.arrow_udf(java_hash_batch, "int")  # type: ignore[attr-defined,no-any-return]
 
 
 def hash_column(key: Column | str, key_type: str, hash: str = "spark", method: str = "auto") -> Column:
