@@ -50,3 +50,32 @@ def test_executors_with_another_segack_are_refused_and_a_checked_application_is_
                        match=rf"^the executors' Python has segack {__version__}, this driver 0\.0\.1 \("
                              rf"{sys.executable}, Python .*: tasks and driver must run one version; ship"):
         executors.check_executors(spark)
+
+
+TASKS_WITHOUT_SEGACK = '''
+import sys
+from pyspark.sql import SparkSession
+from segack.spark_adapter import ReplayError, executors, replay
+
+spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+# Checked already, as when an executor joins the application after the check (dynamic allocation).
+executors._checked_applications.add(executors._application(spark))
+events = spark.createDataFrame([("a", 1), ("a", 2), ("b", 1)], "k string, o int")
+try:
+    replay(events, key="k", order="o", handler=print, checkpoint=sys.argv[1], segments=1)
+except ReplayError as error:
+    print(f"{type(error).__name__}: {error}")
+'''
+
+
+@pytest.mark.spark
+def test_a_task_whose_python_lacks_segack_fails_the_run_saying_what_to_pass(tmp_path):
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    run = subprocess.run([sys.executable, "-c", TASKS_WITHOUT_SEGACK, str(tmp_path / "ck")],
+                         env={**os.environ, "PYSPARK_PYTHON": str(bare / "bin" / "python")},
+                         capture_output=True, text=True, timeout=300)
+    failures = [line for line in run.stdout.splitlines() if line.startswith("ReplayError")]
+    expected = ("ReplayError: a Spark task failed: ModuleNotFoundError: No module named 'segack' "
+                f"(an executor's Python cannot import segack): {executors.SHIP_SEGACK}")
+    assert failures == [expected], run.stdout + run.stderr[-3000:]

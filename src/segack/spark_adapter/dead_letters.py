@@ -46,7 +46,8 @@ from segack.spark_adapter.checkpoint import (
 from segack.spark_adapter.columns import member_index_column
 from segack.spark_adapter.dispatch import Dispatcher
 from segack.spark_adapter.driver_watch import watching_driver
-from segack.spark_adapter.errors import HandlerFailedError, ReplayError, worker_error
+from segack.spark_adapter.errors import HandlerFailedError, ReplayError
+from segack.spark_adapter.executors import task_failure
 from segack.spark_adapter.handlers import (
     close_handler,
     identified_events,
@@ -265,7 +266,7 @@ def retry_dead_letters(run: Run, segments: SegmentSet) -> RetryOutcome:
                                      from_arrow_schema(RETRY_RESULT_SCHEMA)).toArrow()
     except Exception as error:
         store.delete_dead_letters(written())
-        raise ReplayError(f"retrying dead letters failed: {worker_error(error)}") from error
+        raise ReplayError(f"retrying dead letters failed: {task_failure(error)}") from error
     failures = [pickle.loads(blob) for blob in results.column("failure").to_pylist() if blob is not None]
     if failures:
         store.delete_dead_letters(written())

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SHIP_SEGACK", "check_executors", "executor_report"]
+__all__ = ["SHIP_SEGACK", "check_executors", "executor_report", "task_failure"]
 
 #: How to give executors a Python with segack: PySpark's packed-environment route.
 SHIP_SEGACK = (
@@ -116,6 +116,19 @@ def check_executors(spark: SparkSession) -> None:
                 f"tasks and driver must run one version; {SHIP_SEGACK}")
     log.debug("executors checked: %s", reports)
     _checked_applications.add(application)
+
+
+def task_failure(error: BaseException) -> str:
+    """A failed job's reason as :func:`~segack.spark_adapter.errors.worker_error` reads it, with
+    what to pass when a task's Python could not import segack.
+
+    :func:`check_executors` asks the executors present when a run starts; one added later (by
+    dynamic allocation, say) can still lack segack, and its tasks then fail on the import.
+    """
+    reason = worker_error(error)
+    if "No module named 'segack" in reason:
+        return f"{reason} (an executor's Python cannot import segack): {SHIP_SEGACK}"
+    return reason
 
 
 def _ask_executors(spark: SparkSession) -> list[dict[str, str]]:

@@ -20,7 +20,8 @@ import pyarrow as pa
 
 from segack.kernel import SegmentSet
 from segack.spark_adapter.checkpoint import CheckpointStore
-from segack.spark_adapter.errors import HandlerFailedError, ReplayError, TokenError, worker_error
+from segack.spark_adapter.errors import HandlerFailedError, ReplayError, TokenError
+from segack.spark_adapter.executors import task_failure
 from segack.spark_adapter.periodic import Periodic
 from segack.spark_adapter.rescale import RequestWatcher, SegmentChange
 from segack.spark_adapter.results import Progress
@@ -224,4 +225,4 @@ class Job:
         if ending.merge_error is not None:
             raise ReplayError(f"saving progress failed: {ending.merge_error}") from ending.merge_error
         if ending.job_error is not None:
-            raise ReplayError(f"a Spark task failed: {worker_error(ending.job_error)}") from ending.job_error
+            raise ReplayError(f"a Spark task failed: {task_failure(ending.job_error)}") from ending.job_error
