@@ -102,7 +102,7 @@ def _replay(work: Path, handler: str, flags: list[str]) -> subprocess.Popen[byte
 
 
 def _crash_and_resume(work: Path, handler: str, flags: list[str]) -> None:
-    from segack.spark_adapter.checkpoint import CheckpointStore
+    from segack.spark_adapter.store.checkpoint import CheckpointStore
 
     store = CheckpointStore(str(work / "ck"))
     first = _replay(work, handler, flags)

@@ -32,7 +32,7 @@ class _PeakSize:
     """Samples a checkpoint directory's bytes (its state file plus progress files) while a run goes on."""
 
     def __init__(self, location: str) -> None:
-        from segack.spark_adapter.checkpoint import CheckpointStore
+        from segack.spark_adapter.store.checkpoint import CheckpointStore
 
         self.store = CheckpointStore(location)
         self.peak = 0
@@ -95,7 +95,7 @@ def _resume_vs_fresh_remainder(rows: list[dict[str, Any]], events: int, data: st
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from segack.spark_adapter.checkpoint import CheckpointStore
+    from segack.spark_adapter.store.checkpoint import CheckpointStore
 
     table = pq.read_table(data)
     cut = int(pc.quantile(table.column("ts"), 0.9)[0].as_py())
@@ -224,7 +224,7 @@ def _planning(rows: list[dict[str, Any]], count: int) -> None:
 
     from segack.demo import generate_events
     from segack.spark_adapter import local_session
-    from segack.spark_adapter.planning import plan
+    from segack.spark_adapter.coordinator.planning import plan
 
     spark = local_session("segack-bench-planning")
     zipf = np.random.default_rng(7).zipf(1.1, count)
@@ -402,8 +402,8 @@ def _claim_cost(rows: list[dict[str, Any]]) -> None:
 
     from bench.sleepy import nothing
     from segack.spark_adapter import local_session, replay
-    from segack.spark_adapter.checkpoint import CheckpointStore
-    from segack.spark_adapter.claims import ClaimKeeper, acquire
+    from segack.spark_adapter.store.checkpoint import CheckpointStore
+    from segack.spark_adapter.store.claims import ClaimKeeper, acquire
 
     spark = local_session("segack-bench-claims")
     count, segments, flush_every, flush_interval = 1_000_000, 8, 10_000, 5.0
@@ -450,7 +450,7 @@ def _columns(rows: list[dict[str, Any]]) -> None:
     from segack.kernel import ROOT as WHOLE
     from segack.kernel import Segment, SegmentSet
     from segack.spark_adapter import local_session
-    from segack.spark_adapter.columns import hash_column, segment_column
+    from segack.spark_adapter.spark.columns import hash_column, segment_column
 
     spark = local_session("segack-bench")
     count = 4_000_000

@@ -33,7 +33,9 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(Any|Callable|Iterator|Iterable|AsyncIterable|AsyncIterator|TextIO|Sequence)"),
     (r"py:.*", r"(Column|DataFrame|SparkSession)"),
     (r"py:.*", r"(collections\.abc|typing)\..*"),
-    (r"py:class", r"segack\.(specs\.snapshot|spark_adapter\.replay)\..*"),
+    (r"py:class", r"segack\.(specs\.snapshot|spark_adapter\.coordinator\.replay)\..*"),
+    # Private types in signatures: what an error reads of a claim, what a run calls per event.
+    (r"py:class", r"(segack\.spark_adapter\.errors\._Claim|Handler)"),
     (r"py:.*", r"(int|str|bytes|float|bool|object|list|tuple|dict|None|BaseException|ValueError)"),
     # Words numpydoc puts where a type goes: "handler : callable", "progress : callable, optional".
     (r"py:class", r"(callable|optional|mapping)"),

@@ -14,10 +14,10 @@ import sys
 import atheris
 
 with atheris.instrument_imports():
-    from segack.spark_adapter import tokens
-    from segack.spark_adapter.checkpoint import Checkpoint
-    from segack.spark_adapter.claims import Claim
-    from segack.spark_adapter.rescale import SegmentChange
+    from segack.spark_adapter.store import tokens
+    from segack.spark_adapter.store.checkpoint import Checkpoint
+    from segack.spark_adapter.store.claims import Claim
+    from segack.spark_adapter.store.rescale import SegmentChange
 
 from fuzz.common import sealed_arrow
 from segack.errors import SegackError

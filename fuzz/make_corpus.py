@@ -10,10 +10,10 @@ import numpy as np
 import pyarrow as pa
 
 import segack
-from segack.spark_adapter import tokens
-from segack.spark_adapter.checkpoint import Checkpoint
-from segack.spark_adapter.claims import Claim
-from segack.spark_adapter.rescale import SegmentChange
+from segack.spark_adapter.store import tokens
+from segack.spark_adapter.store.checkpoint import Checkpoint
+from segack.spark_adapter.store.claims import Claim
+from segack.spark_adapter.store.rescale import SegmentChange
 
 HERE = Path(__file__).parent
 

@@ -39,7 +39,7 @@ def impl(request: pytest.FixtureRequest) -> types.ModuleType:
 @pytest.fixture(scope="session")
 def spark():
     """A real local Spark session (needs a JDK); shared by the whole test run."""
-    from segack.spark_adapter.session import local_session
+    from segack.spark_adapter.spark.session import local_session
 
     # The Python workers import the tests' handlers (tests/spark_handlers.py) by name.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

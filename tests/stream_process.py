@@ -13,7 +13,7 @@ import sys
 import time
 
 from segack.spark_adapter import foreach_batch
-from segack.spark_adapter.session import local_session
+from segack.spark_adapter.spark.session import local_session
 from tests.spark_handlers import record_with_task
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from segack.demo import generate_events
 from segack.spark_adapter import HandlerFailedError, replay
-from segack.spark_adapter.checkpoint import CheckpointStore
+from segack.spark_adapter.store.checkpoint import CheckpointStore
 from tests.spark_handlers import AsyncListRecorder, ListRecorder, read_log
 
 pytestmark = pytest.mark.spark

@@ -17,7 +17,7 @@ import pytest
 
 from segack._version import __version__
 from segack.spark_adapter import CheckpointLocationError
-from segack.spark_adapter.checkpoint import (
+from segack.spark_adapter.store.checkpoint import (
     DEAD_ATTEMPTS,
     DEAD_ERROR,
     DEAD_KEY_GROUP,
@@ -27,8 +27,8 @@ from segack.spark_adapter.checkpoint import (
     CheckpointStore,
     resolve_location,
 )
-from segack.spark_adapter.driver_watch import DriverProcess
-from segack.spark_adapter.tokens import KeyGroupTokens, update_schema
+from segack.spark_adapter.store.driver_watch import DriverProcess
+from segack.spark_adapter.store.tokens import KeyGroupTokens, update_schema
 from tests.outcomes import exactly, starting
 
 

@@ -13,14 +13,14 @@ import pytest
 
 from segack.cli import main
 from segack.spark_adapter import OptionError
-from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore
-from segack.spark_adapter.claims import (
+from segack.spark_adapter.options import check_claim_timeout
+from segack.spark_adapter.store.checkpoint import Checkpoint, CheckpointError, CheckpointStore
+from segack.spark_adapter.store.claims import (
     CheckpointClaimedError,
     Claim,
     ClaimKeeper,
     ClaimLostError,
     acquire,
-    check_claim_timeout,
     force_release,
     latest_claim,
     previous_run,
@@ -221,7 +221,7 @@ def _task_input(rows):
     import numpy as np
     import pyarrow as pa
 
-    from segack.spark_adapter.task import KG, TIE
+    from segack.spark_adapter.worker.task import KG, TIE
 
     return pa.RecordBatch.from_pydict({"user": [f"u{n % 3}" for n in range(rows)], "ts": list(range(rows)),
                                        KG: np.zeros(rows, np.int32), TIE: np.arange(rows, dtype=np.int64)})
@@ -232,8 +232,8 @@ def test_a_task_whose_run_was_fenced_stops_at_its_next_flush_and_writes_nothing(
     import pyarrow as pa
 
     from segack.spark_adapter.options import RunOptions
-    from segack.spark_adapter.task import TaskPlan, TaskStart, run_task
-    from segack.spark_adapter.tokens import KeyGroupTokens
+    from segack.spark_adapter.store.tokens import KeyGroupTokens
+    from segack.spark_adapter.worker.task import TaskPlan, TaskStart, run_task
 
     claim = acquire(store, "run", 60)
     if newer:
@@ -324,7 +324,7 @@ def test_a_keeper_extends_four_times_per_timeout_at_most_every_five_seconds_on_a
 
 
 def test_periodic_work_runs_on_a_named_daemon_thread_until_its_block_ends():
-    from segack.spark_adapter.periodic import Periodic
+    from segack.spark_adapter.store.periodic import Periodic
 
     ticks = threading.Semaphore(0)
 
@@ -386,8 +386,8 @@ def test_a_task_whose_run_is_taken_over_stops_calling_the_handler_within_a_tenth
     import pyarrow as pa
 
     from segack.spark_adapter.options import RunOptions
-    from segack.spark_adapter.task import TaskPlan, TaskStart, run_task
-    from segack.spark_adapter.tokens import KeyGroupTokens
+    from segack.spark_adapter.store.tokens import KeyGroupTokens
+    from segack.spark_adapter.worker.task import TaskPlan, TaskStart, run_task
 
     claim = acquire(store, "run", 60)
     calls = []
@@ -413,7 +413,7 @@ def test_a_task_whose_run_is_taken_over_stops_calling_the_handler_within_a_tenth
 
 
 def test_a_stopped_dispatcher_starts_no_more_calls_and_closes_once_those_in_flight_end():
-    from segack.spark_adapter.dispatch import Dispatcher
+    from segack.spark_adapter.worker.dispatch import Dispatcher
 
     release = threading.Event()
     calls = []

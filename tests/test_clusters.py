@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from segack.demo import generate_events
-from segack.spark_adapter.checkpoint import CheckpointStore
+from segack.spark_adapter.store.checkpoint import CheckpointStore
 from tests import expected
 from tests.ports import free_port
 

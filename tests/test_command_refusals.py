@@ -29,7 +29,7 @@ def _fingerprint(directory: Path) -> dict[str, str]:
 
 def _saved_checkpoint(path: Path) -> None:
     """A checkpoint with a state, as a run leaves one (made without Spark)."""
-    from segack.spark_adapter.checkpoint import Checkpoint, CheckpointStore
+    from segack.spark_adapter.store.checkpoint import Checkpoint, CheckpointStore
 
     CheckpointStore(str(path)).save(Checkpoint({"key": "user", "order": "ts", "status": "complete"}))
 

@@ -20,8 +20,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from segack.errors import SegackTypeError
 from segack.spark_adapter import OptionError
-from segack.spark_adapter.dispatch import ON_ERROR, PARKED, POLICIES, Dispatcher, is_async
+from segack.spark_adapter.handlers import is_async
 from segack.spark_adapter.options import Handling
+from segack.spark_adapter.worker.dispatch import ON_ERROR, PARKED, POLICIES, Dispatcher
 from tests.outcomes import exactly
 
 
@@ -404,10 +405,10 @@ def _one_task(tmp_path, name, handling, parked, keys, failing, flaky):
     import numpy as np
     import pyarrow as pa
 
-    from segack.spark_adapter.checkpoint import CheckpointStore
     from segack.spark_adapter.options import RunOptions
-    from segack.spark_adapter.task import KG, TIE, TaskPlan, TaskStart, run_task
-    from segack.spark_adapter.tokens import KeyGroupTokens
+    from segack.spark_adapter.store.checkpoint import CheckpointStore
+    from segack.spark_adapter.store.tokens import KeyGroupTokens
+    from segack.spark_adapter.worker.task import KG, TIE, TaskPlan, TaskStart, run_task
 
     store = CheckpointStore(str(tmp_path / name))
     handler = _Scripted(failing, flaky)
@@ -437,7 +438,7 @@ def test_one_call_at_a_time_the_tasks_own_loop_does_what_the_dispatcher_does(
         tmp_path_factory, keys, data, policy, on_error, retries, parked):
     """At concurrency 1 a task calls the handler itself; with a timeout it goes through the
     dispatcher. Same calls, in the same order, same dead letters, same failure."""
-    from segack.spark_adapter.dispatch import Handling
+    from segack.spark_adapter.worker.dispatch import Handling
 
     rows = range(len(keys))
     failing = data.draw(st.sets(st.sampled_from(rows), max_size=3))
@@ -462,7 +463,7 @@ def _sleeps(monkeypatch):
     """Record the pauses between retries instead of taking them: ``time.sleep`` and
     ``asyncio.sleep`` as the dispatcher calls them."""
 
-    from segack.spark_adapter import dispatch
+    from segack.spark_adapter.worker import dispatch
 
     pauses = []
 

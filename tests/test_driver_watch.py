@@ -1,6 +1,6 @@
-"""A task's Python worker ends when its driver's process does (:mod:`segack.spark_adapter.driver_watch`),
-on this machine; a driver elsewhere is not watched. Real processes: a driver to kill, a worker that
-watches it."""
+"""A task's Python worker ends when its driver's process does
+(:mod:`segack.spark_adapter.store.driver_watch`), on this machine; a driver elsewhere is not
+watched. Real processes: a driver to kill, a worker that watches it."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from segack.spark_adapter.driver_watch import DriverProcess, watch_driver
+from segack.spark_adapter.store.driver_watch import DriverProcess, watch_driver
 
 WORKER = """
 import sys, time
-from segack.spark_adapter.driver_watch import DriverProcess, watch_driver, watching_driver
+from segack.spark_adapter.store.driver_watch import DriverProcess, watch_driver, watching_driver
 driver = DriverProcess(sys.argv[1], int(sys.argv[2]), sys.argv[3] or None)
 if sys.argv[4] == "task":
     with watching_driver(driver):

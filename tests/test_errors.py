@@ -73,7 +73,7 @@ def test_the_old_name_of_a_handler_failure_still_works_with_a_warning():
 
 
 def test_a_claimed_checkpoint_says_who_holds_it_since_when_and_what_to_do():
-    from segack.spark_adapter.claims import Claim
+    from segack.spark_adapter.store.claims import Claim
 
     claim = Claim(3, "run-a", "host-1", 42, 100.0, 110.0, 30.0)
     assert str(errors.CheckpointClaimedError("/ck", claim, 112.5)) == (

@@ -22,7 +22,7 @@ from segack.cli import main
 from segack.demo import generate_events
 from segack.sinks import SqlSink
 from segack.spark_adapter import EventIdentity, foreach_batch, replay, with_identity
-from segack.spark_adapter.checkpoint import CheckpointStore
+from segack.spark_adapter.store.checkpoint import CheckpointStore
 from tests.spark_handlers import (
     DSN_ENV,
     SQLITE_LEDGER,

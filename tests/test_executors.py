@@ -1,4 +1,4 @@
-"""The check that executors can run segack's tasks (``segack.spark_adapter.executors``)."""
+"""The check that executors can run segack's tasks (``segack.spark_adapter.spark.executors``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from segack import __version__
-from segack.spark_adapter import ExecutorEnvironmentError, executors
+from segack.spark_adapter import ExecutorEnvironmentError
+from segack.spark_adapter.spark import executors
 
 
 def test_the_probe_reaches_a_python_without_segack_and_says_what_it_lacks(tmp_path):
@@ -55,7 +56,8 @@ def test_executors_with_another_segack_are_refused_and_a_checked_application_is_
 TASKS_WITHOUT_SEGACK = '''
 import sys
 from pyspark.sql import SparkSession
-from segack.spark_adapter import ReplayError, executors, replay
+from segack.spark_adapter import ReplayError, replay
+from segack.spark_adapter.spark import executors
 
 spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
 # Checked already, as when an executor joins the application after the check (dynamic allocation).

@@ -14,8 +14,8 @@ import pytest
 
 from segack.demo import generate_events
 from segack.spark_adapter import ForeignInputError, HandlerFailedError, replay
-from segack.spark_adapter.checkpoint import CheckpointStore
-from segack.spark_adapter.fingerprint import input_fingerprint
+from segack.spark_adapter.sources.fingerprint import input_fingerprint
+from segack.spark_adapter.store.checkpoint import CheckpointStore
 from tests import expected
 from tests.spark_handlers import Recorder, read_log
 
@@ -51,7 +51,7 @@ def test_another_process_finds_the_same_fingerprints(spark, tmp_path):
     script = (
         "import json, sys\n"
         "from segack.spark_adapter import local_session\n"
-        "from segack.spark_adapter.fingerprint import input_fingerprint\n"
+        "from segack.spark_adapter.sources.fingerprint import input_fingerprint\n"
         "from tests.test_fingerprint import same_in_any_session\n"
         "frames = same_in_any_session(local_session('fingerprints'), sys.argv[1])\n"
         "print(json.dumps([input_fingerprint(frame) for frame in frames]))\n"

@@ -14,6 +14,9 @@ LONGEST_BODY = 80
 MOST_PARAMETERS = 8
 #: Longest module of the adapter, in lines.
 LONGEST_MODULE = 600
+#: The adapter's subpackages by role, each importing only from those after it; its modules outside
+#: them (the errors, options, handlers' and results' types users see) import from none of them.
+ADAPTER_LAYERS = ("coordinator", "sources", "spark", "worker", "store")
 #: The public entry points whose keyword parameters are for users (their options come from
 #: RunOptions and are not counted).
 ENTRY_POINTS = {"replay", "foreach_batch"}
@@ -74,6 +77,91 @@ def test_no_private_name_is_imported_from_another_module():
 
 
 def test_the_adapters_modules_stay_small():
-    modules = (SOURCE / "spark_adapter").glob("*.py")
-    sizes = {path.name: len(path.read_text().splitlines()) for path in modules}
+    modules = (SOURCE / "spark_adapter").rglob("*.py")
+    sizes = {str(path.relative_to(SOURCE)): len(path.read_text().splitlines()) for path in modules}
     assert {name: size for name, size in sizes.items() if size > LONGEST_MODULE} == {}
+
+
+def _module_name(path):
+    parts = path.relative_to(SOURCE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path):
+    """The package's modules ``path`` imports: at its top, for type hints, or inside a function."""
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join([*parts[:len(parts) - node.level + 1], base]).strip(".")
+            # ``from package import module`` imports the module; ``from module import name``, the module.
+            names = [f"{base}.{alias.name}" if _is_module(f"{base}.{alias.name}") else base
+                     for alias in node.names]
+        else:
+            continue
+        found.update(name for name in names if name.startswith("segack") and _is_module(name))
+    return found
+
+
+def _adapter_graph():
+    paths = sorted((SOURCE / "spark_adapter").rglob("*.py"))
+    modules = {_module_name(path) for path in paths}
+    return {_module_name(path): {name for name in _imports(path) if name in modules} - {_module_name(path)}
+            for path in paths}
+
+
+def _cycle(graph):
+    """One import cycle of ``graph`` (a list of modules, the first repeated at the end), or ``[]``."""
+    state = {}
+
+    def visit(module, trail):
+        state[module] = "open"
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                return [*trail[trail.index(target):], target]
+            if target not in state:
+                found = visit(target, [*trail, target])
+                if found:
+                    return found
+        state[module] = "done"
+        return []
+
+    for module in sorted(graph):
+        if module not in state:
+            found = visit(module, [module])
+            if found:
+                return found
+    return []
+
+
+def test_the_adapter_has_no_import_cycle():
+    # A package's __init__ re-exports its modules: importing it is not a module's dependency.
+    graph = {module: {target for target in targets if not (SOURCE.parent / target.replace(".", "/")).is_dir()}
+             for module, targets in _adapter_graph().items()}
+    assert _cycle(graph) == []
+
+
+def test_the_cycle_finder_finds_one():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) == []
+
+
+def _layer(module):
+    parts = module.split(".")
+    if len(parts) > 3 and parts[2] in ADAPTER_LAYERS:
+        return ADAPTER_LAYERS.index(parts[2])
+    return len(ADAPTER_LAYERS)  # a module of the adapter's own folder: the lowest
+
+
+def test_the_adapters_imports_go_down_its_roles():
+    upward = [f"{module} -> {target}" for module, targets in _adapter_graph().items()
+              if not module.endswith(("spark_adapter", *ADAPTER_LAYERS))  # the packages' own faces
+              for target in targets if _layer(target) < _layer(module)]
+    assert upward == []
+    assert set(ADAPTER_LAYERS) == {path.name for path in (SOURCE / "spark_adapter").iterdir()
+                                   if (path / "__init__.py").is_file()}

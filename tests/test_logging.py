@@ -16,10 +16,10 @@ import pytest
 from segack.cli import main
 from segack.kernel import SegmentSet
 from segack.spark_adapter import merge, split
-from segack.spark_adapter.checkpoint import Checkpoint, CheckpointStore
-from segack.spark_adapter.claims import ClaimKeeper, acquire, force_release
-from segack.spark_adapter.rescale import RequestWatcher, SegmentChange, record_segments
-from segack.spark_adapter.tokens import KeyGroupTokens
+from segack.spark_adapter.store.checkpoint import Checkpoint, CheckpointStore
+from segack.spark_adapter.store.claims import ClaimKeeper, acquire, force_release
+from segack.spark_adapter.store.rescale import RequestWatcher, SegmentChange, record_segments
+from segack.spark_adapter.store.tokens import KeyGroupTokens
 
 
 @pytest.fixture
@@ -120,7 +120,7 @@ def _checkpoint(tmp_path):
 
 def test_changes_of_segments_are_said_recorded_or_asked(tmp_path, caplog):
     store = _checkpoint(tmp_path)
-    caplog.set_level(logging.INFO, logger="segack.spark_adapter.rescale")
+    caplog.set_level(logging.INFO, logger="segack.spark_adapter.store.rescale")
     split(store, 1)
     live = acquire(store, "live", 60)
     merge(store, 1)
@@ -132,7 +132,7 @@ def test_changes_of_segments_are_said_recorded_or_asked(tmp_path, caplog):
 
 def test_the_watcher_says_once_why_it_ignores_a_request_and_when_it_sees_a_change(tmp_path, caplog):
     store = _checkpoint(tmp_path)
-    caplog.set_level(logging.INFO, logger="segack.spark_adapter.rescale")
+    caplog.set_level(logging.INFO, logger="segack.spark_adapter.store.rescale")
     watcher = RequestWatcher(store, SegmentSet.balanced(2), lambda change: None)
     store.write_segments_request(b"junk")
     assert [watcher.tick() for _ in range(3)] == [False] * 3
@@ -156,9 +156,9 @@ def test_the_command_shows_warnings_and_with_verbose_what_runs_decide(tmp_path, 
     assert capsys.readouterr().err == ""  # quiet by default: the command says what it did itself
     _log_to_stderr(verbose=True)
     try:
-        logging.getLogger("segack.spark_adapter.claims").info("%s: a decision", "here")
-        logging.getLogger("segack.spark_adapter.claims").warning("%s: a problem", "there")
+        logging.getLogger("segack.spark_adapter.store.claims").info("%s: a decision", "here")
+        logging.getLogger("segack.spark_adapter.store.claims").warning("%s: a problem", "there")
     finally:
         _log_to_stderr(verbose=False)
-    logging.getLogger("segack.spark_adapter.claims").info("%s: not shown", "here")
+    logging.getLogger("segack.spark_adapter.store.claims").info("%s: not shown", "here")
     assert capsys.readouterr().err == "segack: here: a decision\nsegack: warning: there: a problem\n"

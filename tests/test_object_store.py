@@ -1,5 +1,5 @@
 """Checkpoints on an object store: a real S3 API server on loopback (moto's), reached through
-:class:`~segack.spark_adapter.storage.ObjectStoreFiles` the standard way (``AWS_ENDPOINT_URL``)."""
+:class:`~segack.spark_adapter.store.storage.ObjectStoreFiles` the standard way (``AWS_ENDPOINT_URL``)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 
 from segack.cli import ExitCode, main
 from segack.demo import generate_events
-from segack.spark_adapter.checkpoint import Checkpoint, CheckpointStore
-from segack.spark_adapter.claims import acquire, latest_claim
 from segack.spark_adapter.errors import CheckpointClaimedError
-from segack.spark_adapter.storage import ObjectStoreFiles
+from segack.spark_adapter.store.checkpoint import Checkpoint, CheckpointStore
+from segack.spark_adapter.store.claims import acquire, latest_claim
+from segack.spark_adapter.store.storage import ObjectStoreFiles
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,6 @@ from segack.cli import RUN_FLAGS, build_parser, run_keywords
 from segack.errors import SegackTypeError
 from segack.kernel import SegmentSet
 from segack.spark_adapter import OptionError, foreach_batch, replay
-from segack.spark_adapter.dispatch import ON_ERROR, POLICIES
 from segack.spark_adapter.options import (
     Handling,
     OnError,
@@ -23,6 +22,7 @@ from segack.spark_adapter.options import (
     option_fields,
     takes_options,
 )
+from segack.spark_adapter.worker.dispatch import ON_ERROR, POLICIES
 from tests.outcomes import exactly
 
 

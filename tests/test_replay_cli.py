@@ -17,7 +17,7 @@ import pytest
 
 from segack.cli import ExitCode, main
 from segack.demo import generate_events
-from segack.spark_adapter.checkpoint import CheckpointStore
+from segack.spark_adapter.store.checkpoint import CheckpointStore
 from tests import expected
 from tests.spark_handlers import LOG_ENV, read_log
 from tests.test_spark_adapter import assert_each_key_in_order
@@ -200,7 +200,7 @@ def _wait_for(condition, seconds, what):
 
 
 def _claimed(tmp_path):
-    from segack.spark_adapter.claims import latest_claim
+    from segack.spark_adapter.store.claims import latest_claim
 
     claim = latest_claim(CheckpointStore(str(tmp_path / "checkpoint")))
     return claim is not None and not claim.released
@@ -323,8 +323,8 @@ def test_status_shows_progress_per_segment_and_the_size(tmp_path, capsys):
     import numpy as np
     import pyarrow as pa
 
-    from segack.spark_adapter.checkpoint import Checkpoint
-    from segack.spark_adapter.tokens import KeyGroupTokens
+    from segack.spark_adapter.store.checkpoint import Checkpoint
+    from segack.spark_adapter.store.tokens import KeyGroupTokens
 
     tokens = KeyGroupTokens.empty(2, pa.int64(), pa.string())
     tokens.set_counts(np.array([5, 0, 3, 2]))

@@ -14,9 +14,9 @@ import pytest
 from segack.cli import main
 from segack.kernel import SegmentSet
 from segack.spark_adapter import CheckpointLocationError, OptionError, SegmentChangeError, merge, scale, split
-from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore
-from segack.spark_adapter.claims import ClaimKeeper, acquire, latest_claim, previous_run
-from segack.spark_adapter.rescale import (
+from segack.spark_adapter.store.checkpoint import Checkpoint, CheckpointError, CheckpointStore
+from segack.spark_adapter.store.claims import ClaimKeeper, acquire, latest_claim, previous_run
+from segack.spark_adapter.store.rescale import (
     AUTO_MARGIN,
     HISTORY_LENGTH,
     RequestWatcher,
@@ -28,7 +28,7 @@ from segack.spark_adapter.rescale import (
     record_segments,
     recorded_segments,
 )
-from segack.spark_adapter.tokens import KeyGroupTokens
+from segack.spark_adapter.store.tokens import KeyGroupTokens
 from tests.outcomes import exactly, starting
 
 

@@ -17,7 +17,7 @@ import pytest
 from segack.cli import main
 from segack.demo import generate_events
 from segack.kernel import SegmentSet
-from segack.spark_adapter.checkpoint import CheckpointStore
+from segack.spark_adapter.store.checkpoint import CheckpointStore
 from tests.spark_handlers import LOG_ENV, read_log
 from tests.test_spark_adapter import assert_each_key_in_order
 
@@ -171,7 +171,7 @@ def test_a_stream_scaled_while_it_runs_and_killed_once_keeps_each_keys_order_and
 
 def test_a_change_asked_during_a_micro_batch_applies_at_the_next_one(spark, tmp_path):
     from segack.spark_adapter import foreach_batch
-    from segack.spark_adapter.rescale import pending_change
+    from segack.spark_adapter.store.rescale import pending_change
     from tests.spark_handlers import ScalesOnce
 
     table = generate_events(1200, seed=44).sort_by("ts")
@@ -198,7 +198,7 @@ def test_a_stream_with_auto_segments_plans_from_the_load_so_far_and_does_not_fla
 
     from segack.kernel import spark_hash
     from segack.spark_adapter import foreach_batch
-    from segack.spark_adapter.rescale import largest_share
+    from segack.spark_adapter.store.rescale import largest_share
     from tests.spark_handlers import Recorder
 
     # Every key hashes into segment 0 of the balanced set of 4: one task would carry all events.

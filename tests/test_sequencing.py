@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from segack.spark_adapter.options import Handling
-from segack.spark_adapter.sequencing import (
+from segack.spark_adapter.worker.sequencing import (
     PARKED,
     DeadLetter,
     Failure,

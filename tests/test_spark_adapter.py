@@ -34,8 +34,8 @@ from segack.spark_adapter import (
     OptionError,
     replay,
 )
-from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore, resolve_location
-from segack.spark_adapter.columns import hash_column, member_index_column, segment_column
+from segack.spark_adapter.spark.columns import hash_column, member_index_column, segment_column
+from segack.spark_adapter.store.checkpoint import CheckpointError, CheckpointStore, resolve_location
 from tests import expected
 from tests.spark_handlers import (
     AsyncTimedRecorder,
@@ -674,7 +674,7 @@ def test_the_key_group_resolution_is_fixed_by_the_first_run(spark, tmp_path):
 
 
 def test_checkpoint_round_trip_and_every_damage_is_refused(tmp_path):
-    from segack.spark_adapter.checkpoint import Checkpoint
+    from segack.spark_adapter.store.checkpoint import Checkpoint
 
     tokens = KeyGroupTokens.empty(2, pa.int64(), pa.string())
     tokens.set_counts(np.array([3, 0, 2, 1]))
@@ -775,9 +775,9 @@ def _as_one_input(tokens):
 
 def test_no_stage_of_a_replay_gathers_events_into_one_partition(spark, tmp_path):
     """Read the physical plans of the fingerprint and of the job (fresh and resuming)."""
-    from segack.spark_adapter.events import EventInput
     from segack.spark_adapter.options import RunOptions
-    from segack.spark_adapter.task import TaskPlan, TaskStart
+    from segack.spark_adapter.spark.events import EventInput
+    from segack.spark_adapter.worker.task import TaskPlan, TaskStart
 
     frame = spark.createDataFrame(generate_events(2000, seed=17)).repartition(4)
     events = EventInput(frame, "user", "ts", "spark", "auto", 12)
@@ -858,7 +858,7 @@ def _skewed(count, hot_share, seed):
 
 
 def test_plan_counts_key_groups_in_the_jvm_and_beats_a_balanced_set_on_skewed_events(spark):
-    from segack.spark_adapter.planning import plan
+    from segack.spark_adapter.coordinator.planning import plan
 
     table = _skewed(20_000, 0.3, seed=1)
     planned = plan(spark.createDataFrame(table), key="user", workers=8, key_group_bits=6, top=3)
@@ -887,14 +887,14 @@ def test_plan_counts_key_groups_in_the_jvm_and_beats_a_balanced_set_on_skewed_ev
     ({"key": "user", "key_group_bits": 17}, "key_group_bits must be an int in 0..16"),
 ])
 def test_plan_refuses_bad_settings(spark, options, match):
-    from segack.spark_adapter.planning import plan
+    from segack.spark_adapter.coordinator.planning import plan
 
     with pytest.raises(ValueError, match=match):
         plan(spark.createDataFrame(_skewed(10, 0.5, seed=2)), **options)
 
 
 def test_a_replay_over_auto_segments_plans_them_first_and_keeps_each_keys_order(spark, tmp_path):
-    from segack.spark_adapter.planning import plan
+    from segack.spark_adapter.coordinator.planning import plan
 
     table = _skewed(3000, 0.3, seed=3)
     frame = spark.createDataFrame(table)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from segack.spark_adapter import OptionError
-from segack.spark_adapter.tokens import (
+from segack.spark_adapter.store.tokens import (
     KeyGroupTokens,
     TokenError,
     decode_updates,
@@ -223,7 +223,7 @@ def test_a_sealed_progress_file_whose_column_names_are_not_text_is_damage():
     import struct
     import zlib
 
-    from segack.spark_adapter import tokens
+    from segack.spark_adapter.store import tokens
 
     body = base64.b64decode(
         "/////3gAAAAQAAAAAAAKAAwABgAFAAgACgAAAAABBAAMAAAACAAIAAAABAAIAAAABAAAAAEAAAAUAAAAEAAUAAgABgAHAAwA"

@@ -25,12 +25,12 @@ HASHES = ("java", "spark")
 #: The seed of Spark SQL's ``hash()`` (Murmur3 x86_32).
 SPARK_HASH_SEED = 42
 
-#: What may run at once inside a segment's task (see segack.spark_adapter.dispatch): events of
+#: What may run at once inside a segment's task (see segack.spark_adapter.worker.dispatch): events of
 #: other keys, one event at a time, or any events.
 SEQUENCING_POLICIES = ("per-key", "sequential", "concurrent")
 
 #: When a resumed replay checks its done events against the input (see
-#: segack.spark_adapter.fingerprint): unless the input is unchanged, or always.
+#: segack.spark_adapter.sources.fingerprint): unless the input is unchanged, or always.
 VERIFY_CHOICES = ("auto", "always")
 
 # ------------------------------------------------------------------ the acker's input rules

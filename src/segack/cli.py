@@ -17,9 +17,9 @@ from segack.kernel import SegmentSet, java_hash, spark_hash
 from segack.spark_adapter.options import OnError, Policy, Verify, option_fields
 
 if TYPE_CHECKING:
-    from segack.spark_adapter.checkpoint import CheckpointStore
-    from segack.spark_adapter.claims import Claim
-    from segack.spark_adapter.tokens import KeyGroupTokens
+    from segack.spark_adapter.store.checkpoint import CheckpointStore
+    from segack.spark_adapter.store.claims import Claim
+    from segack.spark_adapter.store.tokens import KeyGroupTokens
 
 
 class ExitCode(IntEnum):
@@ -362,8 +362,8 @@ def _refused(command: str, error: Exception) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore
-    from segack.spark_adapter.claims import latest_claim, recorded_state
+    from segack.spark_adapter.store.checkpoint import CheckpointError, CheckpointStore
+    from segack.spark_adapter.store.claims import latest_claim, recorded_state
 
     try:
         store = CheckpointStore(args.checkpoint)
@@ -481,8 +481,8 @@ def _when(at: float) -> str:
 
 def _pending_line(store: CheckpointStore) -> str | None:
     """The change of segments waiting for a run, as ``segack status`` shows it."""
-    from segack.spark_adapter.checkpoint import CheckpointError
-    from segack.spark_adapter.rescale import pending_change
+    from segack.spark_adapter.store.checkpoint import CheckpointError
+    from segack.spark_adapter.store.rescale import pending_change
 
     try:
         change = pending_change(store)
@@ -501,7 +501,7 @@ def counted(number: int, noun: str) -> str:
 
 def _claim_line(store: CheckpointStore) -> str:
     """The checkpoint's claim, as ``segack status`` shows it."""
-    from segack.spark_adapter.claims import latest_claim
+    from segack.spark_adapter.store.claims import latest_claim
 
     claim = latest_claim(store)
     atomic = "" if store.claims_are_atomic else (
@@ -520,8 +520,8 @@ def _claim_line(store: CheckpointStore) -> str:
 
 
 def _release(args: argparse.Namespace) -> int:
-    from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore
-    from segack.spark_adapter.claims import force_release
+    from segack.spark_adapter.store.checkpoint import CheckpointError, CheckpointStore
+    from segack.spark_adapter.store.claims import force_release
 
     try:
         store = CheckpointStore(args.checkpoint)
@@ -537,8 +537,8 @@ def _release(args: argparse.Namespace) -> int:
 
 
 def _rescale(args: argparse.Namespace) -> int:
-    from segack.spark_adapter import rescale
-    from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore
+    from segack.spark_adapter.store import rescale
+    from segack.spark_adapter.store.checkpoint import CheckpointError, CheckpointStore
 
     command = f"segack {args.command}"
     try:
@@ -565,7 +565,7 @@ def _rescale(args: argparse.Namespace) -> int:
 
 
 def _dead_letters(args: argparse.Namespace) -> int:
-    from segack.spark_adapter.checkpoint import (
+    from segack.spark_adapter.store.checkpoint import (
         DEAD_ATTEMPTS,
         DEAD_ERROR,
         DEAD_POSITION,

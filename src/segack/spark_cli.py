@@ -16,10 +16,10 @@ import time
 from typing import TextIO
 
 from segack.cli import ExitCode, counted, percent, run_keywords
-from segack.input_files import check_input_files, read_input
-from segack.spark_adapter.checkpoint import CheckpointError, CheckpointStore
+from segack.spark_adapter.coordinator.replay import Progress, ReplayResult, load_handler, replay, worker_error
 from segack.spark_adapter.errors import HandlerFailedError, InputError, OptionError, ReplayError
-from segack.spark_adapter.replay import Progress, ReplayResult, load_handler, replay, worker_error
+from segack.spark_adapter.sources.files import check_input_files, read_input
+from segack.spark_adapter.store.checkpoint import CheckpointError, CheckpointStore
 
 __all__ = ["ProgressPrinter", "demo_command", "plan_command", "replay_command"]
 
@@ -105,7 +105,7 @@ def _is_embedded_local(master: str) -> bool:
 
 def replay_command(args: argparse.Namespace) -> int:
     """``segack replay``: an :class:`~segack.cli.ExitCode`, with a one-line reason unless it is ``OK``."""
-    from segack.spark_adapter.session import ship_module, ship_py_files, spark_session
+    from segack.spark_adapter.spark.session import ship_module, ship_py_files, spark_session
 
     _importable_from_here()
     py_files = [path for path in args.py_files.split(",") if path]
@@ -198,8 +198,8 @@ def _share(fraction: float) -> str:
 def plan_command(args: argparse.Namespace) -> int:
     """``segack plan``: count the load, print the planned set beside a balanced one, and the floor."""
     from segack.kernel import SegmentSet
-    from segack.spark_adapter.planning import plan
-    from segack.spark_adapter.session import spark_session
+    from segack.spark_adapter.coordinator.planning import plan
+    from segack.spark_adapter.spark.session import spark_session
 
     try:
         if args.input is not None:
@@ -252,7 +252,7 @@ def plan_command(args: argparse.Namespace) -> int:
 
 def _recorded_done(store: CheckpointStore) -> int:
     """Events recorded done, as ``segack status`` counts them."""
-    from segack.spark_adapter.claims import recorded_state
+    from segack.spark_adapter.store.claims import recorded_state
 
     tokens = recorded_state(store)[0].tokens
     return 0 if tokens is None else tokens.done

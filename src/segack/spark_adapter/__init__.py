@@ -4,8 +4,15 @@ segments changed while a run goes on, sessions."""
 from __future__ import annotations
 
 from segack.spark_adapter import errors as _errors
-from segack.spark_adapter.checkpoint import Checkpoint, CheckpointStore, resolve_location
-from segack.spark_adapter.columns import hash_column, member_index_column, segment_column
+from segack.spark_adapter.coordinator.planning import Plan, plan
+from segack.spark_adapter.coordinator.replay import (
+    Progress,
+    ReplayResult,
+    load_handler,
+    replay,
+    worker_error,
+)
+from segack.spark_adapter.coordinator.streaming import foreach_batch
 from segack.spark_adapter.errors import (
     CheckpointClaimedError,
     CheckpointError,
@@ -23,23 +30,16 @@ from segack.spark_adapter.errors import (
     TokenError,
 )
 from segack.spark_adapter.handlers import EventIdentity, RunContext, Sink, with_identity
-from segack.spark_adapter.planning import Plan, plan
-from segack.spark_adapter.replay import (
-    Progress,
-    ReplayResult,
-    load_handler,
-    replay,
-    worker_error,
-)
-from segack.spark_adapter.rescale import Rescale, merge, scale, split
-from segack.spark_adapter.session import (
+from segack.spark_adapter.spark.columns import hash_column, member_index_column, segment_column
+from segack.spark_adapter.spark.session import (
     local_session,
     ship_module,
     ship_py_files,
     spark_session,
 )
-from segack.spark_adapter.streaming import foreach_batch
-from segack.spark_adapter.tokens import DEFAULT_KEY_GROUP_BITS, KeyGroupTokens
+from segack.spark_adapter.store.checkpoint import Checkpoint, CheckpointStore, resolve_location
+from segack.spark_adapter.store.rescale import Rescale, merge, scale, split
+from segack.spark_adapter.store.tokens import DEFAULT_KEY_GROUP_BITS, KeyGroupTokens
 
 __all__ = [
     "DEFAULT_KEY_GROUP_BITS",

@@ -38,12 +38,9 @@ from __future__ import annotations
 
 import re
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from segack.errors import SegackError, SegackValueError
-
-if TYPE_CHECKING:
-    from segack.spark_adapter.claims import Claim
 
 __all__ = [
     "CheckpointClaimedError",
@@ -62,6 +59,20 @@ __all__ = [
     "TokenError",
     "worker_error",
 ]
+
+
+class _Claim(Protocol):
+    """What an error says of a claim (:class:`~segack.spark_adapter.store.claims.Claim` is one)."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def extended_at(self) -> float: ...
+    @property
+    def timeout(self) -> float: ...
+    @property
+    def released_by(self) -> str | None: ...
+    def owner(self) -> str: ...
 
 
 class OptionError(SegackValueError):
@@ -108,7 +119,7 @@ class SegmentChangeError(SegackValueError):
 class CheckpointClaimedError(CheckpointError):
     """Another run holds the checkpoint's claim; nothing was changed."""
 
-    def __init__(self, location: str, claim: Claim, now: float) -> None:
+    def __init__(self, location: str, claim: _Claim, now: float) -> None:
         super().__init__(
             f"checkpoint {location} is claimed by {claim.owner()}, last extended "
             f"{max(0.0, now - claim.extended_at):.1f} s ago. Only one run may use a checkpoint at a time: "
@@ -156,7 +167,7 @@ class ReplayError(SegackError, RuntimeError):
 class ClaimLostError(ReplayError):
     """This run's claim was taken over by another run: it stopped, and saved nothing more."""
 
-    def __init__(self, location: str, mine: Claim, newer: Claim | None) -> None:
+    def __init__(self, location: str, mine: _Claim, newer: _Claim | None) -> None:
         by = "was released by an operator" if newer is not None and newer.released_by else (
             f"was taken over by {newer.owner()}" if newer is not None else "is gone")
         super().__init__(f"run {mine.run_id} lost its claim on checkpoint {location}: it {by}; this "

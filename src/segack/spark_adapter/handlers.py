@@ -16,15 +16,15 @@ end of each Spark task that called it.
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from segack.spark_adapter.dispatch import is_async
 from segack.spark_adapter.options import Policy
 
-__all__ = ["EventIdentity", "RunContext", "Sink", "close_handler", "identified_events", "prepare_handler",
-           "wants_identity", "with_identity", "with_identities_passed"]
+__all__ = ["EventIdentity", "RunContext", "Sink", "close_handler", "identified_events", "is_async",
+           "prepare_handler", "wants_identity", "with_identity", "with_identities_passed"]
 
 _MARK = "segack_identity"
 
@@ -90,6 +90,13 @@ class Sink:
 
     def close(self) -> None:
         """Called at the end of each Spark task that used this copy of the sink, whatever happened."""
+
+
+def is_async(handler: Callable[..., Any]) -> bool:
+    """Whether calling ``handler`` gives a coroutine to await (an ``async def`` function, or an
+    object whose ``__call__`` is one)."""
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None))  # noqa: B004  (the method itself, not callable())
 
 
 def with_identity(handler: Callable[..., Any]) -> Callable[..., Any]:

@@ -21,11 +21,11 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from segack.errors import SegackTypeError
-from segack.kernel import SegmentSet
+from segack.kernel import MAX_KEY_GROUP_BITS, SegmentSet
 from segack.spark_adapter.errors import OptionError
 
-__all__ = ["Handling", "OnError", "Policy", "RunOptions", "Verify", "option", "option_fields",
-           "takes_options"]
+__all__ = ["Handling", "OnError", "Policy", "RunOptions", "Verify", "check_claim_timeout",
+           "check_key_group_bits", "option", "option_fields", "takes_options"]
 
 
 class Policy(StrEnum):
@@ -76,6 +76,21 @@ def _choice(name: str, value: Any, choices: type[_Choice]) -> _Choice:
     except ValueError:
         names = tuple(member.value for member in choices)
         raise OptionError(f"{name} must be one of {names}, not {value!r}") from None
+
+
+def check_key_group_bits(bits: Any) -> int:
+    """``bits`` as a key-group resolution: an :class:`~segack.spark_adapter.OptionError` unless it is
+    an int in ``0..16``."""
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 0 <= bits <= MAX_KEY_GROUP_BITS:
+        raise OptionError(f"key_group_bits must be an int in 0..{MAX_KEY_GROUP_BITS}, not {bits!r}")
+    return bits
+
+
+def check_claim_timeout(value: Any) -> float:
+    """``value`` as a claim timeout; a ``ValueError`` unless it is a positive number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise OptionError(f"claim_timeout must be a positive number of seconds, not {value!r}")
+    return float(value)
 
 
 def _check_positive(name: str, value: Any, kind: type) -> None:
@@ -141,7 +156,7 @@ class Handling:
         key group and position) and count as done for now; the other keys go on. A key with dead
         letters stays parked: its later events, in later runs too, are set aside behind them
         (whatever ``on_error``), until ``retry_dead_letters`` handles them again
-        (:mod:`~segack.spark_adapter.dead_letters`).""",
+        (:mod:`~segack.spark_adapter.coordinator.dead_letters`).""",
         "after a call's last retry: stop the run (default), or set the event and its key's later events "
         "aside in CHECKPOINT/dead-letters/ and go on with other keys")
 
@@ -173,7 +188,7 @@ class Handling:
 
     @property
     def dispatched(self) -> bool:
-        """Whether calls go through a :class:`~segack.spark_adapter.dispatch.Dispatcher`: more than
+        """Whether calls go through a :class:`~segack.spark_adapter.worker.dispatch.Dispatcher`: more than
         one at a time, a timeout (a watchdog thread), or lists of events. Otherwise the task calls
         the handler itself, one event after the other, with the same retries, dead letters and
         parked keys."""
@@ -247,14 +262,14 @@ class RunOptions:
         One run at a time: a run claims the checkpoint before it reads or writes progress, extends
         the claim while it lives and releases it at the end. A claim unextended for this many
         seconds may be taken over by another run, which fences this one
-        (:mod:`~segack.spark_adapter.claims`).""",
+        (:mod:`~segack.spark_adapter.store.claims`).""",
         "another run may take the checkpoint over once this run's claim has gone unextended this long "
         "(default: %(default)g)", "SECONDS")
     verify: Verify = option(Verify.AUTO, """
         A resumed run first checks that the events the checkpoint counts as done are the input's
         (one pass over the events). ``"auto"`` skips that pass when the input is the same query over
         the same unchanged files as the checkpoint's last run read
-        (:mod:`~segack.spark_adapter.fingerprint`); ``"always"`` checks every time.""",
+        (:mod:`~segack.spark_adapter.sources.fingerprint`); ``"always"`` checks every time.""",
         "a resume first checks that the events done are still the input's (a pass over them); auto (the "
         "default) skips that when the input is the same files, unchanged, as the checkpoint's last run "
         "read; always checks every time", streams=False)
@@ -263,9 +278,6 @@ class RunOptions:
         its input path).""", streams=False)
 
     def __post_init__(self) -> None:
-        from segack.spark_adapter.claims import check_claim_timeout
-        from segack.spark_adapter.tokens import check_key_group_bits
-
         object.__setattr__(self, "segments", _segment_set(self.segments))
         if self.key_group_bits is not None:
             check_key_group_bits(self.key_group_bits)

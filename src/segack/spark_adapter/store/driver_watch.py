@@ -10,7 +10,7 @@ have: on Linux through a pidfd (the kernel wakes the watcher), elsewhere by look
 :data:`POLL_SECONDS`.
 
 On another machine the driver's process cannot be watched: Spark ends the executors once they
-lose the driver's connection, and the claim's fencing (:mod:`~segack.spark_adapter.claims`) keeps
+lose the driver's connection, and the claim's fencing (:mod:`~segack.spark_adapter.store.claims`) keeps
 whatever they still write out of the checkpoint.
 """
 

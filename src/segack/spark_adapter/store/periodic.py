@@ -1,8 +1,8 @@
 """The driver's background work during a run: something done every few seconds until the run ends.
 
 A run's driver keeps three such threads: the claim keeper
-(:class:`~segack.spark_adapter.claims.ClaimKeeper`), the progress merger and the
-watcher for segment changes (:class:`~segack.spark_adapter.rescale.RequestWatcher`).
+(:class:`~segack.spark_adapter.store.claims.ClaimKeeper`), the progress merger and the
+watcher for segment changes (:class:`~segack.spark_adapter.store.rescale.RequestWatcher`).
 """
 
 from __future__ import annotations

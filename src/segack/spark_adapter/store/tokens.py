@@ -60,14 +60,13 @@ import numpy as np
 import pyarrow as pa
 
 from segack.errors import SegackValueError
-from segack.kernel import MAX_KEY_GROUP_BITS
-from segack.spark_adapter.errors import OptionError, TokenError
+from segack.spark_adapter.errors import TokenError
+from segack.spark_adapter.options import check_key_group_bits
 
 __all__ = [
     "DEFAULT_KEY_GROUP_BITS",
     "KeyGroupTokens",
     "TokenError",
-    "check_key_group_bits",
     "decode_updates",
     "encode_updates",
     "update_schema",
@@ -154,14 +153,6 @@ def decode_updates(data: bytes, what: str = "progress") -> pa.Table:
     table = _unseal(_UPDATES_MAGIC, data, what)
     _check_schema(table, update_schema(pa.null(), pa.null()), what)
     return table
-
-
-def check_key_group_bits(bits: Any) -> int:
-    """``bits`` as a key-group resolution: an :class:`~segack.spark_adapter.OptionError` unless it is
-    an int in ``0..16``."""
-    if isinstance(bits, bool) or not isinstance(bits, int) or not 0 <= bits <= MAX_KEY_GROUP_BITS:
-        raise OptionError(f"key_group_bits must be an int in 0..{MAX_KEY_GROUP_BITS}, not {bits!r}")
-    return bits
 
 
 def _column(table: pa.Table, name: str) -> np.ndarray:

@@ -40,25 +40,26 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from segack.spark_adapter.checkpoint import (
+from segack.spark_adapter.errors import HandlerFailedError
+from segack.spark_adapter.handlers import (
+    close_handler,
+    identified_events,
+    is_async,
+    wants_identity,
+    with_identities_passed,
+)
+from segack.spark_adapter.options import RunOptions
+from segack.spark_adapter.store.checkpoint import (
     DEAD_ATTEMPTS,
     DEAD_ERROR,
     DEAD_KEY_GROUP,
     DEAD_POSITION,
     TaskStore,
 )
-from segack.spark_adapter.dispatch import Dispatcher, is_async
-from segack.spark_adapter.driver_watch import watching_driver
-from segack.spark_adapter.errors import HandlerFailedError
-from segack.spark_adapter.handlers import (
-    close_handler,
-    identified_events,
-    wants_identity,
-    with_identities_passed,
-)
-from segack.spark_adapter.options import RunOptions
-from segack.spark_adapter.sequencing import DeadLetter, Failure, Rules, retry_after_failure
-from segack.spark_adapter.tokens import KeyGroupTokens, encode_updates, update_schema
+from segack.spark_adapter.store.driver_watch import watching_driver
+from segack.spark_adapter.store.tokens import KeyGroupTokens, encode_updates, update_schema
+from segack.spark_adapter.worker.dispatch import Dispatcher
+from segack.spark_adapter.worker.sequencing import DeadLetter, Failure, Rules, retry_after_failure
 
 __all__ = ["KG", "RESULT_SCHEMA", "TIE", "TaskPlan", "TaskStart", "run_task"]
 

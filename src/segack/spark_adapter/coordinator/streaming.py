@@ -12,7 +12,6 @@ completed is skipped.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -21,22 +20,29 @@ import pyarrow as pa
 
 from segack.errors import SegackTypeError
 from segack.kernel import SegmentSet
-from segack.spark_adapter.checkpoint import Checkpoint, CheckpointStore
-from segack.spark_adapter.claims import ClaimKeeper
+from segack.spark_adapter.coordinator.run import (
+    Run,
+    check_location,
+    check_session,
+    claimed,
+    new_run_id,
+    resolution,
+)
 from segack.spark_adapter.errors import CheckpointError, ReplayError
-from segack.spark_adapter.events import EventInput, check_same_setup
-from segack.spark_adapter.executors import check_executors
 from segack.spark_adapter.options import RunOptions, takes_options
-from segack.spark_adapter.rescale import (
+from segack.spark_adapter.spark.events import EventInput, check_same_setup
+from segack.spark_adapter.spark.executors import check_executors
+from segack.spark_adapter.spark.session import default_segment_count
+from segack.spark_adapter.store.checkpoint import Checkpoint, CheckpointStore
+from segack.spark_adapter.store.claims import ClaimKeeper
+from segack.spark_adapter.store.rescale import (
     SegmentChange,
     auto_change,
     pending_change,
     record_segments,
     recorded_segments,
 )
-from segack.spark_adapter.run import Run, check_location, check_session, claimed, new_run_id, resolution
-from segack.spark_adapter.session import default_segment_count
-from segack.spark_adapter.tokens import KeyGroupTokens
+from segack.spark_adapter.store.tokens import KeyGroupTokens
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -110,7 +116,7 @@ class _BatchReplay:
 
     def _segments(self, state: Checkpoint, bits: int, batch: DataFrame, batch_id: int,
                   pending: SegmentChange | None) -> tuple[SegmentSet, str]:
-        """The batch's segments, and why (rule 3 of :mod:`~segack.spark_adapter.rescale`)."""
+        """The batch's segments, and why (rule 3 of :mod:`~segack.spark_adapter.store.rescale`)."""
         if self.chosen is not None and self.first_batch:
             return self.chosen, f"start of the query, at batch {batch_id}"
         if pending is not None:
@@ -147,12 +153,7 @@ class _BatchReplay:
         if current is None:
             tokens.start_input()
             current = {"id": batch_id}
-        state.settings.update({
-            "key": self.key, "order": self.order, "hash": options.hash, **events.column_types,
-            "key_group_bits": bits, "flush_every": options.flush_every,
-            "flush_interval": options.flush_interval, "updated_at": time.time(), "status": "running",
-            "stream": {"completed_batch": stream["completed_batch"], "batch": current},
-        })
+        state.settings["stream"] = {"completed_batch": stream["completed_batch"], "batch": current}
         record_segments(state, segments, why)
         batch_options = dataclasses.replace(options, retry_dead_letters=self.retry_pending)
         Run(events, state, keeper, batch_options, self.handler).execute(segments, consumed=pending)

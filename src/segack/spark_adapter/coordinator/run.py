@@ -2,9 +2,9 @@
 micro-batch of :func:`~segack.spark_adapter.foreach_batch` do once they hold the checkpoint.
 
 As Axon's pooled processor divides its work, a :class:`Run` claims (through its
-:class:`~segack.spark_adapter.claims.ClaimKeeper`), plans and starts the Spark jobs; each job's
-tasks (:mod:`~segack.spark_adapter.task`) are the work packages of their segments; the checkpoint
-(:class:`~segack.spark_adapter.checkpoint.CheckpointStore`) is the token store. Data flows one
+:class:`~segack.spark_adapter.store.claims.ClaimKeeper`), plans and starts the Spark jobs; each job's
+tasks (:mod:`~segack.spark_adapter.worker.task`) are the work packages of their segments; the checkpoint
+(:class:`~segack.spark_adapter.store.checkpoint.CheckpointStore`) is the token store. Data flows one
 way: run -> tasks -> progress files -> the run's merges -> the state file.
 
 State on the driver is one entry per key group: it does not grow with events.
@@ -17,14 +17,14 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from segack.kernel import SegmentSet
-from segack.spark_adapter.checkpoint import Checkpoint, CheckpointStore
-from segack.spark_adapter.claims import ClaimKeeper, acquire, previous_run
-from segack.spark_adapter.dead_letters import RetryOutcome, retry_dead_letters
+from segack.spark_adapter.coordinator.dead_letters import RetryOutcome, retry_dead_letters
+from segack.spark_adapter.coordinator.job import Job, run_tag
+from segack.spark_adapter.coordinator.state import RunState
 from segack.spark_adapter.errors import (
     CheckpointError,
     CheckpointLocationError,
@@ -32,26 +32,21 @@ from segack.spark_adapter.errors import (
     SessionError,
     TokenError,
 )
-from segack.spark_adapter.events import EventInput
 from segack.spark_adapter.handlers import RunContext, prepare_handler
-from segack.spark_adapter.job import Job, run_tag
-from segack.spark_adapter.options import RunOptions, Verify
-from segack.spark_adapter.rescale import SegmentChange, pending_change, record_segments
-from segack.spark_adapter.results import Progress
-from segack.spark_adapter.session import executors_share_local_disk, setting
-from segack.spark_adapter.tokens import DEFAULT_KEY_GROUP_BITS, check_key_group_bits
+from segack.spark_adapter.options import RunOptions, Verify, check_key_group_bits
+from segack.spark_adapter.spark.session import executors_share_local_disk, setting
+from segack.spark_adapter.store.checkpoint import CheckpointStore
+from segack.spark_adapter.store.claims import ClaimKeeper, acquire, previous_run
+from segack.spark_adapter.store.rescale import SegmentChange, pending_change, record_segments
+from segack.spark_adapter.store.tokens import DEFAULT_KEY_GROUP_BITS
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from segack.spark_adapter.tokens import KeyGroupTokens
 
 __all__ = ["Run", "RunCounts", "check_location", "check_session", "claimed", "new_run_id", "resolution"]
 
 log = logging.getLogger(__name__)
-
-#: What a run calls for each event.
-Handler = Callable[[dict[str, Any]], Any]
 
 
 def check_session(spark: SparkSession) -> None:
@@ -97,7 +92,7 @@ def resolution(previous: dict[str, Any], key_group_bits: int | None) -> int:
 def claimed(spark: SparkSession, store: CheckpointStore, run_id: str, options: RunOptions,
             ) -> Iterator[ClaimKeeper]:
     """Claim ``store`` for ``run_id`` and keep the claim while the block runs
-    (:mod:`~segack.spark_adapter.claims`); a lost claim interrupts the run's jobs."""
+    (:mod:`~segack.spark_adapter.store.claims`); a lost claim interrupts the run's jobs."""
     claim = acquire(store, run_id, options.claim_timeout)
     with ClaimKeeper(store, claim, on_lost=functools.partial(spark.interruptTag, run_tag(run_id))) as keeper:
         yield keeper
@@ -127,32 +122,9 @@ class RunCounts:
     input_checked: bool = False
 
 
-class Run:
-    """One run on a checkpoint it holds: ``keeper`` keeps its claim, ``state`` is the checkpoint's
-    state (kept current and saved as the run goes), ``events`` its input; ``handler`` is called as
-    ``options`` say, and ``progress`` receives a :class:`~segack.spark_adapter.Progress` at each
-    merge."""
-
-    def __init__(self, events: EventInput, state: Checkpoint, keeper: ClaimKeeper, options: RunOptions,
-                 handler: Handler, progress: Callable[[Progress], None] | None = None) -> None:
-        assert state.tokens is not None
-        self.events, self.state, self.keeper, self.options = events, state, keeper, options
-        self.handler, self.progress = handler, progress
-        self.store: CheckpointStore = keeper.store
-        self.run_id = keeper.claim.run_id
-        #: Made with the checkpoint's first state, and kept: part of every event's identity.
-        self.checkpoint_id: str = state.settings.setdefault("checkpoint_id", uuid.uuid4().hex)
-        self.spark = events.df.sparkSession
-        #: Events done before the jobs started, and when they started (for progress reports).
-        self.already_done = 0
-        self.began = time.monotonic()
-
-    @property
-    def tokens(self) -> KeyGroupTokens:
-        """The state's tokens (a run's state always has them)."""
-        tokens = self.state.tokens
-        assert tokens is not None
-        return tokens
+class Run(RunState):
+    """The coordinator of one run (:class:`~segack.spark_adapter.coordinator.state.RunState`): it
+    takes the run from a held claim to its end."""
 
     def execute(self, segments: SegmentSet, *, consumed: SegmentChange | None = None,
                 fingerprint: str | None = None, watch_requests: bool = False) -> RunCounts:
@@ -163,14 +135,14 @@ class Run:
         1. **Merge what the previous owner left**: the progress files of the run that held the
            claim before this one (a crash's work is kept; an older, fenced run's is not).
         2. **Verify** the done events against the input, unless ``options.verify`` is ``auto`` and
-           the input's ``fingerprint`` (:mod:`~segack.spark_adapter.fingerprint`) is the recorded
+           the input's ``fingerprint`` (:mod:`~segack.spark_adapter.sources.fingerprint`) is the recorded
            one: another input is a :class:`~segack.spark_adapter.ForeignInputError`, and nothing
            is written.
         3. **Save** the merged state with the fingerprint, delete the merged files, and remove the
            segment request ``consumed`` (the caller chose ``segments`` with it in view) unless a
            newer one replaced it.
         4. **Retry dead letters**, with ``options.retry_dead_letters``
-           (:mod:`~segack.spark_adapter.dead_letters`); keys that still have some stay parked.
+           (:mod:`~segack.spark_adapter.coordinator.dead_letters`); keys that still have some stay parked.
         5. **Run jobs** over the segments until the input is done. With ``watch_requests``, a change
            of segments asked while a job runs ends it; the next job starts over the new set.
         6. **Complete**: record the status and save.

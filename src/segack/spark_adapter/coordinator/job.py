@@ -1,7 +1,7 @@
 """One Spark job of a run over one segment set, and the driver thread that merges its progress.
 
 A run has more than one job when its segments change while it goes on
-(:mod:`~segack.spark_adapter.rescale`): the job's tasks stop at their next flush, the driver merges
+(:mod:`~segack.spark_adapter.store.rescale`): the job's tasks stop at their next flush, the driver merges
 what they did, and the run's next job starts over the new set, each key group where it stood.
 """
 
@@ -19,17 +19,17 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from segack.kernel import SegmentSet
-from segack.spark_adapter.checkpoint import CheckpointStore
 from segack.spark_adapter.errors import HandlerFailedError, ReplayError, TokenError
-from segack.spark_adapter.executors import task_failure
-from segack.spark_adapter.periodic import Periodic
-from segack.spark_adapter.rescale import RequestWatcher, SegmentChange
 from segack.spark_adapter.results import Progress
-from segack.spark_adapter.task import TaskPlan, TaskStart
-from segack.spark_adapter.tokens import decode_updates
+from segack.spark_adapter.spark.executors import task_failure
+from segack.spark_adapter.store.checkpoint import CheckpointStore
+from segack.spark_adapter.store.periodic import Periodic
+from segack.spark_adapter.store.rescale import RequestWatcher, SegmentChange
+from segack.spark_adapter.store.tokens import decode_updates
+from segack.spark_adapter.worker.task import TaskPlan, TaskStart
 
 if TYPE_CHECKING:
-    from segack.spark_adapter.run import Run
+    from segack.spark_adapter.coordinator.state import RunState
 
 __all__ = ["Job", "JobOutcome", "ProgressMerger", "run_tag"]
 
@@ -49,7 +49,7 @@ class ProgressMerger(Periodic):
     :meth:`Job.execute` raises it once the job has ended.
     """
 
-    def __init__(self, run: Run, job_id: str, segments: int) -> None:
+    def __init__(self, run: RunState, job_id: str, segments: int) -> None:
         super().__init__(run.options.flush_interval, "segack-merger")
         self.run, self.job_id, self.segments = run, job_id, segments
         self._lock = threading.Lock()
@@ -127,7 +127,7 @@ class Job:
     """The Spark job of ``run`` over ``segments``, named ``job_id`` (its tasks' progress files
     start with it)."""
 
-    def __init__(self, run: Run, job_id: str, segments: SegmentSet) -> None:
+    def __init__(self, run: RunState, job_id: str, segments: SegmentSet) -> None:
         self.run, self.job_id, self.segments = run, job_id, segments
 
     def execute(self, watch_requests: bool) -> JobOutcome:

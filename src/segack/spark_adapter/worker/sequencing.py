@@ -2,7 +2,7 @@
 
 Written once, for both ways a task calls the handler: in its own thread, one event after the
 other (concurrency 1, the fastest way), and through the
-:class:`~segack.spark_adapter.dispatch.Dispatcher` (many calls in flight, a timeout, or an
+:class:`~segack.spark_adapter.worker.dispatch.Dispatcher` (many calls in flight, a timeout, or an
 ``async def`` handler).
 
 1. **Sequencing values.** An event's *sequencing value* is what orders it: its key under the

@@ -1,53 +1,21 @@
-"""Dead letters: the events a replay set aside, and handling them again.
-
-The rules (Axon calls this a *sequenced* dead-letter queue):
-
-1. **What becomes a dead letter.** With ``on_error="dead-letter"``, an event whose handler call
-   failed (after its retries), and every later event of its key in that run. Each is recorded in
-   ``CHECKPOINT/dead-letters/`` (Parquet: the event's columns, the error, the attempts made, its
-   key group and position) before progress calls it done.
-2. **A key with dead letters is parked.** Every later event of a parked key, in this run or a later
-   one, becomes a dead letter too, whatever ``on_error`` says, so that no event of the key runs
-   before the ones that failed. Only the ``concurrent`` policy, which keeps no order, is exempt.
-3. **Retrying** (``replay(..., retry_dead_letters=True)``) comes before the run's own events. A
-   Spark job reads the dead-letter files, sends each key group's letters to the task of the segment
-   owning it, sorted by position (so each key's letters run in their order), and calls the handler
-   again, with the run's concurrency, retries and timeout. A letter that fails again stays, and so
-   do its key's later letters (the key stays parked); the others are removed once the job has
-   ended. A crash before that handles them again in a later retry: at least once, in order.
-
-Nothing here holds all dead letters in one place: the driver sees only the list of files and the
-set of parked keys.
-"""
+"""The tasks of a dead-letter retry (:mod:`~segack.spark_adapter.coordinator.dead_letters` has the
+rules and the job): each reads its files' letters or handles one segment's letters in order, and
+records what fails again."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import operator
 import pickle
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
-from segack.kernel import SegmentSet
-from segack.spark_adapter.checkpoint import (
-    DEAD_ATTEMPTS,
-    DEAD_ERROR,
-    DEAD_KEY_GROUP,
-    DEAD_POSITION,
-    CheckpointError,
-    TaskStore,
-)
-from segack.spark_adapter.columns import member_index_column
-from segack.spark_adapter.dispatch import Dispatcher
-from segack.spark_adapter.driver_watch import watching_driver
 from segack.spark_adapter.errors import HandlerFailedError, ReplayError
-from segack.spark_adapter.executors import task_failure
 from segack.spark_adapter.handlers import (
     close_handler,
     identified_events,
@@ -55,14 +23,21 @@ from segack.spark_adapter.handlers import (
     with_identities_passed,
 )
 from segack.spark_adapter.options import Handling, OnError
+from segack.spark_adapter.store.checkpoint import (
+    DEAD_ATTEMPTS,
+    DEAD_ERROR,
+    DEAD_KEY_GROUP,
+    DEAD_POSITION,
+    TaskStore,
+)
+from segack.spark_adapter.store.driver_watch import watching_driver
+from segack.spark_adapter.worker.dispatch import Dispatcher
 
-if TYPE_CHECKING:
-    from segack.spark_adapter.run import Run
+__all__ = ["RETRY_FIELDS", "RETRY_RESULT_SCHEMA", "RetryPlan", "read_files", "retry_file_prefix",
+           "retry_task"]
 
-__all__ = ["RETRY_RESULT_SCHEMA", "RetryOutcome", "retry_dead_letters"]
-
-_FIELDS = (DEAD_ERROR, DEAD_ATTEMPTS, DEAD_KEY_GROUP, DEAD_POSITION)
-_SEGMENT = "__segack_segment"
+#: The columns a dead letter has beside its event's.
+RETRY_FIELDS = (DEAD_ERROR, DEAD_ATTEMPTS, DEAD_KEY_GROUP, DEAD_POSITION)
 
 #: What each retry task returns: one row.
 RETRY_RESULT_SCHEMA = pa.schema([("segment", pa.int32()), ("attempt", pa.int32()), ("handled", pa.int64()),
@@ -70,17 +45,9 @@ RETRY_RESULT_SCHEMA = pa.schema([("segment", pa.int32()), ("attempt", pa.int32()
 
 
 @dataclass(frozen=True)
-class RetryOutcome:
-    """What a retry of the dead letters did."""
+class RetryPlan:
+    """What every task of a retry needs, pickled once for all of them."""
 
-    #: Dead letters handled this time: they are gone from the checkpoint.
-    handled: int = 0
-    #: Dead letters that failed again, or wait behind one of their key that did: they stay.
-    kept: int = 0
-
-
-@dataclass(frozen=True)
-class _RetryPlan:
     #: The tasks' view of the checkpoint: the retrying run, its claim.
     store: TaskStore
     handler: Callable[[dict[str, Any]], Any]
@@ -92,12 +59,13 @@ class _RetryPlan:
     checkpoint_id: str = ""
 
 
-def _retry_file_prefix(run_id: str) -> str:
+def retry_file_prefix(run_id: str) -> str:
+    """How the dead-letter files a retry of ``run_id`` writes begin."""
     return f"{run_id}-retry-"
 
 
-def _read_files(store: TaskStore, schema: pa.Schema, batches: Iterator[pa.RecordBatch]
-                ) -> Iterator[pa.RecordBatch]:
+def read_files(store: TaskStore, schema: pa.Schema, batches: Iterator[pa.RecordBatch]
+               ) -> Iterator[pa.RecordBatch]:
     """``mapInArrow``: file paths in, their dead letters out (in ``schema``)."""
     for batch in batches:
         for path in batch.column("path").to_pylist():
@@ -109,7 +77,7 @@ def _read_files(store: TaskStore, schema: pa.Schema, batches: Iterator[pa.Record
 class _RetryTask:
     """One segment's dead letters, in (key group, position) order, handed to a dispatcher."""
 
-    def __init__(self, plan: _RetryPlan, partition: int, attempt: int) -> None:
+    def __init__(self, plan: RetryPlan, partition: int, attempt: int) -> None:
         self.plan = plan
         self.partition, self.attempt = partition, attempt
         # A letter that fails again stays a dead letter: the retry never stops the run for it.
@@ -184,7 +152,7 @@ class _RetryTask:
                 int(batch.column(DEAD_KEY_GROUP)[row].as_py()),
                 f"{type(error).__name__}: {error} (retrying a dead letter)", failure.traceback)
         if self.kept and not self.plan.store.fenced():
-            name = f"{_retry_file_prefix(self.plan.store.run_id)}s{self.partition:05d}-a{self.attempt}"
+            name = f"{retry_file_prefix(self.plan.store.run_id)}s{self.partition:05d}-a{self.attempt}"
             self.plan.store.write_dead_letters(name, pa.concat_tables(self.kept))
         return None
 
@@ -196,14 +164,14 @@ class _RetryTask:
         }, schema=RETRY_RESULT_SCHEMA)
 
 
-def _retry_task(plan: _RetryPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def retry_task(plan: RetryPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function of a retry: one segment's dead letters in, one result row out;
     the worker ends should the driver's process end meanwhile."""
     with watching_driver(plan.store.driver):
         yield from _retry_segment(plan, batches)
 
 
-def _retry_segment(plan: _RetryPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def _retry_segment(plan: RetryPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     from pyspark import TaskContext
 
     context = TaskContext.get()
@@ -221,62 +189,3 @@ def _retry_segment(plan: _RetryPlan, batches: Iterator[pa.RecordBatch]) -> Itera
     finally:
         close_handler(plan.handler)
     yield task.result(failure)
-
-
-def retry_dead_letters(run: Run, segments: SegmentSet) -> RetryOutcome:
-    """Handle the checkpoint's dead letters again, each key's in order (the module's rule 3), for
-    ``run`` (its handler, as its options say), over ``segments``.
-
-    Raises :class:`~segack.spark_adapter.HandlerFailedError` when a call fails the run (a plain
-    call past its ``timeout``), :class:`~segack.spark_adapter.ReplayError` when the Spark job fails, and
-    :class:`~segack.spark_adapter.CheckpointError` for a dead-letter file it cannot read;
-    in each case every dead letter stays. Raises
-    :class:`~segack.spark_adapter.ClaimLostError`, removing nothing, when another run took
-    the checkpoint over.
-    """
-    from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    spark, store, run_id, key, keeper = run.spark, run.store, run.run_id, run.events.key, run.keeper
-    old = store.dead_letter_files()
-    if not old:
-        return RetryOutcome()
-    schemas = [found.remove_metadata() for found in map(store.dead_letter_schema, old) if found is not None]
-    if not schemas:
-        return RetryOutcome()
-    schema = pa.unify_schemas(schemas, promote_options="permissive")
-    if any(name not in schema.names for name in (*_FIELDS, key)):
-        raise CheckpointError(f"checkpoint {store.location}: its dead-letter files lack segack's columns")
-    columns = tuple(name for name in schema.names if name not in _FIELDS)
-    tasks = store.for_tasks(run_id, keeper.claim.number)
-    plan = _RetryPlan(store=tasks, handler=run.handler, key=key, columns=columns, schema=schema,
-                      handling=run.options.handling, checkpoint_id=run.checkpoint_id)
-    files = spark.createDataFrame([(path,) for path in old], "path string")
-    letters = files.repartition(max(1, min(len(old), len(segments)))).mapInArrow(
-        functools.partial(_read_files, tasks, schema), from_arrow_schema(schema))
-    ordered = (
-        letters.withColumn(_SEGMENT, member_index_column(F.col(DEAD_KEY_GROUP), segments))
-        .repartitionById(len(segments), _SEGMENT)
-        .sortWithinPartitions(DEAD_KEY_GROUP, DEAD_POSITION)
-        .drop(_SEGMENT)
-    )
-    written = functools.partial(store.dead_letter_files, _retry_file_prefix(run_id))
-    try:
-        results = ordered.mapInArrow(functools.partial(_retry_task, plan),
-                                     from_arrow_schema(RETRY_RESULT_SCHEMA)).toArrow()
-    except Exception as error:
-        store.delete_dead_letters(written())
-        raise ReplayError(f"retrying dead letters failed: {task_failure(error)}") from error
-    failures = [pickle.loads(blob) for blob in results.column("failure").to_pylist() if blob is not None]
-    if failures:
-        store.delete_dead_letters(written())
-        raise failures[0]
-    # Only the attempt whose result Spark kept counts; an earlier attempt's file is stale.
-    final = {f"s{segment:05d}-a{attempt}" for segment, attempt in zip(
-        results.column("segment").to_pylist(), results.column("attempt").to_pylist(), strict=True)}
-    prefix = _retry_file_prefix(run_id)
-    stale = [path for path in written() if path.rsplit("/", 1)[-1][len(prefix):-len(".parquet")] not in final]
-    keeper.check()
-    store.delete_dead_letters(stale + old)
-    return RetryOutcome(handled=sum(results.column("handled").to_pylist()),
-                        kept=sum(results.column("kept").to_pylist()))

@@ -10,7 +10,7 @@ new set resumes each key group where it stood. The rules:
    and no finer than the checkpoint's key groups. Anything else is a ``ValueError`` and nothing is
    written.
 2. **On a checkpoint no run holds**, the change takes a short claim of its own
-   (:mod:`~segack.spark_adapter.claims`), records the new set and releases the claim; the next run
+   (:mod:`~segack.spark_adapter.store.claims`), records the new set and releases the claim; the next run
    starts over the new set. The claim passes the progress of a crashed run on to the next run.
 3. **On a checkpoint a live run holds**, the change is recorded as a request
    (``CHECKPOINT/segments-request.json``) and the command returns at once: it never waits for the
@@ -40,19 +40,19 @@ import numpy as np
 
 from segack.errors import SegackValueError
 from segack.kernel import Segment, SegmentSet, plan_segments
-from segack.spark_adapter.checkpoint import Checkpoint, CheckpointError, CheckpointStore
-from segack.spark_adapter.claims import (
+from segack.spark_adapter.errors import OptionError, SegmentChangeError
+from segack.spark_adapter.options import check_claim_timeout
+from segack.spark_adapter.store.checkpoint import Checkpoint, CheckpointError, CheckpointStore
+from segack.spark_adapter.store.claims import (
     DEFAULT_CLAIM_TIMEOUT,
     CheckpointClaimedError,
     ClaimKeeper,
     acquire,
-    check_claim_timeout,
 )
-from segack.spark_adapter.errors import OptionError, SegmentChangeError
-from segack.spark_adapter.periodic import Periodic
+from segack.spark_adapter.store.periodic import Periodic
 
 if TYPE_CHECKING:
-    from segack.spark_adapter.tokens import KeyGroupTokens
+    from segack.spark_adapter.store.tokens import KeyGroupTokens
 
 __all__ = ["HISTORY_LENGTH", "Rescale", "SegmentChange", "merge", "scale", "split"]
 

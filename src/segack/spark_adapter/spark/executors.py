@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from segack._version import __version__
 from segack.spark_adapter.errors import ExecutorEnvironmentError, worker_error
-from segack.spark_adapter.session import (
+from segack.spark_adapter.spark.session import (
     default_segment_count,
     executors_share_local_disk,
     is_connect,
@@ -58,7 +58,7 @@ def executor_report(_: Any = None) -> str:
     report = {"python": sys.executable, "version": platform.python_version(), "host": platform.node()}
     try:
         import segack
-        import segack.spark_adapter.task  # numpy, pyarrow, the kernel: what a task needs
+        import segack.spark_adapter.worker.task  # numpy, pyarrow, the kernel: what a task needs
 
         report["segack"] = segack.__version__
     except Exception as error:

@@ -6,21 +6,21 @@ A checkpoint is a directory: a local path, an object store's prefix (``s3://``, 
     CHECKPOINT/checkpoint-N.json         the committed state, rewritten atomically (N: the claim)
     CHECKPOINT/progress/RUN-sN-aN.sgku   what each running task has finished (its updates)
     CHECKPOINT/progress/RUN.stop         asks the run's tasks to stop at their next flush
-    CHECKPOINT/claims/N.json             who runs on the checkpoint (:mod:`~segack.spark_adapter.claims`)
-    CHECKPOINT/dead-letters/*.parquet    events set aside (:mod:`~segack.spark_adapter.dead_letters`)
-    CHECKPOINT/segments-request.json     segments asked of the live run (:mod:`~segack.spark_adapter.rescale`)
+    CHECKPOINT/claims/N.json             who runs on the checkpoint (store/claims.py)
+    CHECKPOINT/dead-letters/*.parquet    events set aside (coordinator/dead_letters.py)
+    CHECKPOINT/segments-request.json     segments asked of the live run (store/rescale.py)
 
 The state file is named after the claim number of the run that wrote it
-(:mod:`~segack.spark_adapter.claims`); the newest is the checkpoint, and older ones are deleted
+(:mod:`~segack.spark_adapter.store.claims`); the newest is the checkpoint, and older ones are deleted
 once it is written, so a run fenced by a newer claim cannot bring its state back by saving late.
 It is one JSON object: ``format``, ``version``, ``segack`` (the
 version that wrote it), ``settings`` (the input's key, order, hash, column types,
 key-group resolution, segments, flush policy, status), ``tokens`` (the
-:class:`~segack.spark_adapter.tokens.KeyGroupTokens`, sealed and base64) and
+:class:`~segack.spark_adapter.store.tokens.KeyGroupTokens`, sealed and base64) and
 ``crc32`` of the canonical JSON of everything else. Its size depends on the
 number of key groups, never on the number of events.
 
-Every write is atomic (:mod:`~segack.spark_adapter.storage`): a reader sees the old file or the
+Every write is atomic (:mod:`~segack.spark_adapter.store.storage`): a reader sees the old file or the
 new one, never a torn one. A damaged checkpoint is refused with
 :class:`~segack.spark_adapter.CheckpointError` and never overwritten.
 
@@ -45,10 +45,10 @@ from typing import Any
 import pyarrow as pa
 
 from segack._version import __version__
-from segack.spark_adapter.driver_watch import DriverProcess
 from segack.spark_adapter.errors import CheckpointError, CheckpointLocationError, TokenError
-from segack.spark_adapter.storage import Files, LocalFiles, open_files
-from segack.spark_adapter.tokens import KeyGroupTokens, decode_updates, encode_updates
+from segack.spark_adapter.store.driver_watch import DriverProcess
+from segack.spark_adapter.store.storage import Files, LocalFiles, open_files
+from segack.spark_adapter.store.tokens import KeyGroupTokens, decode_updates, encode_updates
 
 __all__ = ["Checkpoint", "CheckpointError", "CheckpointStore", "TaskStore", "resolve_location"]
 
@@ -65,9 +65,10 @@ STOP_SUFFIX = ".stop"
 #: Where tasks write the events they did not handle (``on_error="dead-letter"``), as Parquet:
 #: the event's columns and these.
 DEAD_LETTERS_DIR = "dead-letters"
-#: Where runs claim the checkpoint (:mod:`segack.spark_adapter.claims`).
+#: Where runs claim the checkpoint (:mod:`segack.spark_adapter.store.claims`).
 CLAIMS_DIR = "claims"
-#: A change of segments asked of the run that holds the checkpoint (:mod:`segack.spark_adapter.rescale`).
+#: A change of segments asked of the run that holds the checkpoint
+#: (:mod:`segack.spark_adapter.store.rescale`).
 SEGMENTS_REQUEST = "segments-request.json"
 DEAD_ERROR = "__segack_error"
 DEAD_ATTEMPTS = "__segack_attempts"
@@ -460,7 +461,7 @@ class TaskStore:
     a stop request and for a claim newer than theirs, ``claim_number``.
 
     It pickles as its location, run, claim and ``driver`` (the run's driver process, which tasks
-    on its machine watch: :mod:`~segack.spark_adapter.driver_watch`): a task carries nothing else
+    on its machine watch: :mod:`~segack.spark_adapter.store.driver_watch`): a task carries nothing else
     of the checkpoint.
     """
 

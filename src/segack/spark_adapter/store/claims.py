@@ -26,10 +26,10 @@ The rules:
 Object stores (S3, GCS, Azure) create claims with their conditional writes. On a store that
 offers neither an exclusive create nor a rename that refuses to replace (other :mod:`pyarrow.fs`
 file systems), a claim is created by looking first: two runs that start within the same moment could
-both believe they hold it. :attr:`~segack.spark_adapter.checkpoint.CheckpointStore.claims_are_atomic`
+both believe they hold it. :attr:`~segack.spark_adapter.store.checkpoint.CheckpointStore.claims_are_atomic`
 says which, and ``segack status`` shows it. A driver paused between its check and its save
 writes the state file of its own, older claim number, which the checkpoint ignores
-(:meth:`~segack.spark_adapter.checkpoint.CheckpointStore.load` reads the newest).
+(:meth:`~segack.spark_adapter.store.checkpoint.CheckpointStore.load` reads the newest).
 """
 
 from __future__ import annotations
@@ -47,16 +47,15 @@ from segack.spark_adapter.errors import (
     CheckpointClaimedError,
     CheckpointError,
     ClaimLostError,
-    OptionError,
     TokenError,
 )
-from segack.spark_adapter.periodic import Periodic
+from segack.spark_adapter.store.periodic import Periodic
 
 if TYPE_CHECKING:
-    from segack.spark_adapter.checkpoint import Checkpoint, CheckpointStore
+    from segack.spark_adapter.store.checkpoint import Checkpoint, CheckpointStore
 
 __all__ = ["DEFAULT_CLAIM_TIMEOUT", "CheckpointClaimedError", "Claim", "ClaimKeeper", "ClaimLostError",
-           "acquire", "check_claim_timeout", "force_release", "latest_claim", "previous_run",
+           "acquire", "force_release", "latest_claim", "previous_run",
            "recorded_state", "unmerged_progress"]
 
 #: Seconds a claim lives without being extended, unless a run says otherwise.
@@ -127,13 +126,6 @@ class Claim:
 
     def owner(self) -> str:
         return f"run {self.run_id} (pid {self.pid} on {self.host})"
-
-
-def check_claim_timeout(value: Any) -> float:
-    """``value`` as a claim timeout; a ``ValueError`` unless it is a positive number of seconds."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise OptionError(f"claim_timeout must be a positive number of seconds, not {value!r}")
-    return float(value)
 
 
 def latest_claim(store: CheckpointStore) -> Claim | None:

@@ -16,7 +16,7 @@ whose committed point (:attr:`Dispatcher.committed_rows`: every row below it is 
 the task may record as done: a crash never skips an unfinished event.
 
 Retries, failures, dead letters and parked keys follow the task's
-:class:`~segack.spark_adapter.sequencing.Rules`, as the task's own loop does at concurrency 1. The
+:class:`~segack.spark_adapter.worker.sequencing.Rules`, as the task's own loop does at concurrency 1. The
 first failure that stops the run stops the dispatcher: no further event starts, the calls in
 flight finish, and :attr:`Dispatcher.failure` holds the failing row, event and error. The failing
 row is never done, so the committed point stops before it. With ``on_error="dead-letter"`` a
@@ -31,7 +31,7 @@ value another call holds. A list waits to fill up to ``batch_size``; it starts n
 task has nothing more to offer for now (:meth:`Dispatcher.send_partial`: the end of the batch
 of input it has, a flush, the end) or when the pending bound is reached. Its retries and, under
 ``on_error="dead-letter"``, its narrowing to the events that fail follow
-:func:`~segack.spark_adapter.sequencing.call_plan`.
+:func:`~segack.spark_adapter.worker.sequencing.call_plan`.
 
 A dispatcher is not itself a thread: ``offer`` and the waits are called by the task's thread.
 A plain ``def`` handler runs on a pool of ``concurrency`` threads (at concurrency 1 with no
@@ -45,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import heapq
-import inspect
 import threading
 import time
 import traceback
@@ -57,8 +56,9 @@ from typing import Any
 from segack._shared import SEQUENCING_POLICIES
 from segack.errors import SegackTypeError
 from segack.kernel import OffsetAcker
+from segack.spark_adapter.handlers import is_async
 from segack.spark_adapter.options import Handling, OnError
-from segack.spark_adapter.sequencing import (
+from segack.spark_adapter.worker.sequencing import (
     PARKED,
     Attempt,
     DeadLetter,
@@ -73,7 +73,7 @@ from segack.spark_adapter.sequencing import (
     sequencing_value,
 )
 
-__all__ = ["ON_ERROR", "PARKED", "POLICIES", "DeadLetter", "Dispatcher", "Failure", "Handling", "is_async",
+__all__ = ["ON_ERROR", "PARKED", "POLICIES", "DeadLetter", "Dispatcher", "Failure", "Handling",
            "retry_after_failure", "sequencing_value"]
 
 #: What a failure (after its retries) stops: the run, or only its key (its events become dead letters).
@@ -82,13 +82,6 @@ ON_ERROR = tuple(choice.value for choice in OnError)
 #: How the sequencing value of an event is chosen: its key, one value for all (one event in
 #: flight), or the row itself (no order between any two events).
 POLICIES = SEQUENCING_POLICIES
-
-
-def is_async(handler: Callable[..., Any]) -> bool:
-    """Whether calling ``handler`` gives a coroutine to await (an ``async def`` function, or an
-    object whose ``__call__`` is one)."""
-    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
-        getattr(handler, "__call__", None))  # noqa: B004  (the method itself, not callable())
 
 
 def _call_now(call: Callable[[], None]) -> None:
@@ -121,7 +114,8 @@ class Dispatcher:
         elif settings:
             raise SegackTypeError("give a Handling or its settings as keywords, not both")
         self.handling = handling
-        #: The task's sequencing rules: parked keys, poisoned keys (:mod:`~segack.spark_adapter.sequencing`).
+        #: The task's sequencing rules: parked keys, poisoned keys
+        #: (:mod:`~segack.spark_adapter.worker.sequencing`).
         self.rules = Rules(handling, key_of, parked)
         # The dead letters not yet taken by the task.
         self._dead: list[DeadLetter] = []

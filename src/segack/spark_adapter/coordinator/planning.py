@@ -16,10 +16,10 @@ import numpy as np
 import pyarrow as pa
 
 from segack.kernel import SegmentSet, plan_segments
-from segack.spark_adapter.columns import hash_column
 from segack.spark_adapter.errors import InputError, OptionError
-from segack.spark_adapter.session import default_segment_count
-from segack.spark_adapter.tokens import DEFAULT_KEY_GROUP_BITS, KeyGroupTokens
+from segack.spark_adapter.spark.columns import hash_column
+from segack.spark_adapter.spark.session import default_segment_count
+from segack.spark_adapter.store.tokens import DEFAULT_KEY_GROUP_BITS, KeyGroupTokens
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from segack.kernel import SegmentSet
-from segack.spark_adapter.columns import hash_column, member_index_column
 from segack.spark_adapter.errors import ForeignInputError, InputError
-from segack.spark_adapter.task import KG, RESULT_SCHEMA, TIE, TaskPlan, run_task
-from segack.spark_adapter.tokens import KeyGroupTokens
+from segack.spark_adapter.spark.columns import hash_column, member_index_column
+from segack.spark_adapter.store.tokens import KeyGroupTokens
+from segack.spark_adapter.worker.task import KG, RESULT_SCHEMA, TIE, TaskPlan, run_task
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame

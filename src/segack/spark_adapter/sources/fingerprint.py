@@ -34,7 +34,7 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any
 
-from segack.spark_adapter.session import is_connect
+from segack.spark_adapter.spark.session import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

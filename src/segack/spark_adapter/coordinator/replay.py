@@ -7,7 +7,7 @@ How a run goes (:ref:`replay-at-scale` explains key groups and tokens):
    their count and the digest of their ties (every column of every row). A
    checkpoint of other input is refused before anything runs. A fresh run has
    nothing to verify and skips the pass; so does a run whose input has the
-   fingerprint the checkpoint recorded (:mod:`~segack.spark_adapter.fingerprint`:
+   fingerprint the checkpoint recorded (:mod:`~segack.spark_adapter.sources.fingerprint`:
    the same query over the same unchanged files), unless ``verify="always"``.
 2. **Resume filter.** Where the checkpoint has a boundary for a key group, a
    broadcast join against those boundaries keeps only the events whose sort
@@ -16,7 +16,7 @@ How a run goes (:ref:`replay-at-scale` explains key groups and tokens):
 3. **One shuffle.** Each event goes to the partition of the segment owning its
    key group (``repartitionById``) and is sorted there by its sort key. No
    stage gathers events into one partition.
-4. **Tasks** (:mod:`segack.spark_adapter.task`) number each key group's events,
+4. **Tasks** (:mod:`segack.spark_adapter.worker.task`) number each key group's events,
    call the handler in order, and write their per-key-group updates to the
    checkpoint's ``progress/`` as they go; each returns its final updates in the
    job's result too.
@@ -28,9 +28,9 @@ How a run goes (:ref:`replay-at-scale` explains key groups and tokens):
 
 State on both sides is one entry per key group: it does not grow with events.
 
-Who does what: :mod:`~segack.spark_adapter.events` builds the queries (steps 1-3), a
-:class:`~segack.spark_adapter.run.Run` coordinates the run on the driver (step 5) and starts its
-:mod:`~segack.spark_adapter.job` (one per segment set), whose tasks do step 4.
+Who does what: :mod:`~segack.spark_adapter.spark.events` builds the queries (steps 1-3), a
+:class:`~segack.spark_adapter.coordinator.run.Run` coordinates the run on the driver (step 5) and starts its
+:mod:`~segack.spark_adapter.coordinator.job` (one per segment set), whose tasks do step 4.
 """
 
 from __future__ import annotations
@@ -44,18 +44,25 @@ import pyarrow as pa
 
 from segack.errors import SegackTypeError
 from segack.kernel import SegmentSet
-from segack.spark_adapter.checkpoint import Checkpoint, CheckpointStore
+from segack.spark_adapter.coordinator.planning import plan
+from segack.spark_adapter.coordinator.run import (
+    Run,
+    check_location,
+    check_session,
+    claimed,
+    new_run_id,
+    resolution,
+)
 from segack.spark_adapter.errors import HandlerFailedError, OptionError, ReplayError, worker_error
-from segack.spark_adapter.events import EventInput, check_same_setup
-from segack.spark_adapter.executors import check_executors
-from segack.spark_adapter.fingerprint import input_fingerprint
 from segack.spark_adapter.options import RunOptions, takes_options
-from segack.spark_adapter.planning import plan
-from segack.spark_adapter.rescale import pending_change, record_segments
 from segack.spark_adapter.results import Progress, ReplayResult
-from segack.spark_adapter.run import Run, check_location, check_session, claimed, new_run_id, resolution
-from segack.spark_adapter.session import default_segment_count
-from segack.spark_adapter.tokens import KeyGroupTokens
+from segack.spark_adapter.sources.fingerprint import input_fingerprint
+from segack.spark_adapter.spark.events import EventInput, check_same_setup
+from segack.spark_adapter.spark.executors import check_executors
+from segack.spark_adapter.spark.session import default_segment_count
+from segack.spark_adapter.store.checkpoint import Checkpoint, CheckpointStore
+from segack.spark_adapter.store.rescale import pending_change, record_segments
+from segack.spark_adapter.store.tokens import KeyGroupTokens
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -202,15 +209,10 @@ def replay(
         # Read again under the claim: the previous owner may have saved in between.
         setup = _Setup(df, store, key, order, run_options, chosen if applied is None else applied.segment_set)
         state = setup.state
-        previous = state.settings
-        state.settings = {
-            **previous, "source": run_options.source if run_options.source is not None else previous.get(
-                "source"),
-            "key": key, "order": order, "hash": run_options.hash, **setup.events.column_types,
-            "key_group_bits": setup.bits, "runs": int(previous.get("runs", 0)) + 1, "run_id": run_id,
-            "flush_every": run_options.flush_every, "flush_interval": run_options.flush_interval,
-            "started_at": time.time(), "updated_at": time.time(), "status": "running",
-        }
+        settings = state.settings  # Run records how the run handles its input; these are the replay's
+        if run_options.source is not None:
+            settings["source"] = run_options.source
+        settings.update(runs=int(settings.get("runs", 0)) + 1, run_id=run_id, started_at=time.time())
         record_segments(state, setup.segments, f"start of run {run_id}" if applied is None else
                         f"{applied.why} (by {applied.by}), at the start of run {run_id}")
         counts = Run(setup.events, state, keeper, run_options, handler, progress).execute(

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from segack.spark_adapter.checkpoint import resolve_location
 from segack.spark_adapter.errors import InputError
+from segack.spark_adapter.store.checkpoint import resolve_location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
