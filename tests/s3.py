@@ -3,8 +3,6 @@ loopback port, started once for the test run and stopped after, reached the stan
 
 from __future__ import annotations
 
-import ctypes
-import signal
 import subprocess
 import sys
 import tempfile
@@ -13,20 +11,11 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tests.ports import free_port
-
-PR_SET_PDEATHSIG = 1
+from tests.ports import ends_with_its_parent, free_port
 
 #: What every client of the server needs in its environment (Spark's workers included).
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-def _ends_with_its_parent() -> None:
-    """In the server's process before it starts: a SIGTERM when the test process ends, even one
-    killed before its fixtures' teardown (mutmut kills a test run past its time limit)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @contextmanager
@@ -38,7 +27,7 @@ def s3_server() -> Iterator[str]:
     # block every request (and the server's exit) on its log line.
     with tempfile.TemporaryFile() as log:
         server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                  stdout=subprocess.DEVNULL, stderr=log, preexec_fn=_ends_with_its_parent)
+                                  stdout=subprocess.DEVNULL, stderr=log, preexec_fn=ends_with_its_parent)
         try:
             deadline = time.monotonic() + 60
             while True:

@@ -25,7 +25,7 @@ import pytest
 
 from segack.demo import generate_events
 from segack.spark_adapter.store.checkpoint import CheckpointStore
-from tests import expected
+from tests import expected, jvm
 from tests.ports import free_port
 
 pytestmark = [
@@ -82,8 +82,9 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def _environment() -> dict[str, str]:
+    # The cluster's own JVMs (master, worker) start with the drivers' quick options (tests/jvm.py).
     return dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
-                SPARK_HOME=_spark_home())
+                SPARK_HOME=_spark_home(), SPARK_DAEMON_JAVA_OPTS=" ".join(jvm.QUICK))
 
 
 @pytest.fixture
@@ -98,6 +99,8 @@ def workdir(tmp_path: Path) -> Path:
 def _replay(workdir: Path, handler: str, checkpoint: str, *extra: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "segack", "replay", "events.parquet", "--key", "user", "--order", "ts",
                "--handler", f"cluster_handlers:{handler}", "--checkpoint", checkpoint, *extra]
+    if "--remote" not in extra:  # the executors' JVMs start quick too (tests/jvm.py)
+        command += ["--conf", f"spark.executor.extraJavaOptions={' '.join(jvm.QUICK)}"]
     # Run from the working directory with nothing of the repository on the path.
     environment = _environment()
     environment.pop("PYTHONPATH", None)
@@ -127,6 +130,8 @@ def test_local_cluster_with_a_relative_checkpoint_records_everything(workdir):
     assert len(pids) >= 2, "the events were not handled in separate executors"
 
 
+@pytest.mark.checkpoint
+@pytest.mark.claims
 def test_local_cluster_with_a_checkpoint_on_s3_records_everything_and_says_its_claims_are_atomic(workdir, s3):
     """Executors in separate JVMs write their progress to an S3 API server (moto's, on loopback),
     reached from the environment they inherit (``AWS_ENDPOINT_URL``, credentials)."""
@@ -261,7 +266,7 @@ def test_executors_without_segack_are_refused_at_once_then_run_from_a_packed_env
     _install_this_segack(_python_environment(here / "env"), here)
     archive = workdir / "segack-env.tar.gz"
     subprocess.run([shutil.which("venv-pack") or "venv-pack", "-p", str(here / "env"), "-o", str(archive),
-                    "-q"], check=True, capture_output=True, timeout=600)
+                    "--compress-level", "1", "-q"], check=True, capture_output=True, timeout=600)
     done = _replay(workdir, "record", "ck", *cluster, "--segments", "3",
                    "--conf", "spark.archives=segack-env.tar.gz#environment",
                    "--conf", "spark.pyspark.python=./environment/bin/python")

@@ -145,6 +145,7 @@ def test_replay_refuses_events_without_a_place_in_their_keys_order(spark, tmp_pa
 
 
 @pytest.mark.spark
+@pytest.mark.checkpoint
 def test_a_checkpoint_of_other_input_is_refused_and_left_byte_for_byte(spark, tmp_path, capsys):
     from segack.spark_adapter import replay
 

@@ -155,6 +155,7 @@ def test_with_identity_marks_a_function(spark, tmp_path):
     assert len(lines) == 300 and all(user == key for user, key, _ in lines)
 
 
+@pytest.mark.handlers
 def test_dead_letters_in_lists_set_aside_only_the_failing_event_and_its_keys_later_ones(spark, tmp_path):
     table = generate_events(3000, seed=54)
     pairs = _pairs(table)
@@ -176,6 +177,7 @@ def test_dead_letters_in_lists_set_aside_only_the_failing_event_and_its_keys_lat
     _assert_exactly_once(*_sqlite_state(database), table)
 
 
+@pytest.mark.streams
 def test_a_micro_batch_delivered_twice_applies_nothing_twice(spark, tmp_path):
     """Spark's foreachBatch is at least once: the query may run a batch again after it crashed. Here
     the segack checkpoint is also behind (restored), so only the sink stands between the batch and a
@@ -237,6 +239,8 @@ def _recorded_done(tmp_path):
     return tokens.done
 
 
+@pytest.mark.rescale
+@pytest.mark.command
 def test_runs_killed_resumed_over_other_segments_and_split_apply_each_event_once(tmp_path, pg_database):
     total = 16_000
     table = generate_events(total, seed=56)
@@ -267,6 +271,8 @@ def test_runs_killed_resumed_over_other_segments_and_split_apply_each_event_once
     _assert_exactly_once(*_pg_state(pg_database), table)
 
 
+@pytest.mark.claims
+@pytest.mark.command
 def test_a_paused_run_taken_over_then_woken_applies_nothing_twice(tmp_path, pg_database):
     total = 12_000
     table = generate_events(total, seed=57)
@@ -288,6 +294,7 @@ def test_a_paused_run_taken_over_then_woken_applies_nothing_twice(tmp_path, pg_d
     _assert_exactly_once(*_pg_state(pg_database), table)
 
 
+@pytest.mark.command
 def test_a_sink_that_cannot_start_is_refused_before_any_event(tmp_path, postgres, capsys):
     table = generate_events(500, seed=58)
     pq.write_table(table, tmp_path / "events.parquet")

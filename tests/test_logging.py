@@ -38,6 +38,7 @@ def _dead_pid():
     return process.pid
 
 
+@pytest.mark.claims
 def test_claims_taken_taken_over_released_and_forced(store, caplog):
     caplog.set_level(logging.INFO, logger="segack")
     location = store.location
@@ -58,6 +59,7 @@ def test_claims_taken_taken_over_released_and_forced(store, caplog):
     ]
 
 
+@pytest.mark.claims
 def test_a_claim_whose_owner_died_is_taken_over_and_said_so(store, caplog):
     caplog.set_level(logging.INFO, logger="segack")
     crashed = acquire(store, "crashed", 3600)
@@ -68,6 +70,7 @@ def test_a_claim_whose_owner_died_is_taken_over_and_said_so(store, caplog):
                     f"outlived its process") in _lines(caplog)
 
 
+@pytest.mark.claims
 def test_a_keeper_says_when_it_could_not_extend_or_release_and_when_its_claim_was_lost(store, caplog):
     caplog.set_level(logging.INFO, logger="segack")
     claim = acquire(store, "run", 60)
@@ -98,6 +101,7 @@ def test_a_keeper_says_when_it_could_not_extend_or_release_and_when_its_claim_wa
     assert _lines(caplog) == []  # lost already: nothing to release, nothing more to say
 
 
+@pytest.mark.claims
 def test_a_claim_another_run_took_is_said_lost_at_the_end_not_released(store, caplog):
     caplog.set_level(logging.INFO, logger="segack")
     claim = acquire(store, "run", 60)
@@ -118,6 +122,7 @@ def _checkpoint(tmp_path):
     return store
 
 
+@pytest.mark.rescale
 def test_changes_of_segments_are_said_recorded_or_asked(tmp_path, caplog):
     store = _checkpoint(tmp_path)
     caplog.set_level(logging.INFO, logger="segack.spark_adapter.store.rescale")
@@ -130,6 +135,7 @@ def test_changes_of_segments_are_said_recorded_or_asked(tmp_path, caplog):
     ]
 
 
+@pytest.mark.rescale
 def test_the_watcher_says_once_why_it_ignores_a_request_and_when_it_sees_a_change(tmp_path, caplog):
     store = _checkpoint(tmp_path)
     caplog.set_level(logging.INFO, logger="segack.spark_adapter.store.rescale")

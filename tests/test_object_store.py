@@ -41,6 +41,7 @@ def test_an_object_store_keeps_the_files_promises(s3):
         files.parquet_source(files.path("dead-letters", "x.parquet"))
 
 
+@pytest.mark.claims
 def test_of_many_runs_claiming_an_s3_checkpoint_at_once_exactly_one_wins(s3):
     """The create is the store's conditional PUT (``If-None-Match: *``): were it a plain PUT, every
     claimant would believe it had won."""
@@ -69,6 +70,8 @@ def test_of_many_runs_claiming_an_s3_checkpoint_at_once_exactly_one_wins(s3):
                           winners[0].__class__(**{**winners[0].__dict__, "released": True}).to_bytes())
 
 
+@pytest.mark.claims
+@pytest.mark.command
 def test_status_of_an_s3_checkpoint_says_its_claims_are_atomic(s3, capsys):
     store = CheckpointStore(f"{s3}/ck")
     store.save(Checkpoint({"key": "user", "status": "complete"}))
@@ -138,6 +141,7 @@ def _refused(arguments, environment):
     ("an unreachable endpoint", "cannot reach the store"),
     ("a bucket that does not exist", "the store answered 404 Not Found (NoSuchBucket)"),
 ])
+@pytest.mark.command
 def test_an_s3_checkpoint_it_cannot_use_is_refused_in_one_line_before_spark_starts(
         s3, s3_endpoint, tmp_path, case, reason):
     pq.write_table(generate_events(20), tmp_path / "events.parquet")
@@ -174,6 +178,8 @@ def _replay(tmp_path, checkpoint, segments, run, extra=(), handler="record_slowl
 
 
 @pytest.mark.spark
+@pytest.mark.rescale
+@pytest.mark.command
 def test_a_replay_on_s3_killed_and_resumed_with_other_segments_does_every_event(s3, tmp_path):
     import signal
     import time
@@ -206,6 +212,8 @@ def test_a_replay_on_s3_killed_and_resumed_with_other_segments_does_every_event(
 
 
 @pytest.mark.spark
+@pytest.mark.claims
+@pytest.mark.command
 def test_two_replays_started_at_once_on_s3_one_runs_and_the_other_is_refused_naming_it(s3, tmp_path):
     from tests.spark_handlers import read_log
 

@@ -106,6 +106,7 @@ def _completed_batch(checkpoint):
     return -1 if state is None else state.settings.get("stream", {}).get("completed_batch", -1)
 
 
+@pytest.mark.streams
 def test_a_stream_scaled_while_it_runs_and_killed_once_keeps_each_keys_order_and_loses_nothing(tmp_path):
     from segack.spark_adapter import scale
 
@@ -169,6 +170,7 @@ def test_a_stream_scaled_while_it_runs_and_killed_once_keeps_each_keys_order_and
     assert int(state.tokens.committed.sum()) == files * size
 
 
+@pytest.mark.streams
 def test_a_change_asked_during_a_micro_batch_applies_at_the_next_one(spark, tmp_path):
     from segack.spark_adapter import foreach_batch
     from segack.spark_adapter.store.rescale import pending_change
@@ -193,6 +195,7 @@ def test_a_change_asked_during_a_micro_batch_applies_at_the_next_one(spark, tmp_
     assert_each_key_in_order(handled, table)
 
 
+@pytest.mark.streams
 def test_a_stream_with_auto_segments_plans_from_the_load_so_far_and_does_not_flap(spark, tmp_path):
     import pyarrow as pa
 

@@ -166,6 +166,7 @@ def _overlapping(handled):
 
 
 @pytest.mark.parametrize("recorder", [TimedRecorder, AsyncTimedRecorder], ids=["threads", "async"])
+@pytest.mark.handlers
 def test_concurrent_calls_keep_each_keys_order_and_record_everything(spark, tmp_path, recorder):
     table = generate_events(3000, seed=21)
     frame = spark.createDataFrame(table)
@@ -190,6 +191,7 @@ def test_concurrent_calls_keep_each_keys_order_and_record_everything(spark, tmp_
     assert (reports[-1].in_flight, reports[-1].pending, reports[-1].done) == (0, 0, 3000)
 
 
+@pytest.mark.handlers
 def test_the_sequential_policy_runs_one_call_at_a_time(spark, tmp_path):
     table = generate_events(300, seed=22)
     log = str(tmp_path / "log.jsonl")
@@ -209,6 +211,7 @@ def _events_and_their_busiest_user(spark, tmp_path, count, seed):
     return table, frame, busiest, str(tmp_path / "log.jsonl"), str(tmp_path / "checkpoint")
 
 
+@pytest.mark.handlers
 def test_a_concurrent_failure_names_the_event_and_a_resume_finishes_in_order(spark, tmp_path):
     table, frame, heavy, log, checkpoint = _events_and_their_busiest_user(spark, tmp_path, 2000, 23)
     with pytest.raises(HandlerFailedError) as failure:
@@ -225,6 +228,7 @@ def test_a_concurrent_failure_names_the_event_and_a_resume_finishes_in_order(spa
     assert_each_key_in_order(read_log(log), table)
 
 
+@pytest.mark.handlers
 def test_a_retried_call_completes_the_run_and_without_retries_the_failure_counts_attempts(spark, tmp_path):
     table, frame, heavy, log, checkpoint = _events_and_their_busiest_user(spark, tmp_path, 600, 24)
     result = replay(frame, key="user", order="ts", handler=FailsFirstTime(log, (heavy, 3)),
@@ -237,6 +241,7 @@ def test_a_retried_call_completes_the_run_and_without_retries_the_failure_counts
     assert failure.value.reason == "ValueError: the handler refuses this event (after 3 attempts)"
 
 
+@pytest.mark.handlers
 def test_a_call_past_its_timeout_fails_the_run_and_names_the_event(spark, tmp_path):
     _, frame, heavy, _, checkpoint = _events_and_their_busiest_user(spark, tmp_path, 400, 25)
     began = time.monotonic()
@@ -249,6 +254,7 @@ def test_a_call_past_its_timeout_fails_the_run_and_names_the_event(spark, tmp_pa
 
 
 @pytest.mark.parametrize("concurrency", [1, 6])
+@pytest.mark.handlers
 def test_dead_letters_hold_each_failure_and_its_keys_later_events_and_the_rest_runs(
         spark, tmp_path, concurrency, capsys):
     from segack.cli import main
@@ -303,6 +309,7 @@ def _keys_and_seqs(letters):
 
 
 @pytest.mark.parametrize("concurrency", [1, 6])
+@pytest.mark.handlers
 def test_a_parked_key_waits_behind_its_dead_letters_until_a_retry_handles_them_in_order(
         spark, tmp_path, concurrency):
     table, frame, heavy, log, checkpoint = _events_and_their_busiest_user(spark, tmp_path, 2000, 27)
@@ -348,6 +355,8 @@ def test_a_parked_key_waits_behind_its_dead_letters_until_a_retry_handles_them_i
     assert_each_key_in_order(handled, grown)
 
 
+@pytest.mark.handlers
+@pytest.mark.streams
 def test_a_stream_parks_a_failed_key_across_batches_and_retries_it_when_restarted_with_the_option(
         spark, tmp_path):
     from segack.spark_adapter import foreach_batch
@@ -531,6 +540,7 @@ def _state_bytes(checkpoint):
     return Path(CheckpointStore(str(checkpoint)).state_file()).read_bytes()
 
 
+@pytest.mark.checkpoint
 def test_a_damaged_checkpoint_is_refused_and_left_untouched(spark, tmp_path):
     frame = spark.createDataFrame(generate_events(500, seed=9))
     checkpoint = tmp_path / "checkpoint"
@@ -548,6 +558,7 @@ def test_a_damaged_checkpoint_is_refused_and_left_untouched(spark, tmp_path):
     assert not log.exists()
 
 
+@pytest.mark.checkpoint
 def test_a_checkpoint_written_by_0_1_0_is_refused_with_its_version_and_kept(spark, tmp_path):
     old = {"format": "segack-checkpoint", "version": 1, "settings": {"key": "user"}, "acker": "AAAA"}
     old["crc32"] = zlib.crc32(json.dumps(old, sort_keys=True, separators=(",", ":")).encode())
@@ -673,6 +684,7 @@ def test_the_key_group_resolution_is_fixed_by_the_first_run(spark, tmp_path):
     assert not (tmp_path / "b.jsonl").exists()
 
 
+@pytest.mark.checkpoint
 def test_checkpoint_round_trip_and_every_damage_is_refused(tmp_path):
     from segack.spark_adapter.store.checkpoint import Checkpoint
 
@@ -733,6 +745,7 @@ def test_a_finished_run_is_recorded_from_the_job_results_when_progress_files_go_
     assert store.progress_files() == []
 
 
+@pytest.mark.streams
 def test_foreach_batch_replays_a_stream_in_order_and_skips_redelivered_batches(spark, tmp_path):
     from segack.spark_adapter import foreach_batch
 
@@ -835,6 +848,7 @@ def _peak_checkpoint_bytes(spark, tmp_path, count):
     return max(peak[0], store.size_bytes())
 
 
+@pytest.mark.checkpoint
 def test_the_checkpoint_does_not_grow_with_the_number_of_events(spark, tmp_path):
     """Peak bytes of the state file and progress files during a run: 10x the events, about the same
     size. Both runs have events in all 256 key groups, so only the number of events differs."""
@@ -893,6 +907,7 @@ def test_plan_refuses_bad_settings(spark, options, match):
         plan(spark.createDataFrame(_skewed(10, 0.5, seed=2)), **options)
 
 
+@pytest.mark.rescale
 def test_a_replay_over_auto_segments_plans_them_first_and_keeps_each_keys_order(spark, tmp_path):
     from segack.spark_adapter.coordinator.planning import plan
 
