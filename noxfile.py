@@ -1,4 +1,4 @@
-"""Sessions: tests, quick, sdist, wheel, fuzz, conformance, lint, docs, mutation, bench.
+"""Sessions: tests, connectors, quick, sdist, wheel, fuzz, conformance, lint, docs, mutation, bench.
 ``nox -l`` lists them."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["tests", "sdist", "fuzz", "conformance", "lint", "docs"]
+nox.options.sessions = ["tests", "connectors", "sdist", "fuzz", "conformance", "lint", "docs"]
 # uv installs the sessions' dependencies in half the time pip takes; plain venv and pip without it.
 nox.options.default_venv_backend = "uv|venv"
 
@@ -19,6 +19,9 @@ HERE = Path(__file__).parent
 VECTORS = ("segack-spec.jsonl", "axon-sample.jsonl")
 COMPILED = ("acker", "hashes", "partitioner", "segments")
 FUZZ_TARGETS = ("acker_restore", "checkpoint_bytes")
+#: The PySpark of ``nox -s connectors``: Spark's Kafka connector and delta-spark are on Maven Central
+#: for it (the installed PySpark is newer than either).
+CONNECTORS_SPARK = "4.2.0"
 #: What a build reads: a wheel built from the same contents is reused.
 BUILD_INPUTS = ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE")
 #: The tests that prove an artifact (sdist, wheel): the kernel is the artifact's and keeps the
@@ -69,9 +72,20 @@ def run_pytest(session: nox.Session, whole: tuple[str, ...]) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Install segack (not editable) with its test extras and run pytest."""
+    """Install segack (not editable) with its test extras and run pytest: everything but the
+    connectors' tests (``nox -s connectors``)."""
     install_segack(session, "test")
-    run_pytest(session, ())
+    run_pytest(session, ("-m", "not kafka and not delta"))
+
+
+@nox.session
+def connectors(session: nox.Session) -> None:
+    """The Kafka and Delta tests, on the newest PySpark their connectors are released for: a real
+    Kafka broker from Maven Central's jars, Spark's Kafka connector and delta-spark's jars resolved
+    the same way (``tests/maven.py``), confluent-kafka to produce and inspect."""
+    install_segack(session, "test", f"pyspark[connect]=={CONNECTORS_SPARK}", "confluent-kafka")
+    session.run("python", "-m", "tests.maven")  # resolved ahead: the tests' times are their own
+    run_pytest(session, ("-m", "kafka or delta"))
 
 
 @nox.session

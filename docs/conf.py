@@ -31,7 +31,7 @@ nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"(pyspark|numpy|npt|pyarrow|pa|np)\..*"),
     (r"py:.*", r"(Any|Callable|Iterator|Iterable|AsyncIterable|AsyncIterator|TextIO|Sequence)"),
-    (r"py:.*", r"(Column|DataFrame|SparkSession)"),
+    (r"py:.*", r"(Column|DataFrame|SparkSession|StructType|StreamingQuery)"),
     (r"py:.*", r"(collections\.abc|typing)\..*"),
     (r"py:class", r"segack\.(specs\.snapshot|spark_adapter\.coordinator\.replay)\..*"),
     # Private types in signatures: what an error reads of a claim, what a run calls per event.

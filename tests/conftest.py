@@ -23,6 +23,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 IMPLEMENTATIONS = {"kernel": segack.kernel, "spec": segack.specs}
 #: ``SPARK_SUBMIT_OPTS`` as the test run found it.
 _USERS_SUBMIT_OPTS = os.environ.get("SPARK_SUBMIT_OPTS")
+#: What this process's Spark session needs for the connectors' tests the run selected.
+_CONNECTORS: dict[str, str] = {}
 
 
 
@@ -42,6 +44,7 @@ AREAS = {
     "test_command_refusals.py": ("command",),
     "test_commits.py": ("kernel",),
     "test_conformance_and_cli.py": ("kernel", "smoke"),
+    "test_delta.py": ("streams",),
     "test_dispatch_machine.py": ("handlers",),
     "test_durations_check.py": (),
     "test_driver_watch.py": ("claims",),
@@ -51,6 +54,7 @@ AREAS = {
     "test_fingerprint.py": ("checkpoint",),
     "test_hashes.py": ("kernel",),
     "test_hashes_jvm.py": ("kernel",),
+    "test_kafka.py": ("streams",),
     "test_layout.py": (),
     "test_logging.py": ("command",),
     "test_mutation_check.py": (),
@@ -91,6 +95,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     with less CPU (tests/jvm.py)."""
     if any(item.get_closest_marker("spark") for item in session.items):
         os.environ["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, [_USERS_SUBMIT_OPTS, driver_options()]))
+    if any(item.get_closest_marker("kafka") or item.get_closest_marker("delta") for item in session.items):
+        from tests import maven
+
+        _CONNECTORS.update(maven.connector_conf())
 
 
 @pytest.fixture(params=sorted(IMPLEMENTATIONS), ids=lambda name: name)
@@ -112,7 +120,7 @@ def spark():
     own = driver_options(quick=False)
     os.environ["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, [_USERS_SUBMIT_OPTS, own]))
     try:
-        session = local_session("segack-tests")
+        session = local_session("segack-tests", **_CONNECTORS)
     finally:
         if for_commands is not None:
             os.environ["SPARK_SUBMIT_OPTS"] = for_commands
@@ -151,6 +159,15 @@ def pg_database(postgres, request):
         for statement in POSTGRES_LEDGER:
             db.execute(statement)
     return dsn
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory):
+    """A real Kafka broker (``tests/kafka.py``), for the whole test run; never skipped."""
+    from tests.kafka import kafka_broker
+
+    with kafka_broker(tmp_path_factory.mktemp("kafka")) as broker:
+        yield broker
 
 
 @pytest.fixture(scope="session")

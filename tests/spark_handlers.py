@@ -10,6 +10,8 @@ import threading
 import time
 from typing import Any
 
+from segack.spark_adapter.sources.kafka import takes_unparsed as _takes_unparsed
+
 LOG_ENV = "SEGACK_TEST_LOG"
 
 
@@ -237,6 +239,31 @@ class ScalesOnce(Recorder):
         super().__call__(event)
 
 
+def record_kafka(event: dict[str, Any]) -> None:
+    """``--handler tests.spark_handlers:record_kafka``: a Kafka record's key, user, seq, partition and
+    offset, and the run (``SEGACK_TEST_RUN``), appended to the file :data:`LOG_ENV` names."""
+    line = json.dumps({"key": event["key"], "user": event["user"], "seq": event["seq"],
+                       "partition": event["partition"], "offset": event["offset"],
+                       "run": os.environ.get("SEGACK_TEST_RUN", "")})
+    with open(os.environ[LOG_ENV], "a") as log:
+        log.write(line + "\n")
+
+
+def record_kafka_slowly(event: dict[str, Any]) -> None:
+    """:func:`record_kafka`, a millisecond each: a stream of a few thousand records takes seconds."""
+    time.sleep(0.001)
+    record_kafka(event)
+
+
+def _record_kafka_unparsed(event: dict[str, Any]) -> None:
+    """:func:`record_kafka`, taking records whose value did not parse (their ``seq`` null)."""
+    record_kafka(event)
+
+
+#: ``--handler tests.spark_handlers:record_kafka_unparsed``: the fixed handler of a dead letter.
+record_kafka_unparsed = _takes_unparsed(_record_kafka_unparsed)
+
+
 def record_refusing_tenth_until_fixed(event: dict[str, Any]) -> None:
     """Refuses the tenth event of user u1 unless the run is called "fixed"; logs every other event."""
     if event["user"] == "u1" and event["seq"] == 10 and os.environ.get("SEGACK_TEST_RUN") != "fixed":
@@ -328,6 +355,24 @@ class SlowLedgerApply(LedgerApply):
     def __call__(self, cursor: Any, event: dict[str, Any]) -> None:
         time.sleep(self.seconds)
         super().__call__(cursor, event)
+
+
+class ChangeApply:
+    """``apply`` for a SqlSink over a Delta change feed: a row per change, in table ``changes``."""
+
+    def __call__(self, cursor: Any, event: dict[str, Any]) -> None:
+        cursor.execute("INSERT INTO changes (account, version, kind) VALUES (%s, %s, %s)",
+                       (event["account"], event["_commit_version"], event["_change_type"]))
+
+
+def _changes_sink() -> Any:
+    from segack.sinks import SqlSink
+
+    return SqlSink(PostgresConnect(), ChangeApply())
+
+
+#: ``--handler tests.spark_handlers:changes_sink``: each change once, on the database :data:`DSN_ENV` names.
+changes_sink = _changes_sink()
 
 
 def _ledger_sink() -> Any:

@@ -772,7 +772,7 @@ def test_foreach_batch_replays_a_stream_in_order_and_skips_redelivered_batches(s
     # Positions continue across batches: the key groups' committed points count all 1500 events.
     assert int(state.tokens.committed.sum()) == 1500 and state.tokens.total == 500
     assert expected.done_events(table, _as_one_input(state.tokens)) == set(expected.positions(table))
-    assert state.settings["stream"] == {"completed_batch": 2, "batch": None}
+    assert state.settings["stream"] == {"completed_batch": 2, "batch": None, "events": 1500}
 
     process_batch(spark.createDataFrame(table.slice(1000, 500)), 2)
     assert len(read_log(log)) == 1500

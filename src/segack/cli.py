@@ -131,10 +131,13 @@ def _checked(name: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return checked
 
 
-def _add_run_flags(command: argparse.ArgumentParser) -> None:
-    """A flag for each run option in :data:`RUN_FLAGS`, with the option's default and help."""
-    specs = {spec.name: spec for spec in option_fields()}
+def _add_run_flags(command: argparse.ArgumentParser, streams: bool = False) -> None:
+    """A flag for each run option in :data:`RUN_FLAGS` (with ``streams``, those a stream takes), with
+    the option's default and help."""
+    specs = {spec.name: spec for spec in option_fields(streams)}
     for name, parse in RUN_FLAGS.items():
+        if name not in specs:
+            continue
         spec = specs[name]
         flag = "--" + name.replace("_", "-")
         default = str(spec.default) if isinstance(spec.default, Enum) else spec.default
@@ -151,8 +154,20 @@ def _add_run_flags(command: argparse.ArgumentParser) -> None:
 
 def run_keywords(args: argparse.Namespace) -> dict[str, Any]:
     """The run options the command line gave, as keyword arguments of
-    :func:`~segack.spark_adapter.replay`."""
-    return {name: getattr(args, name) for name in RUN_FLAGS}
+    :func:`~segack.spark_adapter.replay` (or :func:`~segack.spark_adapter.stream`)."""
+    return {name: getattr(args, name) for name in RUN_FLAGS if hasattr(args, name)}
+
+
+def _trigger(text: str) -> str:
+    """What ``segack stream --trigger`` takes: ``available-now``, or an interval."""
+    from segack.spark_adapter.coordinator.query import parse_trigger
+    from segack.spark_adapter.errors import OptionError
+
+    try:
+        parse_trigger(text)
+    except OptionError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("trigger ")) from None
+    return text
 
 
 def _add_session_options(command: argparse.ArgumentParser) -> None:
@@ -173,10 +188,11 @@ def _add_session_options(command: argparse.ArgumentParser) -> None:
 _CHECKPOINT_HELP = "a local directory, an object store's prefix (s3://, gs://, az://) or a pyarrow.fs URI"
 
 
-def _add_input(command: argparse.ArgumentParser) -> None:
+def _add_input(command: argparse.ArgumentParser, streams: bool = False) -> None:
     """The events: files Spark reads (INPUT, --format, --option) or a table it knows (--table)."""
     command.add_argument("input", metavar="INPUT", nargs="?",
-                         help="a file or directory Spark can read (or give --table)")
+                         help="a file or directory Spark can read (or give --table; none for --format kafka)"
+                         if streams else "a file or directory Spark can read (or give --table)")
     command.add_argument("--table", default=None, metavar="NAME",
                          help="read a table the Spark session knows (spark.read.table) instead of INPUT")
     command.add_argument("--format", default="parquet", metavar="FORMAT",
@@ -192,8 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="segack", description="Ordered, resumable, rescalable event processing on Spark."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_locate, _add_replay, _add_plan, _add_status, _add_dead_letters, _add_release,
-                _add_rescale, _add_demo):
+    for add in (_add_locate, _add_replay, _add_stream, _add_plan, _add_status, _add_dead_letters,
+                _add_release, _add_rescale, _add_demo):
         add(commands)
     return parser
 
@@ -223,18 +239,52 @@ def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     replay.epilog = "exit status: " + ", ".join(f"{code.value} {code.name.lower().replace('_', ' ')}"
                                                 for code in ExitCode) + " (see the docs' exit codes)"
-    replay.add_argument("--key", required=True, metavar="COL", help="the sequencing key column")
-    replay.add_argument("--order", required=True, metavar="COL",
-                        help="the column that orders each key's events (need not be sorted)")
-    replay.add_argument("--handler", required=True, metavar="MODULE:FUNCTION",
-                        help="called with each event as a dict of its columns")
-    replay.add_argument("--checkpoint", required=True, metavar="DIR", help=_CHECKPOINT_HELP)
+    _add_handling(replay)
     _add_input(replay)
     _add_session_options(replay)
     replay.add_argument("--py-files", default="", metavar="FILE,FILE,...",
                         help=".py, .zip or .egg files the handler imports, sent to the executors (the "
                         "handler's own module is sent without asking)")
     _add_run_flags(replay)
+
+
+def _add_handling(command: argparse.ArgumentParser) -> None:
+    """The flags ``replay`` and ``stream`` share: key, order, handler, checkpoint, what to ship."""
+    command.add_argument("--key", required=True, metavar="COL", help="the sequencing key column")
+    command.add_argument("--order", required=True, metavar="COL",
+                         help="the column that orders each key's events (need not be sorted)")
+    command.add_argument("--handler", required=True, metavar="MODULE:FUNCTION",
+                         help="called with each event as a dict of its columns")
+    command.add_argument("--checkpoint", required=True, metavar="DIR", help=_CHECKPOINT_HELP)
+
+
+def _add_stream(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    stream = commands.add_parser(
+        "stream", help="handle a stream (Kafka, Delta, files) in order per key, micro-batch by micro-batch",
+        description="Run a Structured Streaming query that calls a handler once per event, never before "
+        "every earlier event of its key has been handled. Each micro-batch is complete in the "
+        "checkpoint before the next starts; Spark's own checkpoint of the query lives inside it. "
+        "SIGTERM or Ctrl-C stops it at the end of the micro-batch under way (twice: at once).",
+    )
+    stream.epilog = "exit status: " + ", ".join(f"{code.value} {code.name.lower().replace('_', ' ')}"
+                                                for code in ExitCode) + " (see the docs' exit codes)"
+    _add_handling(stream)
+    _add_input(stream, streams=True)
+    stream.add_argument("--trigger", type=_trigger, default="available-now", metavar="available-now|EVERY",
+                        help="available-now: handle what the source holds, then exit; an interval such as "
+                        "5s or 500ms: a micro-batch that often, until stopped (default: available-now)")
+    stream.add_argument("--value-format", choices=("json",), default="json",
+                        help="Kafka: how each record's value is written (default: json)")
+    stream.add_argument("--value-schema", default=None, metavar="DDL",
+                        help="Kafka: the value's fields and types, as 'account STRING, seq BIGINT, amount "
+                        "BIGINT'; each event has them beside key, topic, partition, offset and timestamp")
+    stream.add_argument("--commit-offsets-to", default=None, metavar="GROUP",
+                        help="Kafka: after each micro-batch complete in the checkpoint, commit each "
+                        "partition's offset to consumer group GROUP, for Kafka's own tools to see")
+    _add_session_options(stream)
+    stream.add_argument("--py-files", default="", metavar="FILE,FILE,...",
+                        help=".py, .zip or .egg files the handler imports, sent to the executors")
+    _add_run_flags(stream, streams=True)
 
 
 def _add_plan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -374,9 +424,15 @@ def _status(args: argparse.Namespace) -> int:
         return _refused("status", error)
     settings, tokens = state.settings, state.tokens
     print(f"{'checkpoint':<15} {store.location}")
-    print(f"{'status':<15} {_status_line(settings.get('status', '?'), claim, letters)}")
+    print(f"{'status':<15} {_status_line(settings.get('status', '?'), claim, letters, 'stream' in settings)}")
+    _print_stream(settings.get("stream"))
     if tokens is not None:
-        print(f"{'events':<15} {_events_line(tokens.done, tokens.total, letters)}")
+        if "stream" in settings:  # the tokens count the last micro-batch's events
+            aside = f", {counted(letters, 'event')} of them set aside as dead letters" if letters else ""
+            print(f"{'events':<15} {int(settings['stream'].get('events', 0)):,} in its complete "
+                  f"micro-batches{aside}")
+        else:
+            print(f"{'events':<15} {_events_line(tokens.done, tokens.total, letters)}")
         if unmerged and claim is not None:
             when = "the run merges them" if claim.live(time.time()) else "the next run merges them"
             print(f"{'':<15} (counting {counted(len(unmerged), 'progress file')} of run {claim.progress_run} "
@@ -396,7 +452,7 @@ def _status(args: argparse.Namespace) -> int:
     if letters:
         print(f"{'dead letters':<15} {counted(letters, 'event')} set aside "
               f"(`segack dead-letters {args.checkpoint}` lists them)")
-    if "input_fingerprint" in settings:
+    if "input_fingerprint" in settings and "stream" not in settings:
         print(f"{'input':<15} {_input_line(settings['input_fingerprint'])}")
     for name in ("source", "key", "order", "hash", "runs", "flush_every", "flush_interval"):
         if name in settings:
@@ -404,7 +460,30 @@ def _status(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def _status_line(status: str, claim: Claim | None, letters: int) -> str:
+def _print_stream(stream: dict[str, Any] | None) -> None:
+    """A stream's last micro-batch, the one in progress, and (Kafka) where each partition stands."""
+    if not stream:
+        return
+    last = stream.get("last_batch") or {}
+    done = stream.get("completed_batch", -1)
+    line = "no micro-batch complete yet" if done < 0 else f"micro-batch {done} the last complete"
+    if last.get("at"):
+        line += f" (reported {_when(last['at'])})"
+    if stream.get("batch"):
+        line += f"; batch {stream['batch']['id']} in progress"
+    print(f"{'stream':<15} {line}")
+    partitions = stream.get("partitions") or []
+    if not partitions:
+        return
+    group = stream.get("commit_offsets_to")
+    told = f"committed to consumer group {group}" if group else "not committed to Kafka (--commit-offsets-to)"
+    print(f"{'kafka':<15} offsets as of micro-batch {last.get('id')}, {told}")
+    for topic, partition, end, latest in partitions:
+        lag = "" if latest is None else f", lag {max(latest - end, 0):,}"
+        print(f"  {topic}/{partition:<5} next offset {end:,} ({'committed' if group else 'done'}){lag}")
+
+
+def _status_line(status: str, claim: Claim | None, letters: int, streams: bool = False) -> str:
     """What a checkpoint's recorded status and claim mean, and what to do next."""
     if claim is not None and claim.live(time.time()):
         return f"running: {claim.owner()} holds it"
@@ -416,7 +495,8 @@ def _status_line(status: str, claim: Claim | None, letters: int) -> str:
         return (f"not complete: {counted(letters, 'dead letter')} left (read to the end; "
                 f"--retry-dead-letters handles them)")
     if status == "complete":
-        return "complete: every event handled"
+        return "up to date: every event of its micro-batches handled" if streams else (
+            "complete: every event handled")
     return status
 
 
@@ -646,12 +726,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("replay", "plan") and (args.input is None) == (args.table is None):
             parser.exit(ExitCode.USAGE, f"segack {args.command}: error: give INPUT or --table NAME, "
                                         f"one of them\n")
+        if args.command == "stream":
+            _check_stream_input(parser, args)
         _log_to_stderr(getattr(args, "verbose", False))
         return _run(args)
     except BrokenPipeError:
         # The reader went away (``segack status CK | head``): not an error of ours.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return ExitCode.OK
+
+
+def _check_stream_input(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``segack stream``: Kafka records need a value schema and no INPUT; anything else, INPUT or
+    --table, and no Kafka flag."""
+    if args.format == "kafka":
+        wrong = ("INPUT" if args.input is not None else "--table" if args.table is not None else
+                 None if args.value_schema is not None else "")
+        if wrong == "":
+            parser.exit(ExitCode.USAGE, "segack stream: error: --format kafka needs --value-schema DDL\n")
+        if wrong:
+            parser.exit(ExitCode.USAGE, f"segack stream: error: --format kafka reads the topics its --option "
+                                        f"subscribe=... names, not {wrong}\n")
+        return
+    if (args.input is None) == (args.table is None):
+        parser.exit(ExitCode.USAGE, "segack stream: error: give INPUT or --table NAME, one of them\n")
+    kafka_only = [flag for flag, value in (("--value-schema", args.value_schema),
+                                           ("--commit-offsets-to", args.commit_offsets_to)) if value]
+    if kafka_only:
+        parser.exit(ExitCode.USAGE, f"segack stream: error: {kafka_only[0]} is for --format kafka\n")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -669,6 +771,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.command == "replay":
         return spark_cli.replay_command(args)
+    if args.command == "stream":
+        return spark_cli.stream_command(args)
     if args.command == "plan":
         return spark_cli.plan_command(args)
     if args.command == "demo":

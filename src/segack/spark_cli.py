@@ -13,15 +13,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
 from segack.cli import ExitCode, counted, percent, run_keywords
 from segack.spark_adapter.coordinator.replay import Progress, ReplayResult, load_handler, replay, worker_error
-from segack.spark_adapter.errors import HandlerFailedError, InputError, OptionError, ReplayError
+from segack.spark_adapter.errors import (
+    CheckpointLocationError,
+    HandlerFailedError,
+    InputError,
+    OptionError,
+    ReplayError,
+)
+from segack.spark_adapter.results import BatchReport, StreamResult
 from segack.spark_adapter.sources.files import check_input_files, read_input
 from segack.spark_adapter.store.checkpoint import CheckpointError, CheckpointStore
 
-__all__ = ["ProgressPrinter", "demo_command", "plan_command", "replay_command"]
+__all__ = ["ProgressPrinter", "demo_command", "plan_command", "replay_command", "stream_command"]
 
 log = logging.getLogger("segack.cli")
 
@@ -103,20 +110,20 @@ def _is_embedded_local(master: str) -> bool:
     return master == "local" or master.startswith("local[")
 
 
-def replay_command(args: argparse.Namespace) -> int:
-    """``segack replay``: an :class:`~segack.cli.ExitCode`, with a one-line reason unless it is ``OK``."""
-    from segack.spark_adapter.spark.session import ship_module, ship_py_files, spark_session
-
+def _prepare(args: argparse.Namespace) -> tuple[Any, list[str], CheckpointStore] | ExitCode:
+    """What ``replay`` and ``stream`` check before Spark starts: the handler, the files to ship, the
+    checkpoint's location and INPUT; a refusal prints its line and is its exit code."""
+    command = f"segack {args.command}"
     _importable_from_here()
     py_files = [path for path in args.py_files.split(",") if path]
-    try:  # what the command line names, before Spark starts
+    try:
         handler = load_handler(args.handler)
     except OptionError as error:
-        print(f"segack replay: argument --handler: {error}", file=sys.stderr)
+        print(f"{command}: argument --handler: {error}", file=sys.stderr)
         return ExitCode.USAGE
     missing = [path for path in py_files if not os.path.isfile(path)]
     if missing:
-        print(f"segack replay: argument --py-files: no such file {missing[0]!r}", file=sys.stderr)
+        print(f"{command}: argument --py-files: no such file {missing[0]!r}", file=sys.stderr)
         return ExitCode.USAGE
     try:
         store = CheckpointStore(args.checkpoint)
@@ -124,40 +131,140 @@ def replay_command(args: argparse.Namespace) -> int:
         if args.input is not None:
             check_input_files(args.input, args.format)
     except (ValueError, OSError) as error:
-        print(f"segack replay: {error}", file=sys.stderr)
+        print(f"{command}: {error}", file=sys.stderr)
         return ExitCode.REFUSED
-    master = None if args.remote else (args.master or "local[2]")
+    return handler, py_files, store
+
+
+def _start_session(args: argparse.Namespace, py_files: list[str]) -> Any:
+    """The command's Spark session, the handler's module and ``py_files`` shipped to it."""
+    from segack.spark_adapter.spark.session import ship_module, ship_py_files, spark_session
+
+    spark = spark_session(master=_master(args), remote=args.remote, conf=dict(args.conf),
+                          quiet=not args.verbose)
+    ship_module(spark, args.handler.partition(":")[0])
+    ship_py_files(spark, py_files)
+    return spark
+
+
+def _master(args: argparse.Namespace) -> str | None:
+    return None if args.remote else (args.master or "local[2]")
+
+
+def _stop_session(spark: Any, args: argparse.Namespace) -> None:
+    # On an embedded local master the JVM stops itself (shutdown hooks included) when this
+    # process exits, so the command does not wait for that. Anything else stops in order:
+    # local-cluster's own master and workers would otherwise log errors racing the exit, and
+    # a Connect session is released on the server.
+    master = _master(args)
+    if spark is not None and not (master is not None and _is_embedded_local(master)):
+        spark.stop()
+
+
+def _failure_code(args: argparse.Namespace, error: Exception) -> int:
+    """The exit code of a run that raised ``error``, its line printed."""
+    command = f"segack {args.command}"
+    if isinstance(error, (HandlerFailedError, ReplayError)):
+        print(f"{command}: {error}", file=sys.stderr)
+        return ExitCode.FAILED
+    if isinstance(error, (ValueError, OSError)):  # a refusal: nothing was written
+        print(f"{command}: {error}", file=sys.stderr)
+        return ExitCode.REFUSED
+    print(f"{command}: {worker_error(error)}", file=sys.stderr)
+    return ExitCode.FAILED
+
+
+def replay_command(args: argparse.Namespace) -> int:
+    """``segack replay``: an :class:`~segack.cli.ExitCode`, with a one-line reason unless it is ``OK``."""
+    prepared = _prepare(args)
+    if isinstance(prepared, ExitCode):
+        return prepared
+    handler, py_files, store = prepared
     printer = ProgressPrinter()
     spark = None
     try:
-        spark = spark_session(master=master, remote=args.remote, conf=dict(args.conf), quiet=not args.verbose)
-        ship_module(spark, args.handler.partition(":")[0])
-        ship_py_files(spark, py_files)
+        spark = _start_session(args, py_files)
         events = read_input(spark, args.input, args.format, dict(args.option), args.table)
         source = args.input if args.table is None else f"table {args.table}"
         result = replay(events, key=args.key, order=args.order, handler=handler, checkpoint=store,
                         progress=printer, source=source, **run_keywords(args))
-    except (HandlerFailedError, ReplayError) as error:
-        printer.close()
-        print(f"segack replay: {error}", file=sys.stderr)
-        return ExitCode.FAILED
-    except (ValueError, OSError) as error:  # a refusal: nothing was written
-        printer.close()
-        print(f"segack replay: {error}", file=sys.stderr)
-        return ExitCode.REFUSED
     except Exception as error:
         printer.close()
-        print(f"segack replay: {worker_error(error)}", file=sys.stderr)
-        return ExitCode.FAILED
+        return _failure_code(args, error)
     finally:
-        # On an embedded local master the JVM stops itself (shutdown hooks included) when this
-        # process exits, so the command does not wait for that. Anything else stops in order:
-        # local-cluster's own master and workers would otherwise log errors racing the exit, and
-        # a Connect session is released on the server.
-        if spark is not None and not (master is not None and _is_embedded_local(master)):
-            spark.stop()
+        _stop_session(spark, args)
     printer.close()
     return _report(result, args)
+
+
+def _stream_events(spark: Any, args: argparse.Namespace) -> Any:
+    """``segack stream``'s events: Kafka records (:func:`~segack.spark_adapter.kafka_stream`), or a
+    stream of the files at INPUT (their schema read from them) or of a table."""
+    from segack.spark_adapter.sources.kafka import kafka_stream
+
+    if args.format == "kafka":
+        return kafka_stream(spark, dict(args.option), args.value_schema, args.value_format)
+    return read_input(spark, args.input, args.format, dict(args.option), args.table, streaming=True)
+
+
+def stream_command(args: argparse.Namespace) -> int:
+    """``segack stream``: runs until the input is drained (``--trigger available-now``) or SIGTERM or
+    Ctrl-C asks it to stop; an :class:`~segack.cli.ExitCode`."""
+    from segack.spark_adapter.coordinator.query import StopRequest, stream
+
+    prepared = _prepare(args)
+    if isinstance(prepared, ExitCode):
+        return prepared
+    handler, py_files, store = prepared
+    stop = StopRequest()
+
+    def asked(number: int, frame: object) -> None:
+        then = "now" if stop.asked.is_set() else "at the end of the micro-batch under way (again: now)"
+        print(f"segack stream: stopping {then}", file=sys.stderr)
+        stop.set()
+
+    previous = {number: signal.signal(number, asked) for number in (signal.SIGTERM, signal.SIGINT)}
+    spark = None
+    try:
+        spark = _start_session(args, py_files)
+        events = _stream_events(spark, args)
+        result = stream(events, key=args.key, order=args.order, handler=handler, checkpoint=store,
+                        trigger=args.trigger, commit_offsets_to=args.commit_offsets_to, stop=stop,
+                        progress=_print_batch, **run_keywords(args))
+    except Exception as error:
+        return _failure_code(args, error)
+    finally:
+        for number, handling in previous.items():
+            signal.signal(number, handling)
+        _stop_session(spark, args)
+    return _stream_report(result, args)
+
+
+def _print_batch(report: BatchReport) -> None:
+    lag = "" if report.lag is None else f", {counted(report.lag, 'record')} behind"
+    print(f"segack stream: batch {report.batch_id}: {counted(report.events, 'event')} in "
+          f"{report.seconds:.1f} s; {report.events_so_far:,} so far{lag}")
+
+
+def _stream_report(result: StreamResult, args: argparse.Namespace) -> int:
+    """What ``segack stream`` prints at its end, and its exit code."""
+    why = "stopped as asked" if result.stopped else "the input is drained"
+    last = "no micro-batch" if result.last_batch is None else f"batch {result.last_batch} the last complete"
+    batches = "1 micro-batch" if result.batches == 1 else f"{result.batches:,} micro-batches"
+    print(f"segack stream: {why}: {batches}, {result.handled:,} events handled, {last}, in "
+          f"{result.seconds:.1f} s")
+    if args.retry_dead_letters:
+        stay = f"; {result.retry_failed:,} failed again and stay" if result.retry_failed else ""
+        print(f"segack stream: {counted(result.retried, 'dead letter')} handled again{stay}")
+    if result.dead_letters:
+        print(f"segack stream: {counted(result.dead_letters, 'event')} set aside as dead letters "
+              f"(they or an earlier event of their key failed)")
+    if result.dead_letters_left:
+        print(f"segack stream: {counted(result.dead_letters_left, 'event')} set aside as dead letters "
+              f"remain; `segack dead-letters {args.checkpoint}` lists them, and a run with "
+              f"--retry-dead-letters handles them again", file=sys.stderr)
+        return ExitCode.DEAD_LETTERS
+    return ExitCode.OK
 
 
 def _report(result: ReplayResult, args: argparse.Namespace) -> int:
@@ -310,22 +417,21 @@ def _demo(workdir: str, count: int) -> int:
     target = events.num_rows * 0.35
     killed_at = None
     while first.poll() is None:
-        time.sleep(0.2)
+        time.sleep(0.1)
         try:
-            state = store.load()
-        except CheckpointError:
+            # The tasks' progress files count too: the state alone moves only every merge.
+            done = _recorded_done(store)
+        except (CheckpointError, CheckpointLocationError):  # not made yet, or written as it was read
             continue
-        if state is not None and state.tokens is not None:
-            done = state.tokens.done
-            if done >= target:
-                os.killpg(first.pid, signal.SIGKILL)
-                first.wait()
-                killed_at = _recorded_done(store)
+        if done >= target:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+            killed_at = _recorded_done(store)
     if killed_at is None and first.returncode != 0:
         print(f"segack demo: the first run failed (exit {first.returncode})", file=sys.stderr)
         return 1
-    if killed_at is None:
-        print("   the run ended before it could be killed")
+    if killed_at is None or killed_at == events.num_rows:
+        print("   the run handled every event before it could be killed")
     else:
         applied = demo.count_events(demo.read_users(os.path.join(workdir, "users.sqlite")))
         print(f"   killed with {killed_at:,} events recorded done (in the checkpoint's state and the "

@@ -1,10 +1,11 @@
-"""PySpark integration: segment columns, key groups, ordered replay, planning, checkpoints, claims,
-segments changed while a run goes on, sessions."""
+"""PySpark integration: segment columns, key groups, ordered replay and streams (files, tables,
+Kafka), planning, checkpoints, claims, segments changed while a run goes on, sessions."""
 
 from __future__ import annotations
 
 from segack.spark_adapter import errors as _errors
 from segack.spark_adapter.coordinator.planning import Plan, plan
+from segack.spark_adapter.coordinator.query import StopRequest, stream
 from segack.spark_adapter.coordinator.replay import (
     Progress,
     ReplayResult,
@@ -28,8 +29,11 @@ from segack.spark_adapter.errors import (
     SessionError,
     SinkError,
     TokenError,
+    UnparsedValueError,
 )
 from segack.spark_adapter.handlers import EventIdentity, RunContext, Sink, with_identity
+from segack.spark_adapter.results import BatchReport, StreamResult
+from segack.spark_adapter.sources.kafka import KafkaStream, kafka_stream, takes_unparsed
 from segack.spark_adapter.spark.columns import hash_column, member_index_column, segment_column
 from segack.spark_adapter.spark.session import (
     local_session,
@@ -43,6 +47,7 @@ from segack.spark_adapter.store.tokens import DEFAULT_KEY_GROUP_BITS, KeyGroupTo
 
 __all__ = [
     "DEFAULT_KEY_GROUP_BITS",
+    "BatchReport",
     "Checkpoint",
     "CheckpointClaimedError",
     "CheckpointError",
@@ -54,6 +59,7 @@ __all__ = [
     "ForeignInputError",
     "HandlerFailedError",
     "InputError",
+    "KafkaStream",
     "KeyGroupTokens",
     "OptionError",
     "Plan",
@@ -66,9 +72,13 @@ __all__ = [
     "SessionError",
     "Sink",
     "SinkError",
+    "StopRequest",
+    "StreamResult",
     "TokenError",
+    "UnparsedValueError",
     "foreach_batch",
     "hash_column",
+    "kafka_stream",
     "load_handler",
     "local_session",
     "member_index_column",
@@ -82,6 +92,8 @@ __all__ = [
     "ship_py_files",
     "spark_session",
     "split",
+    "stream",
+    "takes_unparsed",
     "with_identity",
     "worker_error",
 ]

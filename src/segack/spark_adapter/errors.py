@@ -26,6 +26,8 @@ Refusals (``ValueError``)          why
 :class:`TokenError`                key-group progress that is damaged or contradicts itself
 :class:`SinkError`                 a sink that cannot start: its database out of reach,
                                    its table not made, a policy it cannot keep
+:class:`UnparsedValueError`        a Kafka record whose value does not parse: raised in
+                                   the run, for that record only (a dead letter)
 =================================  ========================================================
 
 A run that stopped (``RuntimeError``): :class:`HandlerFailedError` (the handler raised, after
@@ -57,6 +59,7 @@ __all__ = [
     "SessionError",
     "SinkError",
     "TokenError",
+    "UnparsedValueError",
     "worker_error",
 ]
 
@@ -126,6 +129,12 @@ class CheckpointClaimedError(CheckpointError):
             f"wait for that run to end, or, if it is gone, for its claim to expire ({claim.timeout:g} s "
             f"unextended) or for `segack release {location} --force`")
         self.claim = claim
+
+
+class UnparsedValueError(SegackValueError):
+    """A Kafka record's value did not parse as the declared value schema: the handler was not called
+    with it (:mod:`~segack.spark_adapter.sources.kafka`, rule 2). Raised inside the run, where it
+    makes the record a dead letter or stops the run as ``on_error`` says."""
 
 
 class SinkError(SegackValueError):

@@ -1,11 +1,12 @@
-"""What a run tells its caller: :class:`Progress` while it goes on, :class:`ReplayResult` at its end."""
+"""What a run tells its caller: :class:`Progress` while it goes on, :class:`ReplayResult` at its end;
+for a stream, a :class:`BatchReport` after each micro-batch and a :class:`StreamResult` at its end."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["Progress", "ReplayResult"]
+__all__ = ["BatchReport", "Progress", "ReplayResult", "StreamResult"]
 
 
 @dataclass(frozen=True)
@@ -77,3 +78,47 @@ class ReplayResult:
     def __repr__(self) -> str:
         fields = ", ".join(f"{spec.name}={getattr(self, spec.name)!r}" for spec in dataclasses.fields(self))
         return f"ReplayResult(complete={self.complete}, {fields})"
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """A micro-batch of :func:`~segack.spark_adapter.stream`, complete in the checkpoint, as Spark
+    reported it."""
+
+    #: The micro-batch's id in the query.
+    batch_id: int
+    #: Events it read.
+    events: int
+    #: Seconds it took, as Spark measured it.
+    seconds: float
+    #: Events of the micro-batches this call ran so far, this one included.
+    events_so_far: int
+    #: Records written to the source but not yet read, over its partitions, as of the batch (Kafka;
+    #: ``None`` for a source that does not say).
+    lag: int | None = None
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    """The outcome of :func:`~segack.spark_adapter.stream`."""
+
+    #: Micro-batches this call ran to their end.
+    batches: int
+    #: Events the handler finished (dead letters not counted).
+    handled: int
+    #: Events set aside as dead letters by this call.
+    dead_letters: int
+    #: Dead letters the checkpoint holds at the end, from this call and earlier ones.
+    dead_letters_left: int
+    #: Whether the stream ended because it was asked to stop (``stop``), at the end of a micro-batch.
+    stopped: bool
+    #: Seconds from the checks to the end.
+    seconds: float
+    #: The last micro-batch complete in the checkpoint (``None``: none yet).
+    last_batch: int | None = None
+    #: Records not yet read, over the source's partitions, as of the last micro-batch (Kafka).
+    lag: int | None = None
+    #: Dead letters of earlier runs handled this time (``retry_dead_letters=True``).
+    retried: int = 0
+    #: Dead letters retried that failed again, or wait behind one of their key that did: they stay.
+    retry_failed: int = 0

@@ -152,9 +152,7 @@ class Run(RunState):
         (:class:`~segack.spark_adapter.ClaimLostError` once another run took the checkpoint over:
         nothing more is saved).
         """
-        prepare_handler(self.handler, RunContext(  # 0
-            self.store.location, self.checkpoint_id, self.events.key, self.events.order,
-            self.options.handling.policy, self.options.claim_timeout, self.options.handling.batch_size))
+        self._prepare_handler()  # 0
         merged = self._merge_leftovers()  # 1
         checked = self._verify(fingerprint)  # 2
         self._save_resumed(fingerprint, merged, consumed)  # 3
@@ -169,6 +167,18 @@ class Run(RunState):
             self.keeper.save(self.state)
         return RunCounts(self.already_done, jobs.peak_pending, jobs.dead_letters, retried, jobs.segments,
                          jobs.changes, checked)
+
+    def retry_alone(self, segments: SegmentSet) -> RetryOutcome:
+        """Steps 0 and 4 alone: the dead letters handled again over ``segments``, for a stream whose
+        query may have nothing new to read (and so no micro-batch to retry them in)."""
+        self._prepare_handler()
+        return retry_dead_letters(self, segments)
+
+    def _prepare_handler(self) -> None:
+        """Step 0."""
+        prepare_handler(self.handler, RunContext(
+            self.store.location, self.checkpoint_id, self.events.key, self.events.order,
+            self.options.handling.policy, self.options.claim_timeout, self.options.handling.batch_size))
 
     def _merge_leftovers(self) -> list[str]:
         """Step 1; returns the progress files found (all of them go once the state is saved)."""

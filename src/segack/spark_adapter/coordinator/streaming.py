@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from segack.errors import SegackTypeError
 from segack.kernel import SegmentSet
+from segack.spark_adapter.coordinator.dead_letters import RetryOutcome
 from segack.spark_adapter.coordinator.run import (
     Run,
     check_location,
@@ -45,9 +46,10 @@ from segack.spark_adapter.store.rescale import (
 from segack.spark_adapter.store.tokens import KeyGroupTokens
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
-__all__ = ["foreach_batch"]
+__all__ = ["BatchReplay", "foreach_batch"]
 
 
 @takes_options(streams=True)
@@ -89,15 +91,22 @@ def foreach_batch(
         raise SegackTypeError("handler must be callable")
     run_options = RunOptions.from_keywords(options, streams=True, caller="foreach_batch")
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
-    return _BatchReplay(handler, key, order, store, run_options)
+    return BatchReplay(handler, key, order, store, run_options)
 
 
-class _BatchReplay:
-    """``process_batch(batch, batch_id)``: one run of its own per micro-batch."""
+class BatchReplay:
+    """``process_batch(batch, batch_id)``: one run of its own per micro-batch, each under a claim of
+    its own (:func:`~segack.spark_adapter.foreach_batch`), or all under the claim of the query
+    that holds ``keeper`` (:func:`~segack.spark_adapter.stream`: :meth:`process`)."""
 
     def __init__(self, handler: Callable[[dict[str, Any]], Any], key: str, order: str,
                  store: CheckpointStore, options: RunOptions) -> None:
         self.handler, self.key, self.order, self.store, self.options = handler, key, order, store, options
+        #: Recorded in the checkpoint's ``stream`` settings with each micro-batch (the query's own
+        #: report of the last one, say).
+        self.report: dict[str, Any] = {}
+        #: Events handled and set aside as dead letters by the batches so far.
+        self.handled = self.dead_letters = 0
         self.auto = options.segments == "auto"
         self.chosen = options.segments if isinstance(options.segments, SegmentSet) else None
         #: Until a batch has retried the dead letters (``retry_dead_letters``), and until the first
@@ -112,7 +121,23 @@ class _BatchReplay:
         check_executors(spark)  # once per application
         run_id = f"b{batch_id}-{new_run_id(8)}"
         with claimed(spark, self.store, run_id, self.options) as keeper:
-            self._process(batch, batch_id, keeper)
+            self.process(batch, batch_id, keeper)
+
+    def retry_dead_letters(self, spark: SparkSession, schema: StructType, keeper: ClaimKeeper,
+                           ) -> RetryOutcome:
+        """Handle the checkpoint's dead letters again now, under ``keeper``'s claim, instead of in the
+        first micro-batch (``retry_dead_letters``): a query with nothing new to read runs none."""
+        self.retry_pending = False
+        state = self.store.load()
+        if state is None or state.tokens is None or not self.store.dead_letter_files():
+            return RetryOutcome()
+        bits = resolution(state.settings, self.options.key_group_bits)
+        options = self.options
+        events = EventInput(spark.createDataFrame([], schema), self.key, self.order, options.hash,
+                            options.method, bits)
+        segments = recorded_segments(state) or SegmentSet.balanced(
+            min(default_segment_count(spark), 1 << bits))
+        return Run(events, state, keeper, options, self.handler).retry_alone(segments)
 
     def _segments(self, state: Checkpoint, bits: int, batch: DataFrame, batch_id: int,
                   pending: SegmentChange | None) -> tuple[SegmentSet, str]:
@@ -129,7 +154,9 @@ class _BatchReplay:
                 return planned[0], f"{planned[1]}, at batch {batch_id}"
         return current, f"start of the query, at batch {batch_id}"
 
-    def _process(self, batch: DataFrame, batch_id: int, keeper: ClaimKeeper) -> None:
+    def process(self, batch: DataFrame, batch_id: int, keeper: ClaimKeeper) -> None:
+        """Replay micro-batch ``batch_id`` under ``keeper``'s claim, unless the checkpoint has it
+        complete already."""
         store, options = self.store, self.options
         state = store.load() or Checkpoint()
         bits = resolution(state.settings, options.key_group_bits)
@@ -153,12 +180,15 @@ class _BatchReplay:
         if current is None:
             tokens.start_input()
             current = {"id": batch_id}
-        state.settings["stream"] = {"completed_batch": stream["completed_batch"], "batch": current}
+        state.settings["stream"] = {**stream, **self.report, "batch": current}
         record_segments(state, segments, why)
         batch_options = dataclasses.replace(options, retry_dead_letters=self.retry_pending)
-        Run(events, state, keeper, batch_options, self.handler).execute(segments, consumed=pending)
+        counts = Run(events, state, keeper, batch_options, self.handler).execute(segments, consumed=pending)
         self.retry_pending = self.first_batch = False
         if not tokens.complete:
             raise ReplayError(f"batch {batch_id} ended with events not done")
-        state.settings["stream"] = {"completed_batch": batch_id, "batch": None}
+        self.handled += tokens.done - counts.already_done - counts.dead_letters
+        self.dead_letters += counts.dead_letters
+        state.settings["stream"] = {**state.settings["stream"], "completed_batch": batch_id, "batch": None,
+                                    "events": int(stream.get("events", 0)) + int(tokens.total or 0)}
         keeper.save(state)

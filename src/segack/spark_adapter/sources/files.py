@@ -13,6 +13,7 @@ import os
 from typing import TYPE_CHECKING
 
 from segack.spark_adapter.errors import InputError
+from segack.spark_adapter.sources.delta import is_change_feed, with_change_order
 from segack.spark_adapter.store.checkpoint import resolve_location
 
 if TYPE_CHECKING:
@@ -22,7 +23,17 @@ __all__ = ["FORMATS", "check_input_files", "read_input"]
 
 #: The formats whose local files are looked at before Spark starts.
 FORMATS = ("parquet", "csv", "json")
+#: What to add for a format whose connector is not part of Spark.
+CONNECTORS = {
+    "delta": "delta-spark's jars for this Spark version: --conf spark.jars.packages="
+             "io.delta:delta-spark_2.13:RELEASE (the Delta release built for your Spark)",
+    "avro": "Spark's Avro connector: --conf spark.jars.packages="
+            "org.apache.spark:spark-avro_2.13:SPARK_VERSION",
+}
 _PARQUET_MAGIC = b"PAR1"
+#: What delta-spark's errors say of a path that holds no Delta table.
+_NOT_DELTA = ("DELTA_TABLE_NOT_FOUND", "DELTA_MISSING_DELTA_TABLE", "DELTA_SCHEMA_NOT_SET",
+              "is not a Delta table")
 
 
 def _data_files(directory: str) -> list[str]:
@@ -37,11 +48,15 @@ def _data_files(directory: str) -> list[str]:
 
 def check_input_files(path: str, fmt: str) -> None:
     """Refuse a local ``path`` that is missing, holds no files, or whose first file is not in
-    ``fmt`` (Parquet is told by its first bytes). A URI (``s3://...``) and a format not in
-    :data:`FORMATS` (``delta``: a directory of its own layout) are left to Spark."""
-    if ("://" in path and not path.startswith("file://")) or fmt not in FORMATS:
+    ``fmt`` (Parquet is told by its first bytes), or a local ``delta`` path without a Delta log. A
+    URI (``s3://...``) and another format are left to Spark."""
+    if "://" in path and not path.startswith("file://"):
         return
     local = resolve_location(path)
+    if fmt == "delta" and not os.path.isdir(os.path.join(local, "_delta_log")):
+        raise InputError(f"{path} is not a Delta table: it has no _delta_log")
+    if fmt not in FORMATS:
+        return
     if not os.path.exists(local):
         raise InputError(f"no input at {path}: no such file or directory")
     files = _data_files(local) if os.path.isdir(local) else [local]
@@ -61,20 +76,36 @@ def check_input_files(path: str, fmt: str) -> None:
 
 
 def read_input(spark: SparkSession, path: str | None, fmt: str, options: dict[str, str],
-               table: str | None = None) -> DataFrame:
+               table: str | None = None, streaming: bool = False) -> DataFrame:
     """Table ``table``, or the files at ``path`` in format ``fmt`` with the reader's ``options``
     (CSV: a header line and inferred types, unless ``options`` say otherwise); Spark's refusal is
-    an :class:`~segack.spark_adapter.InputError` of one line."""
+    an :class:`~segack.spark_adapter.InputError` of one line.
+
+    With ``streaming``, a stream of them (``spark.readStream``): of a file format, with the schema
+    its files have now."""
     try:
         if table is not None:
-            return spark.read.table(table)
+            return spark.readStream.table(table) if streaming else spark.read.table(table)
         assert path is not None
         defaults = {"header": "true", "inferSchema": "true"} if fmt == "csv" else {}
-        reader = spark.read.format(fmt).options(**{**defaults, **options})
         # A relative path means this directory, not the one a Connect server or cluster driver runs in.
-        return reader.load(resolve_location(path))
+        where = resolve_location(path)
+        reader = spark.read.format(fmt).options(**{**defaults, **options})
+        if not streaming:
+            found = reader.load(where)
+        else:
+            stream = spark.readStream.format(fmt).options(**{**defaults, **options})
+            if fmt in FORMATS:
+                stream = stream.schema(reader.load(where).schema)
+            found = stream.load(where)
+        return with_change_order(found) if is_change_feed(fmt, options) else found
     except Exception as error:  # Spark raises its analysis and Java errors as several classes
         what = f"table {table}" if table is not None else f"{path} as {fmt}"
+        text = str(error)
+        if ("Failed to find data source" in text or "DATA_SOURCE_NOT_FOUND" in text) and fmt in CONNECTORS:
+            raise InputError(f"this Spark session has no {fmt} connector: add {CONNECTORS[fmt]}") from None
+        if fmt == "delta" and any(sign in text for sign in _NOT_DELTA):
+            raise InputError(f"{path} is not a Delta table: it has no _delta_log") from None
         raise InputError(f"cannot read {what}: {_first_line(error)}") from None
 
 

@@ -9,6 +9,7 @@ A checkpoint is a directory: a local path, an object store's prefix (``s3://``, 
     CHECKPOINT/claims/N.json             who runs on the checkpoint (store/claims.py)
     CHECKPOINT/dead-letters/*.parquet    events set aside (coordinator/dead_letters.py)
     CHECKPOINT/segments-request.json     segments asked of the live run (store/rescale.py)
+    CHECKPOINT/stream/                   Spark's own checkpoint of a query segack runs (coordinator/query.py)
 
 The state file is named after the claim number of the run that wrote it
 (:mod:`~segack.spark_adapter.store.claims`); the newest is the checkpoint, and older ones are deleted
@@ -70,6 +71,8 @@ CLAIMS_DIR = "claims"
 #: A change of segments asked of the run that holds the checkpoint
 #: (:mod:`segack.spark_adapter.store.rescale`).
 SEGMENTS_REQUEST = "segments-request.json"
+#: Spark's own checkpoint of a query segack runs (:func:`segack.spark_adapter.stream`).
+STREAM_DIR = "stream"
 DEAD_ERROR = "__segack_error"
 DEAD_ATTEMPTS = "__segack_attempts"
 DEAD_KEY_GROUP = "__segack_key_group"
@@ -155,7 +158,8 @@ def _checkpoint_entry(name: str) -> bool:
     that did not finish (``NAME.<hex>.tmp``), or a hidden file (NFS and desktops make them)."""
     if name.endswith(".tmp"):
         name = name.rsplit(".", 2)[0]
-    return (name.startswith(".") or name in (PROGRESS_DIR, DEAD_LETTERS_DIR, CLAIMS_DIR, SEGMENTS_REQUEST)
+    return (name.startswith(".") or name in (PROGRESS_DIR, DEAD_LETTERS_DIR, CLAIMS_DIR, SEGMENTS_REQUEST,
+                                             STREAM_DIR)
             or (name.startswith(STATE_PREFIX) and name.endswith(STATE_SUFFIX)))
 
 
@@ -230,6 +234,11 @@ class CheckpointStore:
     def is_local(self) -> bool:
         """Whether the checkpoint is a path on this machine's file system (or a mount)."""
         return isinstance(self.files, LocalFiles)
+
+    def child_location(self, name: str) -> str:
+        """The location of entry ``name`` of the checkpoint, for another writer (Spark's query
+        checkpoint, ``stream``)."""
+        return f"{self.location.rstrip('/')}/{name}"
 
     def for_tasks(self, run_id: str, claim_number: int) -> TaskStore:
         """The view of the tasks of ``run_id``, which holds claim ``claim_number`` and whose driver

@@ -1,0 +1,324 @@
+"""A Structured Streaming query that segack runs itself: :func:`~segack.spark_adapter.stream`.
+
+Where :func:`~segack.spark_adapter.foreach_batch` gives a function for the user's own query, here
+segack starts the query, holds the checkpoint for the query's whole life and keeps Spark's own
+checkpoint of the query inside it (``CHECKPOINT/stream``), so one location is all a user gives.
+The query goes like this:
+
+1. **Check** everything that can be refused before anything is written: the options, the trigger,
+   the session, the checkpoint's location, the executors' Python.
+2. **Claim** the checkpoint, for as long as the query runs (:mod:`~segack.spark_adapter.store.claims`).
+3. **Retry the dead letters** first, with ``retry_dead_letters`` (a query with nothing new to read
+   runs no micro-batch to retry them in). Then **start** the query: each micro-batch is a run of its
+   own under that claim (:class:`~segack.spark_adapter.coordinator.streaming.BatchReplay`), its
+   events numbered after those of earlier batches in each key group.
+4. **Watch** it: after each micro-batch Spark reports (its end offsets, the source's latest), tell
+   the caller, record the report in the checkpoint with the next batch, and, for Kafka, commit the
+   end offsets to the consumer group (:mod:`~segack.spark_adapter.sources.kafka`, rule 4).
+5. **Stop** when the input is drained (``trigger="available-now"``), when a batch fails, or when
+   ``stop`` is set: then no micro-batch starts any more, the one under way finishes, and the query
+   ends at that commit; set ``stop`` twice (``StopRequest.now``) to interrupt the batch instead.
+6. **End**: record the last report, commit the last offsets, release the claim.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from segack.errors import SegackError, SegackTypeError
+from segack.spark_adapter.coordinator.dead_letters import RetryOutcome
+from segack.spark_adapter.coordinator.run import check_location, check_session, claimed, new_run_id
+from segack.spark_adapter.coordinator.streaming import BatchReplay
+from segack.spark_adapter.errors import OptionError, ReplayError, worker_error
+from segack.spark_adapter.options import RunOptions, takes_options
+from segack.spark_adapter.results import BatchReport, StreamResult
+from segack.spark_adapter.sources.kafka import PartitionOffsets, commit_offsets, parse_offsets
+from segack.spark_adapter.spark.executors import check_executors
+from segack.spark_adapter.store.checkpoint import STREAM_DIR, CheckpointStore
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+    from segack.spark_adapter.sources.kafka import KafkaStream
+    from segack.spark_adapter.store.claims import ClaimKeeper
+
+__all__ = ["StopRequest", "parse_trigger", "stream"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds between looks at the query's progress and at a stop request.
+POLL_SECONDS = 1
+
+
+def parse_trigger(trigger: str | float) -> dict[str, Any]:
+    """``writeStream.trigger``'s keywords for ``"available-now"`` (handle what is there, then end)
+    or an interval: seconds, or text such as ``"5s"``, ``"500ms"``, ``"1min"``."""
+    if trigger == "available-now":
+        return {"availableNow": True}
+    if isinstance(trigger, (int, float)) and not isinstance(trigger, bool):
+        seconds = float(trigger)
+    elif isinstance(trigger, str):
+        text = trigger.strip().lower()
+        units = (("ms", 0.001), ("min", 60.0), ("s", 1.0))
+        unit = next(((suffix, scale) for suffix, scale in units if text.endswith(suffix)), ("", 1.0))
+        try:
+            seconds = float(text.removesuffix(unit[0])) * unit[1]
+        except ValueError:
+            seconds = -1.0
+    else:
+        seconds = -1.0
+    if not seconds > 0:
+        raise OptionError(f"trigger must be 'available-now' or an interval such as '5s', not {trigger!r}")
+    return {"processingTime": f"{round(seconds * 1000)} milliseconds"}
+
+
+class StopRequest:
+    """Asks a running :func:`~segack.spark_adapter.stream` to stop: ``set()`` once to stop at the end of the
+    micro-batch under way (at a commit), again to interrupt it (its progress up to its last flush is
+    kept). Safe to call from a signal handler."""
+
+    def __init__(self) -> None:
+        self.asked = threading.Event()
+        self.now = threading.Event()
+
+    def set(self) -> None:
+        (self.now if self.asked.is_set() else self.asked).set()
+
+
+class _StoppedError(SegackError, RuntimeError):
+    """Raised by a micro-batch that starts after a stop was asked: the query ends there."""
+
+
+class _QueryBatches:
+    """``process_batch`` of the query :func:`stream` runs: each micro-batch under the stream's claim,
+    none started once a stop was asked, and the error of one that failed kept for the caller."""
+
+    def __init__(self, replay: BatchReplay, keeper: ClaimKeeper) -> None:
+        self.replay, self.keeper = replay, keeper
+        self.lock = threading.Condition()
+        self.running = self.stopping = False
+        self.error: BaseException | None = None
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        with self.lock:
+            if self.stopping:
+                raise _StoppedError(f"batch {batch_id} not started: the stream was asked to stop")
+            self.running = True
+        try:
+            self.replay.process(batch, batch_id, self.keeper)
+        except BaseException as error:
+            self.error = error
+            raise
+        finally:
+            with self.lock:
+                self.running = False
+                self.lock.notify_all()
+
+    def stop_when_idle(self, query: StreamingQuery, now: threading.Event) -> None:
+        """Refuse new micro-batches, let the one under way finish (unless ``now`` is set), stop."""
+        with self.lock:
+            self.stopping = True
+            while self.running and not now.is_set():
+                self.lock.wait(POLL_SECONDS)
+        query.stop()
+
+
+class _Watch:
+    """Steps 4 to 6 for a started ``query``: what Spark reports of it, told to the caller, the
+    checkpoint and (``group``) Kafka."""
+
+    def __init__(self, spark: SparkSession, query: StreamingQuery, batches: _QueryBatches,
+                 kafka: KafkaStream | None, group: str | None,
+                 progress: Callable[[BatchReport], None] | None) -> None:
+        self.spark, self.query, self.batches, self.kafka, self.group = spark, query, batches, kafka, group
+        self.progress = progress
+        self.last_batch: int | None = None
+        #: Micro-batches that read events, as reported, and their events.
+        self.count = self.events = 0
+        self.partitions: list[PartitionOffsets] = []
+        self.committed: list[PartitionOffsets] = []
+
+    @property
+    def lag(self) -> int | None:
+        """Records not read yet, over the partitions, as of the last report."""
+        lags = [where.lag for where in self.partitions]
+        return sum(lag for lag in lags if lag is not None) if lags and None not in lags else None
+
+    def until_ended(self, stop: StopRequest) -> None:
+        """Steps 4 and 5: look at the query's reports until it ends; raise what ended it, unless it
+        ended because it was asked to."""
+        from pyspark.errors import StreamingQueryException
+
+        try:
+            while not self.query.awaitTermination(POLL_SECONDS):
+                self.look()
+                if stop.asked.is_set():
+                    log.info("a stop was asked: the stream ends at its next commit")
+                    self.batches.stop_when_idle(self.query, stop.now)
+        except StreamingQueryException as error:
+            failure = self.batches.error
+            if isinstance(failure, _StoppedError):
+                return
+            if failure is not None:
+                raise failure from None
+            raise ReplayError(f"the stream's query failed: {worker_error(error)}") from None
+
+    def look(self) -> None:
+        """Step 4 for each micro-batch Spark reported since the last look (its recent reports)."""
+        reports = [report for report in self.query.recentProgress
+                   if report.get("numInputRows") and (self.last_batch is None
+                                                       or int(report["batchId"]) > self.last_batch)]
+        for report in reports:
+            self.last_batch = int(report["batchId"])
+            self.count += 1
+            self.events += int(report["numInputRows"])
+            if self.kafka is not None:
+                self.partitions = parse_offsets(report)
+            if self.progress is not None:
+                seconds = (report.get("durationMs") or {}).get("triggerExecution", 0) / 1000
+                self.progress(BatchReport(self.last_batch, int(report["numInputRows"]), seconds, self.events,
+                                          self.lag))
+        if reports:
+            self.batches.replay.report = self.record()
+            self._commit()
+
+    def _commit(self) -> None:
+        if self.group is None or self.kafka is None or self.partitions == self.committed:
+            return
+        try:
+            commit_offsets(self.spark, self.kafka.options, self.group, self.partitions)
+        except Exception as error:
+            # The next report commits again; the group stays behind meanwhile, never ahead.
+            log.warning("could not commit the offsets of batch %s to consumer group %s: %s", self.last_batch,
+                        self.group, worker_error(error))
+            return
+        self.committed = self.partitions
+
+    def record(self) -> dict[str, Any]:
+        """The report as the checkpoint's ``stream`` settings keep it."""
+        return {"last_batch": {"id": self.last_batch, "at": time.time()}, "commit_offsets_to": self.group,
+                "partitions": [[where.topic, where.partition, where.end, where.latest]
+                               for where in self.partitions]}
+
+    def end(self, keeper: ClaimKeeper) -> None:
+        """Step 6: the last report, recorded and committed (no micro-batch runs any more)."""
+        self.look()
+        if self.last_batch is None:
+            return
+        state = keeper.store.load()
+        if state is not None:
+            state.settings["stream"] = {**state.settings.get("stream", {}), **self.record()}
+            keeper.save(state)
+
+
+@takes_options(streams=True)
+def stream(
+    events: DataFrame | KafkaStream,
+    *,
+    key: str,
+    order: str,
+    handler: Callable[[dict[str, Any]], Any],
+    checkpoint: str | CheckpointStore,
+    trigger: str | float = "available-now",
+    commit_offsets_to: str | None = None,
+    stop: StopRequest | None = None,
+    progress: Callable[[BatchReport], None] | None = None,
+    **options: Any,
+) -> StreamResult:
+    """Run a Structured Streaming query that hands each event of ``events`` to ``handler``, in order
+    per key, until its input is drained or it is asked to stop.
+
+    Each micro-batch is replayed as :func:`~segack.spark_adapter.foreach_batch` replays it, all
+    under one claim of ``checkpoint`` held while the query runs; Spark's own checkpoint of the
+    query is kept in ``CHECKPOINT/stream``. Running it again resumes where the checkpoint stands.
+
+    Parameters
+    ----------
+    events : DataFrame or KafkaStream
+        A streaming DataFrame (``spark.readStream``...), or a Kafka topic's records as
+        :func:`~segack.spark_adapter.kafka_stream` reads them.
+    key : str
+        The column whose equal values are handled one after another.
+    order : str
+        The column that orders each key's events (for Kafka records of one key, ``offset``).
+    handler : callable
+        Called with each event as a dict of its columns, in the key's order.
+    checkpoint : str or CheckpointStore
+        Where progress is kept, as for :func:`~segack.spark_adapter.replay`.
+    trigger : str or float, default ``'available-now'``
+        ``'available-now'``: handle what the source holds, then end. An interval (``'5s'``,
+        ``'500ms'``, or seconds): a micro-batch that often, until ``stop``.
+    commit_offsets_to : str, optional
+        Kafka only: the consumer group to commit each partition's offsets to after every
+        micro-batch complete in the checkpoint, never ahead of it, so that Kafka's tools see the
+        stream's progress and lag (needs a classic session).
+    stop : StopRequest, optional
+        Set it to stop at the end of the micro-batch under way.
+    progress : callable, optional
+        Receives a :class:`~segack.spark_adapter.BatchReport` after each micro-batch.
+
+    {options}
+
+    Returns
+    -------
+    StreamResult
+        What the query did, and why it ended.
+
+    Raises
+    ------
+    OptionError, InputError, SessionError, CheckpointLocationError, CheckpointError
+        Before anything is written, as :func:`~segack.spark_adapter.replay` raises them; also a
+        trigger that is not one, ``events`` that are not a stream, or ``commit_offsets_to``
+        without Kafka records or over Spark Connect.
+    HandlerFailedError, ReplayError
+        A micro-batch stopped, as a replay does; its progress was saved first.
+    """
+    from segack.spark_adapter.sources.kafka import KafkaStream
+
+    began = time.monotonic()
+    if not callable(handler):  # 1
+        raise SegackTypeError("handler must be callable")
+    kafka = events if isinstance(events, KafkaStream) else None
+    frame: DataFrame = events.events if isinstance(events, KafkaStream) else events
+    run_options = RunOptions.from_keywords(options, streams=True, caller="stream")
+    how = parse_trigger(trigger)
+    if not frame.isStreaming:
+        raise OptionError("events must be a streaming DataFrame (spark.readStream...); replay a static one")
+    if commit_offsets_to is not None and kafka is None:
+        raise OptionError("commit_offsets_to needs Kafka records (kafka_stream)")
+    spark = frame.sparkSession
+    check_session(spark)
+    store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
+    store.load()  # refuses a location that is not a checkpoint, or a damaged one
+    check_location(spark, store, run_options.shared_local_checkpoint)
+    if commit_offsets_to is not None:
+        commit_offsets(spark, kafka.options if kafka else {}, commit_offsets_to, [])  # refuses Connect
+    check_executors(spark)  # the last refusal: the only one that asks the executors
+    replay = BatchReplay(kafka.guard(handler) if kafka else handler, key, order, store, run_options)
+    stop = stop or StopRequest()
+    with claimed(spark, store, new_run_id(), run_options) as keeper:  # 2
+        retried = RetryOutcome()
+        if run_options.retry_dead_letters:  # 3
+            retried = replay.retry_dead_letters(spark, frame.schema, keeper)
+        batches = _QueryBatches(replay, keeper)
+        query = (frame.writeStream.foreachBatch(batches).queryName(f"segack {store.location}")
+                 .option("checkpointLocation", store.child_location(STREAM_DIR)).trigger(**how).start())
+        watch = _Watch(spark, query, batches, kafka, commit_offsets_to, progress)
+        try:
+            watch.until_ended(stop)  # 4, 5
+        except BaseException:
+            try:
+                watch.end(keeper)
+            except Exception as error:  # the error that ended the query is the one to raise
+                log.warning("%s: could not record the stream's last report: %s", store.location, error)
+            raise
+        watch.end(keeper)  # 6
+    return StreamResult(batches=watch.count, handled=replay.handled, dead_letters=replay.dead_letters,
+                        dead_letters_left=store.count_dead_letters(), stopped=stop.asked.is_set(),
+                        seconds=time.monotonic() - began, last_batch=watch.last_batch, lag=watch.lag,
+                        retried=retried.handled, retry_failed=retried.kept)

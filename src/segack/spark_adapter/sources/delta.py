@@ -1,0 +1,43 @@
+"""Delta tables and their change data feeds as events.
+
+The rules:
+
+1. **A table, or a version of it** (``--option versionAsOf=N`` or ``timestampAsOf``), is input like
+   any other: each row an event, ordered within its key by the column the user names.
+2. **A change data feed** (``--option readChangeFeed=true``) has a row per change, with
+   ``_change_type``, ``_commit_version`` and ``_commit_timestamp``. segack adds :data:`CHANGE_ORDER`,
+   the order of a key's changes: by commit version, and within one commit the row that went before
+   the row that came (``delete``, then ``update_preimage``, then ``update_postimage``, then
+   ``insert``). Give it as the order column (``--order _change_order``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["CHANGE_ORDER", "CHANGE_RANKS", "is_change_feed", "with_change_order"]
+
+#: The order column segack adds to a change feed (rule 2).
+CHANGE_ORDER = "_change_order"
+#: Each change type's place among a key's changes in one commit (rule 2).
+CHANGE_RANKS = {"delete": 0, "update_preimage": 1, "update_postimage": 2, "insert": 3}
+
+
+def is_change_feed(fmt: str, options: Mapping[str, str]) -> bool:
+    """Whether a read of ``fmt`` with ``options`` is a Delta change data feed."""
+    return fmt == "delta" and str(options.get("readChangeFeed", "")).lower() == "true"
+
+
+def with_change_order(changes: DataFrame) -> DataFrame:
+    """``changes`` (a change data feed, static or streaming) with :data:`CHANGE_ORDER` (rule 2)."""
+    from pyspark.sql import functions as F
+
+    rank = F.lit(len(CHANGE_RANKS))
+    for kind, place in reversed(CHANGE_RANKS.items()):
+        rank = F.when(F.col("_change_type") == kind, F.lit(place)).otherwise(rank)
+    return changes.withColumn(CHANGE_ORDER, F.col("_commit_version").cast("bigint") * (len(CHANGE_RANKS) + 1)
+                              + rank)

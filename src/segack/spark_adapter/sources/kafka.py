@@ -1,0 +1,333 @@
+"""Kafka topics as events, and a stream's progress told back to Kafka.
+
+The rules:
+
+1. **Columns.** An event read from a record has the columns ``key`` (the record's key as text,
+   null for none), ``topic``, ``partition``, ``offset`` and ``timestamp``, then the fields the
+   declared value schema names, parsed from the record's value (JSON), then ``unparsed_value``.
+   A field the value lacks is null; a record with no value (a tombstone) has every field null.
+2. **A value that does not parse** (not JSON, or not of the declared types) leaves every field
+   null and its text in ``unparsed_value`` (null for every record that parsed). Such a record never
+   reaches the handler as if it were empty: its call fails with
+   :class:`~segack.spark_adapter.UnparsedValueError`, so it
+   becomes a dead letter under ``on_error="dead-letter"`` (with its key's later records parked
+   behind it) or stops the run. A handler marked with :func:`~segack.spark_adapter.takes_unparsed`
+   gets it instead, its fields null: deploy one and retry the dead letters to handle what was set
+   aside.
+3. **Micro-batches are bounded**: :data:`DEFAULT_MAX_OFFSETS_PER_TRIGGER` records each unless the
+   reader's options say otherwise, so that a backlog moves the committed offsets batch by batch
+   instead of once at its end.
+4. **Offsets told back to Kafka.** After a micro-batch is complete in segack's checkpoint, Spark
+   reports its end offsets (the next offset to read in each partition); they are committed to the
+   consumer group the run names (:func:`commit_offsets`), so Kafka's own tools see the stream's
+   progress and lag. A committed offset is never ahead of the checkpoint: every record below it
+   has been handled or set aside as a dead letter.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from segack.spark_adapter.errors import InputError, OptionError, UnparsedValueError
+from segack.spark_adapter.handlers import Sink, is_async, wants_identity
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+__all__ = ["DEFAULT_MAX_OFFSETS_PER_TRIGGER", "RECORD_COLUMNS", "UNPARSED", "KafkaStream", "PartitionOffsets",
+           "commit_offsets", "connector_package", "guard_unparsed", "kafka_events",
+           "kafka_stream", "parse_offsets", "takes_unparsed", "value_schema"]
+
+#: The record's own columns, before the value's fields.
+RECORD_COLUMNS = ("key", "topic", "partition", "offset", "timestamp")
+#: The column that holds a value that did not parse (rule 2).
+UNPARSED = "unparsed_value"
+#: Records per micro-batch unless ``maxOffsetsPerTrigger`` says otherwise (rule 3).
+DEFAULT_MAX_OFFSETS_PER_TRIGGER = 100_000
+#: The value formats a record's value is parsed from.
+VALUE_FORMATS = ("json",)
+_MARK = "segack_takes_unparsed"
+
+
+def value_schema(spark: SparkSession, ddl: str) -> StructType:
+    """The value schema ``ddl`` declares (``'account STRING, seq BIGINT'``), parsed by Spark.
+
+    Raises :class:`~segack.spark_adapter.InputError` for text that is not a struct's DDL, and for a
+    field named as one of the record's own columns (:data:`RECORD_COLUMNS`,
+    :data:`~segack.spark_adapter.sources.kafka.UNPARSED`).
+    """
+    from pyspark.sql.types import DataType, StructType
+
+    try:
+        parsed = DataType.fromDDL(ddl) if ddl.strip() else None
+    except Exception as error:  # Spark's ParseException, through Py4J or Connect
+        first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        raise InputError(f"--value-schema {ddl!r} is not a schema Spark can read: {first}") from None
+    if not isinstance(parsed, StructType) or not parsed.fields:
+        raise InputError(f"--value-schema {ddl!r} must name the value's fields with their types, as "
+                         f"'account STRING, seq BIGINT'")
+    clash = [field.name for field in parsed.fields if field.name in (*RECORD_COLUMNS, UNPARSED)]
+    if clash:
+        raise InputError(f"--value-schema names {clash[0]!r}, a column every record has already "
+                         f"({', '.join(RECORD_COLUMNS)}, {UNPARSED}); rename the field")
+    return parsed
+
+
+def kafka_events(records: DataFrame, schema: StructType, value_format: str = "json") -> DataFrame:
+    """The events of Kafka ``records`` (the Kafka source's rows, static or streaming), by rules 1
+    and 2; ``value_format`` is one of :data:`~segack.spark_adapter.sources.kafka.VALUE_FORMATS`."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    with_text = StructType([*schema.fields, StructField(UNPARSED, StringType())])
+    value = F.from_json(F.col("value").cast("string"), with_text,
+                        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": UNPARSED})
+    return records.select(
+        F.col("key").cast("string").alias("key"), "topic", "partition", "offset", "timestamp",
+        value.alias("__segack_value"),
+    ).select(*RECORD_COLUMNS, *(f"__segack_value.{field.name}" for field in with_text.fields))
+
+
+def takes_unparsed(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark ``handler`` to get records whose value did not parse (rule 2): their fields null,
+    :data:`~segack.spark_adapter.sources.kafka.UNPARSED` holding the value's text. A class sets
+    ``segack_takes_unparsed = True``."""
+    setattr(handler, _MARK, True)
+    return handler
+
+
+def _refuse_unparsed(events: Any) -> None:
+    for event in events if isinstance(events, list) else [events]:
+        text = event.get(UNPARSED)
+        if text is not None:
+            shown = text if len(text) <= 80 else text[:77] + "..."
+            raise UnparsedValueError(f"the value of the record at offset {event.get('offset')} of "
+                                     f"{event.get('topic')}/{event.get('partition')} does not parse as the "
+                                     f"value schema: {shown!r}")
+
+
+class _Guarded:
+    """``handler``, called only with events whose value parsed."""
+
+    def __init__(self, handler: Callable[..., Any]) -> None:
+        self.handler = handler
+        self.segack_identity = wants_identity(handler)
+
+    def __call__(self, events: Any, *identities: Any) -> Any:
+        _refuse_unparsed(events)
+        return self.handler(events, *identities)
+
+
+class _GuardedAsync(_Guarded):
+    async def __call__(self, events: Any, *identities: Any) -> Any:
+        _refuse_unparsed(events)
+        return await self.handler(events, *identities)
+
+
+class _GuardedSink(Sink):
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+
+    def __call__(self, events: list[dict[str, Any]], identities: list[Any]) -> Any:
+        _refuse_unparsed(events)
+        return self.sink(events, identities)
+
+    def prepare(self, run: Any) -> None:
+        self.sink.prepare(run)
+
+    def close(self) -> None:
+        self.sink.close()
+
+
+def guard_unparsed(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """``handler`` as a run over Kafka records calls it (rule 2): as it is if it
+    :func:`~segack.spark_adapter.takes_unparsed`, else failing each call that holds a record whose
+    value did not parse."""
+    if getattr(handler, _MARK, False) is True:
+        return handler
+    if isinstance(handler, Sink):
+        return _GuardedSink(handler)
+    return _GuardedAsync(handler) if is_async(handler) else _Guarded(handler)
+
+
+def connector_package(spark_version: str) -> str:
+    """The Maven coordinates of Spark's Kafka connector for a Spark version."""
+    return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{spark_version}"
+
+
+@dataclass(frozen=True)
+class KafkaStream:
+    """A Kafka topic's records as a stream of events (:func:`~segack.spark_adapter.kafka_stream`), for
+    :func:`~segack.spark_adapter.stream`."""
+
+    #: The streaming DataFrame of events (rules 1 and 2).
+    events: DataFrame
+    #: The reader's options, rule 3's bound included; its ``kafka.*`` ones configure the admin
+    #: client that commits offsets.
+    options: dict[str, str]
+
+    @staticmethod
+    def guard(handler: Callable[..., Any]) -> Callable[..., Any]:
+        """``handler`` as the run calls it (rule 2: :func:`guard_unparsed`)."""
+        return guard_unparsed(handler)
+
+
+def kafka_stream(spark: SparkSession, options: Mapping[str, str], value_schema_ddl: str,
+                 value_format: str = "json") -> KafkaStream:
+    """The records of the Kafka topics ``options`` name (``kafka.bootstrap.servers`` and
+    ``subscribe``, ``subscribePattern`` or ``assign``, as Spark's Kafka source takes them), as events
+    whose value fields ``value_schema_ddl`` declares.
+
+    Checks, before anything runs, that the session has Spark's Kafka connector, that the schema is
+    one, and (on a classic session) that the servers answer and the subscribed topics exist.
+
+    Raises
+    ------
+    InputError
+        The connector is missing (the message names the package to add), the schema is not one,
+        the servers do not answer, a topic does not exist.
+    OptionError
+        A value format that is not one of :data:`~segack.spark_adapter.sources.kafka.VALUE_FORMATS`.
+    """
+    schema = value_schema(spark, value_schema_ddl)
+    if value_format not in VALUE_FORMATS:
+        raise OptionError(f"value format must be one of {', '.join(VALUE_FORMATS)}, not {value_format!r}")
+    bounded = {"maxOffsetsPerTrigger": str(DEFAULT_MAX_OFFSETS_PER_TRIGGER), **options}
+    try:
+        records = spark.readStream.format("kafka").options(**bounded).load()
+    except Exception as error:
+        text = str(error)
+        missing = "Failed to find data source" in text or "DATA_SOURCE_NOT_FOUND" in text
+        if missing and "kafka" in text.lower():
+            raise InputError(
+                f"this Spark session has no Kafka connector: add it with --conf spark.jars.packages="
+                f"{connector_package(spark.version)} (or its jars with --conf spark.jars=...)") from None
+        raise InputError(f"cannot read Kafka: {_first_line(text)}") from None
+    _check_reachable(spark, bounded)
+    return KafkaStream(kafka_events(records, schema, value_format), bounded)
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        line = line.strip().removeprefix(": ")
+        if line and not line.startswith("An error occurred while calling"):
+            return line.rsplit("Exception: ", 1)[-1]
+    return text
+
+
+def _check_reachable(spark: SparkSession, options: Mapping[str, str], seconds: float = 10) -> None:
+    """Refuse servers that do not answer and ``subscribe`` topics that do not exist, asking Kafka's
+    admin client in the driver's JVM (a classic session; Spark Connect is left to the query)."""
+    from segack.spark_adapter.spark.session import is_connect
+
+    if is_connect(spark):
+        return
+    servers = options.get("kafka.bootstrap.servers", "")
+    topics = [topic.strip() for topic in options.get("subscribe", "").split(",") if topic.strip()]
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    admin = jvm.org.apache.kafka.clients.admin.Admin.create(_admin_settings(spark, options))
+    unit = jvm.java.util.concurrent.TimeUnit.MILLISECONDS
+    try:
+        admin.describeCluster().clusterId().get(int(seconds * 1000), unit)
+        known = set(admin.listTopics().names().get(int(seconds * 1000), unit))
+    except Exception as error:
+        raise InputError(f"cannot reach Kafka at {servers}: {_first_line(str(error))}") from None
+    finally:
+        admin.close()
+    missing = [topic for topic in topics if topic not in known]
+    if missing:
+        raise InputError(f"Kafka at {servers} has no topic {missing[0]!r}")
+
+
+def _admin_settings(spark: SparkSession, options: Mapping[str, str]) -> Any:
+    """Kafka admin client settings (a ``java.util.Properties``) from the reader's ``kafka.*``
+    options, as the source configures its consumers."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    settings = jvm.java.util.Properties()
+    for name, value in options.items():
+        if name.startswith("kafka."):
+            settings.put(name.removeprefix("kafka."), value)
+    settings.put("request.timeout.ms", "10000")
+    settings.put("default.api.timeout.ms", "15000")
+    return settings
+
+
+@dataclass(frozen=True)
+class PartitionOffsets:
+    """Where a stream stands in one topic-partition, as of a micro-batch Spark reported."""
+
+    topic: str
+    partition: int
+    #: The next offset to read: every record below it is done (rule 4).
+    end: int
+    #: The partition's end when Spark last looked (``None`` if it did not say).
+    latest: int | None
+
+    @property
+    def lag(self) -> int | None:
+        """Records written but not yet done, as of that look."""
+        return None if self.latest is None else max(self.latest - self.end, 0)
+
+
+def _offsets(text: Any) -> dict[tuple[str, int], int]:
+    """``{"topic": {"0": 12, ...}}`` (Spark's Kafka offsets, JSON or parsed) as ``(topic, partition)
+    -> offset``; anything else (another source's offsets) is empty."""
+    try:
+        parsed = json.loads(text) if isinstance(text, str) else text
+    except ValueError:
+        return {}
+    if not isinstance(parsed, dict):
+        return {}
+    found = {}
+    for topic, partitions in parsed.items():
+        if not isinstance(partitions, dict):
+            return {}
+        for partition, offset in partitions.items():
+            if not (isinstance(offset, int) and str(partition).lstrip("-").isdigit()):
+                return {}
+            found[(str(topic), int(partition))] = offset
+    return found
+
+
+def parse_offsets(progress: Mapping[str, Any]) -> list[PartitionOffsets]:
+    """Each Kafka source's partitions in a query's progress (``StreamingQuery.lastProgress``)."""
+    found = []
+    for source in progress.get("sources") or ():
+        ends, latest = _offsets(source.get("endOffset")), _offsets(source.get("latestOffset"))
+        found += [PartitionOffsets(topic, partition, end, latest.get((topic, partition)))
+                  for (topic, partition), end in sorted(ends.items())]
+    return found
+
+
+def commit_offsets(spark: SparkSession, options: Mapping[str, str], group: str,
+                   offsets: list[PartitionOffsets]) -> None:
+    """Commit ``offsets`` to consumer group ``group`` (rule 4), through Kafka's own admin client in
+    the driver's JVM, configured as the source is: its ``kafka.*`` reader options.
+
+    Raises :class:`~segack.spark_adapter.OptionError` over Spark Connect (the driver's JVM is
+    the server's), and Kafka's error when the commit fails.
+    """
+    from segack.spark_adapter.spark.session import is_connect
+
+    if not offsets:
+        return
+    if is_connect(spark):
+        raise OptionError("--commit-offsets-to needs a classic session (a master), not Spark Connect")
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    kafka = jvm.org.apache.kafka
+    committed = jvm.java.util.HashMap()
+    for where in offsets:
+        committed.put(kafka.common.TopicPartition(where.topic, where.partition),
+                      kafka.clients.consumer.OffsetAndMetadata(where.end))
+    admin = kafka.clients.admin.Admin.create(_admin_settings(spark, options))
+    try:
+        admin.alterConsumerGroupOffsets(group, committed).all().get()
+    finally:
+        admin.close()

@@ -1,0 +1,149 @@
+"""Delta tables through delta-spark's jars (``tests/maven.py``): a table version replayed, and a change
+data feed streamed, each killed and resumed; a directory that is not a Delta table refused in one
+line."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from segack.cli import ExitCode
+from segack.spark_adapter.sources.delta import CHANGE_ORDER
+from tests import maven
+from tests.spark_handlers import DSN_ENV, LOG_ENV, read_log
+
+pytestmark = [pytest.mark.spark, pytest.mark.delta]
+ROOT = Path(__file__).resolve().parents[1]
+#: A change's rank inside its commit (the rule of segack.spark_adapter.sources.delta).
+RANK = {"delete": 0, "update_preimage": 1, "update_postimage": 2, "insert": 3}
+
+
+def _conf() -> list[str]:
+    return [item for name, value in maven.connector_conf().items() for item in ("--conf", f"{name}={value}")]
+
+
+def _segack(tmp_path: Path, *arguments: str, run: str = "0", dsn: str | None = None,
+            wait: bool = True) -> subprocess.CompletedProcess[str] | subprocess.Popen[str]:
+    environment = dict(os.environ, **{LOG_ENV: str(tmp_path / "log.jsonl"), "SEGACK_TEST_RUN": run})
+    if dsn is not None:
+        environment[DSN_ENV] = dsn
+    command = [sys.executable, "-m", "segack", *arguments, "--checkpoint", str(tmp_path / "checkpoint"),
+               *_conf()]
+    if wait:
+        return subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
+    return subprocess.Popen(command, cwd=ROOT, env=environment, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _kill_when(process: subprocess.Popen[str], condition, what: str) -> None:
+    deadline = time.monotonic() + 300
+    while not condition():
+        if process.poll() is not None:
+            raise AssertionError(f"the run ended before {what}: {process.communicate()[1][-3000:]}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _accounts_table(spark, path: Path, commits: int, seed: int) -> None:
+    """A Delta table of accounts with its change data feed on, written in ``commits`` commits:
+    inserts, updates of many accounts (some in every commit), deletes, inserts again."""
+    rng = random.Random(seed)
+    where = f"delta.`{path}`"
+    spark.sql(f"CREATE TABLE {where} (account STRING, balance BIGINT, version_written BIGINT) USING delta "
+              f"TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+    spark.createDataFrame([(f"acct-{n}", 0, 1) for n in range(300)], "account string, balance long, "
+                          "version_written long").write.format("delta").mode("append").save(str(path))
+    for commit in range(2, commits + 1):
+        kind = commit % 4
+        if kind == 0:
+            spark.sql(f"DELETE FROM {where} WHERE account IN ({_names(rng, 10)})")
+        elif kind == 1:
+            spark.createDataFrame([(f"acct-new-{commit}-{n}", 0, commit) for n in range(20)],
+                                  "account string, balance long, version_written long"
+                                  ).write.format("delta").mode("append").save(str(path))
+        else:
+            # acct-0..2 change in every update commit: keys with many changes.
+            spark.sql(f"UPDATE {where} SET balance = balance + {commit}, version_written = {commit} "
+                      f"WHERE account IN ('acct-0', 'acct-1', 'acct-2', {_names(rng, 60)})")
+
+
+def _names(rng: random.Random, count: int) -> str:
+    return ", ".join(f"'acct-{rng.randrange(3, 300)}'" for _ in range(count))
+
+
+def _changes_table(dsn: str) -> None:
+    with psycopg.connect(dsn) as db:
+        db.execute("CREATE TABLE changes (id BIGSERIAL PRIMARY KEY, account TEXT NOT NULL, "
+                   "version BIGINT NOT NULL, kind TEXT NOT NULL)")
+
+
+def _applied(dsn: str) -> list[tuple[str, int, str]]:
+    with psycopg.connect(dsn) as db:
+        return [tuple(row) for row in db.execute("SELECT account, version, kind FROM changes ORDER BY id")]
+
+
+def test_a_change_feed_killed_and_resumed_applies_each_change_once_in_version_order(spark, tmp_path,
+                                                                                    pg_database):
+    table = tmp_path / "accounts"
+    _accounts_table(spark, table, commits=9, seed=1)
+    expected = [(row["account"], row["_commit_version"], row["_change_type"]) for row in
+                spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0)
+                .load(str(table)).collect()]
+    _changes_table(pg_database)
+    stream = ["stream", str(table), "--format", "delta", "--option", "readChangeFeed=true",
+              "--option", "startingVersion=0", "--option", "maxFilesPerTrigger=3", "--key", "account",
+              "--order", CHANGE_ORDER, "--handler", "tests.spark_handlers:changes_sink", "--batch-size", "20"]
+    first = _segack(tmp_path, *stream, "--segments", "3", dsn=pg_database, wait=False)
+    _kill_when(first, lambda: len(_applied(pg_database)) > len(expected) // 3, "a third of the changes")
+    done = _segack(tmp_path, *stream, "--segments", "5", dsn=pg_database)
+    assert done.returncode == 0, done.stderr
+    applied = _applied(pg_database)
+    assert sorted(applied) == sorted(expected) and len(applied) == len(set(applied))
+    by_account: dict[str, list[tuple[int, int]]] = {}
+    for account, version, kind in applied:
+        by_account.setdefault(account, []).append((version, RANK[kind]))
+    assert all(changes == sorted(changes) for changes in by_account.values())
+    assert max(len(changes) for changes in by_account.values()) >= 8  # keys changed in many commits
+
+
+def test_a_table_version_replayed_killed_and_resumed_is_exact(spark, tmp_path):
+    table = tmp_path / "events"
+    rows = [(f"user-{n % 50}", n // 50, n) for n in range(3200)]
+    for start in range(0, len(rows), 800):
+        spark.createDataFrame(rows[start:start + 800], "user string, seq long, ts long").write.format(
+            "delta").mode("append").save(str(table))
+    replay = ["replay", str(table), "--format", "delta", "--option", "versionAsOf=2", "--key", "user",
+              "--order", "ts", "--handler", "tests.spark_handlers:record_slowly", "--segments", "3"]
+    first = _segack(tmp_path, *replay, wait=False)
+    log = str(tmp_path / "log.jsonl")
+    _kill_when(first, lambda: len(read_log(log)) > 400, "some events")
+    done = _segack(tmp_path, *replay, "--segments", "2", run="1")
+    assert done.returncode == 0, done.stderr
+    assert "2,400 in all" in done.stdout  # version 2: the first three commits
+    handled = {(event["user"], event["seq"]) for event in read_log(log)}
+    assert handled == {(user, seq) for user, seq, _ in rows[:2400]}
+
+
+def test_a_directory_that_is_not_a_delta_table_is_refused_in_one_line(tmp_path):
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "data.txt").write_text("not a table\n")
+    handler = ["--handler", "tests.spark_handlers:record_slowly"]
+    for command in (["replay", str(tmp_path / "plain"), "--format", "delta", "--key", "user", "--order", "ts",
+                     *handler],
+                    ["stream", str(tmp_path / "plain"), "--format", "delta",
+                     "--option", "readChangeFeed=true", "--key", "user", "--order", CHANGE_ORDER, *handler]):
+        refused = _segack(tmp_path, *command)
+        lines = [line for line in refused.stderr.splitlines() if line.startswith("segack")]
+        assert refused.returncode == ExitCode.REFUSED, refused.stderr
+        assert len(lines) == 1 and "is not a Delta table" in lines[0], lines
+        assert not (tmp_path / "checkpoint").exists()

@@ -1,0 +1,435 @@
+"""``segack stream`` over a real Kafka broker (``tests/kafka.py``): key order inside partitions, offsets
+committed back to a consumer group, records whose value does not parse, kills and resumes with
+effects exactly once, a broker that goes away, and every refusal in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from segack.cli import ExitCode, main
+from segack.spark_adapter.store.checkpoint import CheckpointStore
+from tests import maven
+from tests.spark_handlers import DSN_ENV, LOG_ENV, fold, read_log
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = "user STRING, seq BIGINT, amount BIGINT"
+
+
+def produce(bootstrap: str, topic: str, records: list[tuple[str, bytes | None]]) -> None:
+    """Write ``(key, value)`` records to ``topic``: each key to one partition, in the list's order."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    for key, value in records:
+        while True:
+            try:
+                producer.produce(topic, key=key.encode(), value=value)
+                break
+            except BufferError:
+                producer.poll(0.1)
+    producer.flush(60)
+
+
+def make_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    created = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    for future in created.values():
+        future.result(30)
+
+
+def account_events(count: int, users: int, seed: int, start: dict[str, int] | None = None,
+                   ) -> list[tuple[str, bytes]]:
+    """``count`` JSON records of ``users`` users, a few of them hot; each user's ``seq`` counts up
+    from ``start`` (where an earlier call left it)."""
+    rng = random.Random(seed)
+    seqs = dict(start or {})
+    names = [f"user-{n}" for n in range(users)]
+    hot = names[:3]
+    records = []
+    for _ in range(count):
+        user = rng.choice(hot) if rng.random() < 0.3 else rng.choice(names)
+        seq = seqs.get(user, 0)
+        seqs[user] = seq + 1
+        records.append((user, json.dumps({"user": user, "seq": seq, "amount": rng.randint(1, 100)}).encode()))
+    if start is not None:
+        start.update(seqs)
+    return records
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "segack-tests-inspector"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        return {partition: consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)[1]
+                for partition in partitions}
+    finally:
+        consumer.close()
+
+
+def committed_offsets(bootstrap: str, topic: str, group: str) -> dict[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        found = consumer.committed([TopicPartition(topic, partition) for partition in partitions], timeout=30)
+        return {where.partition: where.offset for where in found if where.offset >= 0}
+    finally:
+        consumer.close()
+
+
+def stream_command(tmp_path: Path, bootstrap: str, topic: str, handler: str, *extra: str,
+                   checkpoint: str | None = None, run: str = "0", dsn: str | None = None) -> list[str]:
+    command = [sys.executable, "-m", "segack", "stream", "--format", "kafka",
+               "--option", f"kafka.bootstrap.servers={bootstrap}", "--option", f"subscribe={topic}",
+               "--option", "startingOffsets=earliest", "--value-schema", SCHEMA,
+               "--key", "key", "--order", "offset", "--handler", handler,
+               "--checkpoint", checkpoint or str(tmp_path / "checkpoint"),
+               "--conf", "spark.jars=" + ",".join(map(str, maven.spark_kafka())), *extra]
+    return command
+
+
+def environment(tmp_path: Path, run: str, dsn: str | None = None) -> dict[str, str]:
+    found = dict(os.environ, **{LOG_ENV: str(tmp_path / "log.jsonl"), "SEGACK_TEST_RUN": run})
+    if dsn is not None:
+        found[DSN_ENV] = dsn
+    return found
+
+
+def run_stream(tmp_path: Path, bootstrap: str, topic: str, handler: str, *extra: str, run: str = "0",
+               checkpoint: str | None = None, dsn: str | None = None) -> subprocess.CompletedProcess[str]:
+    command = stream_command(tmp_path, bootstrap, topic, handler, *extra, checkpoint=checkpoint)
+    return subprocess.run(command, cwd=ROOT, env=environment(tmp_path, run, dsn), capture_output=True,
+                          text=True, timeout=600)
+
+
+def start_stream(tmp_path: Path, bootstrap: str, topic: str, handler: str, *extra: str, run: str = "0",
+                 dsn: str | None = None) -> subprocess.Popen[str]:
+    command = stream_command(tmp_path, bootstrap, topic, handler, *extra)
+    return subprocess.Popen(command, cwd=ROOT, env=environment(tmp_path, run, dsn), start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def assert_each_key_in_offset_order(handled: list[dict], records: list[tuple[str, bytes]]) -> None:
+    """Every record handled, once per run at least, each key's first handlings in ``seq`` order."""
+    expected: dict[str, int] = {}
+    for key, _ in records:
+        expected[key] = expected.get(key, 0) + 1
+    seen: dict[str, int] = {}
+    for event in handled:
+        # A record handled again after a kill comes back in order from where its key was recorded.
+        assert event["seq"] <= seen.get(event["user"], 0), f"{event['user']} {event['seq']} skipped ahead"
+        if event["seq"] == seen.get(event["user"], 0):
+            seen[event["user"]] = event["seq"] + 1
+    assert seen == expected
+
+
+def test_a_topic_is_handled_in_offset_order_per_key_and_the_group_sees_every_partition_done(
+        tmp_path, kafka_broker, capsys):
+    topic = "accounts-drained"
+    make_topic(kafka_broker.bootstrap, topic, 6)
+    records = account_events(3000, users=200, seed=1)
+    produce(kafka_broker.bootstrap, topic, records)
+    done = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
+                      "--commit-offsets-to", "segack-drained", "--segments", "3",
+                      "--option", "maxOffsetsPerTrigger=1000")
+    assert done.returncode == 0, done.stderr
+    handled = read_log(str(tmp_path / "log.jsonl"))
+    assert len(handled) == len(records)
+    assert_each_key_in_offset_order(handled, records)
+    assert committed_offsets(kafka_broker.bootstrap, topic, "segack-drained") == end_offsets(
+        kafka_broker.bootstrap, topic)
+    batches = [line for line in done.stdout.splitlines() if line.startswith("segack stream: batch ")]
+    assert len(batches) >= 3, done.stdout  # bounded micro-batches
+    assert "the input is drained" in done.stdout and "3,000 events handled" in done.stdout
+    assert main(["status", str(tmp_path / "checkpoint")]) == ExitCode.OK
+    status = capsys.readouterr().out
+    assert f"{topic}/0" in status and "committed" in status and "lag 0" in status, status
+
+
+def test_more_spark_partitions_than_kafka_partitions_keep_each_keys_order(tmp_path, kafka_broker):
+    topic = "accounts-split"
+    make_topic(kafka_broker.bootstrap, topic, 2)
+    records = account_events(2000, users=50, seed=2)
+    produce(kafka_broker.bootstrap, topic, records)
+    done = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
+                      "--option", "minPartitions=12", "--segments", "4", "--concurrency", "4")
+    assert done.returncode == 0, done.stderr
+    handled = read_log(str(tmp_path / "log.jsonl"))
+    assert len(handled) == len(records)
+    assert_each_key_in_offset_order(handled, records)
+
+
+def _checkpoint_files(path: Path) -> dict[str, bytes]:
+    return {str(file.relative_to(path)): file.read_bytes()
+            for file in sorted(path.rglob("*")) if file.is_file()}
+
+
+@pytest.mark.command
+def test_what_it_cannot_read_is_refused_in_one_line_before_any_event(tmp_path, kafka_broker):
+    topic = "accounts-refusals"
+    make_topic(kafka_broker.bootstrap, topic, 1)
+    produce(kafka_broker.bootstrap, topic, account_events(10, users=3, seed=5))
+    checkpoint = tmp_path / "checkpoint"
+    # A checkpoint with a history: every refusal leaves it byte for byte as it was.
+    done = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka")
+    assert done.returncode == 0, done.stderr
+    before = _checkpoint_files(checkpoint)
+    handled = len(read_log(str(tmp_path / "log.jsonl")))
+    cases = [
+        (["--option", "subscribe=no-such-topic"], "has no topic 'no-such-topic'"),
+        (["--conf", "spark.jars="], "this Spark session has no Kafka connector: add it with --conf "
+                                    "spark.jars.packages=org.apache.spark:spark-sql-kafka-0-10_2.13:"),
+    ]
+    for extra, reason in cases:
+        refused = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
+                             *extra)
+        lines = [line for line in refused.stderr.splitlines() if line.startswith("segack")]
+        assert refused.returncode == ExitCode.REFUSED, (extra, refused.stderr)
+        assert len(lines) == 1 and reason in lines[0], (extra, lines)
+        assert "Traceback" not in refused.stderr
+    assert _checkpoint_files(checkpoint) == before
+    assert len(read_log(str(tmp_path / "log.jsonl"))) == handled
+
+
+@pytest.mark.parametrize(("servers", "schema", "reason"), [
+    ("closed", SCHEMA, "cannot reach Kafka at 127.0.0.1:"),
+    ("broker", "user STRING, seq", "--value-schema 'user STRING, seq' is not a schema Spark can read"),
+    ("broker", "offset BIGINT", "--value-schema names 'offset', a column every record has already"),
+    ("broker", "", "--value-schema '' must name the value's fields with their types"),
+], ids=["unreachable", "not-ddl", "clash", "empty"])
+def test_kafka_stream_refuses_servers_and_schemas_it_cannot_use(spark, kafka_broker, servers, schema, reason):
+    from segack.spark_adapter import InputError, kafka_stream
+
+    bootstrap = kafka_broker.bootstrap if servers == "broker" else f"127.0.0.1:{_closed_port()}"
+    with pytest.raises(InputError) as refused:
+        kafka_stream(spark, {"kafka.bootstrap.servers": bootstrap, "subscribe": "accounts-refusals"}, schema)
+    assert str(refused.value).startswith(reason)
+    assert "\n" not in str(refused.value)
+
+
+def _closed_port() -> int:
+    from tests.ports import free_port
+
+    return free_port()  # nothing listens there once the probe has closed
+
+
+@pytest.mark.handlers
+def test_a_value_that_does_not_parse_is_a_dead_letter_with_its_keys_later_records_until_retried(
+        tmp_path, kafka_broker, capsys):
+    topic = "accounts-unparsed"
+    make_topic(kafka_broker.bootstrap, topic, 2)
+    good = account_events(400, users=20, seed=6)
+    # user-1's record at seq 10 is not JSON; its later records wait behind it.
+    bad_at = next(index for index, (key, value) in enumerate(good)
+                  if key == "user-1" and json.loads(value)["seq"] == 10)
+    records = [*good[:bad_at], ("user-1", b"not json at all"), *good[bad_at:]]
+    produce(kafka_broker.bootstrap, topic, records)
+    first = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
+                       "--on-error", "dead-letter")
+    assert first.returncode == ExitCode.DEAD_LETTERS, first.stderr
+    later = sum(1 for key, _ in good[bad_at:] if key == "user-1")
+    assert f"{later + 1:,} events set aside as dead letters" in first.stdout, first.stdout
+    handled = read_log(str(tmp_path / "log.jsonl"))
+    assert {event["seq"] for event in handled if event["user"] == "user-1"} == set(range(10))
+    assert len(handled) == len(good) - later
+    assert main(["dead-letters", str(tmp_path / "checkpoint")]) == ExitCode.OK
+    listed = capsys.readouterr().out
+    assert "user-1" in listed and "UnparsedValueError" in listed and "not json at all" in listed, listed
+    # The fix: a handler that takes records whose value did not parse, then the dead letters retried.
+    retried = run_stream(tmp_path, kafka_broker.bootstrap, topic,
+                         "tests.spark_handlers:record_kafka_unparsed", "--retry-dead-letters", run="fixed")
+    assert retried.returncode == ExitCode.OK, retried.stderr
+    again = [event for event in read_log(str(tmp_path / "log.jsonl")) if event["run"] == "fixed"]
+    assert [event["seq"] for event in again] == [None, *range(10, 10 + later)]
+    # The record that did not parse has no fields (its user is null), but its key is user-1's.
+    assert {event["key"] for event in again} == {"user-1"} and again[0]["user"] is None
+
+
+class _Producer:
+    """Writes account records to ``topic`` while a test runs, a batch every tenth of a second, and
+    remembers where each landed: ``(user, seq) -> (partition, offset)``."""
+
+    def __init__(self, bootstrap: str, topic: str, total: int, seed: int) -> None:
+        import threading
+
+        self.records = account_events(total, users=300, seed=seed)
+        self.bootstrap, self.topic = bootstrap, topic
+        self.where: dict[tuple[str, int], tuple[int, int]] = {}
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5,
+                             "enable.idempotence": True})
+
+        def landed(error, message) -> None:
+            assert error is None, error
+            body = json.loads(message.value())
+            self.where[(body["user"], body["seq"])] = (message.partition(), message.offset())
+
+        for start in range(0, len(self.records), 100):
+            for key, value in self.records[start:start + 100]:
+                producer.produce(self.topic, key=key.encode(), value=value, on_delivery=landed)
+            producer.poll(0)
+            time.sleep(0.1)
+        producer.flush(60)
+
+    def below(self, committed: dict[int, int]) -> set[tuple[str, int]]:
+        """The records below each partition's committed offset."""
+        return {pair for pair, (partition, offset) in self.where.items()
+                if offset < committed.get(partition, 0)}
+
+
+def _ledger(dsn: str) -> tuple[list[tuple[str, int]], dict[str, int]]:
+    import psycopg
+
+    with psycopg.connect(dsn) as db:
+        return ([tuple(row) for row in db.execute("SELECT user_id, seq FROM ledger ORDER BY id")],
+                dict(db.execute("SELECT user_id, balance FROM balances").fetchall()))
+
+
+def _kill(process: subprocess.Popen[str]) -> None:
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _wait_for(condition, seconds: float, what: str, process: subprocess.Popen[str] | None = None) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if process is not None and process.poll() is not None:
+            _, err = process.communicate()
+            raise AssertionError(f"the stream ended while waiting for {what}: {err[-3000:]}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.sinks
+def test_a_stream_killed_thrice_rescaled_and_split_while_records_arrive_applies_each_once(
+        tmp_path, kafka_broker, pg_database):
+    topic, group = "accounts-exactly-once", "segack-exactly-once"
+    make_topic(kafka_broker.bootstrap, topic, 6)
+    producer = _Producer(kafka_broker.bootstrap, topic, 12_000, seed=7)
+    options = ["--trigger", "1s", "--batch-size", "200", "--concurrency", "8", "--commit-offsets-to", group,
+               "--option", "maxOffsetsPerTrigger=1500", "--flush-interval", "1"]
+    rng = random.Random(8)
+    for run, segments in enumerate([3, 5, 2]):
+        applied = len(_ledger(pg_database)[0])
+        process = start_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:ledger_sink",
+                               *options, "--segments", str(segments), run=str(run), dsn=pg_database)
+        _wait_for(lambda applied=applied: len(_ledger(pg_database)[0]) > applied + 300, 300,
+                  "records applied", process)
+        if run == 1:
+            assert main(["split", str(tmp_path / "checkpoint"), "0"]) == ExitCode.OK
+            split_at = len(_ledger(pg_database)[0])
+            _wait_for(lambda split_at=split_at: len(_ledger(pg_database)[0]) > split_at + 500, 300,
+                      "records after the split", process)
+        time.sleep(rng.uniform(0.2, 1.5))
+        assert process.poll() is None, "the stream ended before its kill: the test proves nothing"
+        _kill(process)
+        # Never ahead: every record below a committed offset is in the ledger.
+        committed = committed_offsets(kafka_broker.bootstrap, topic, group)
+        assert producer.below(committed) <= set(_ledger(pg_database)[0])
+    producer.thread.join(120)
+    drained = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:ledger_sink",
+                         "--batch-size", "200", "--concurrency", "8", "--commit-offsets-to", group,
+                         "--segments", "4", run="drain", dsn=pg_database)
+    assert drained.returncode == 0, drained.stderr
+    rows, balances = _ledger(pg_database)
+    pairs = [(key, json.loads(value)["seq"]) for key, value in producer.records]
+    assert len(rows) == len(set(rows)) == len(pairs) and set(rows) == set(pairs)
+    last: dict[str, int] = {}
+    for user, seq in rows:
+        assert seq == last.get(user, -1) + 1, f"{user} {seq} applied after {last.get(user)}"
+        last[user] = seq
+    expected: dict[str, int] = {}
+    for user, seq in sorted(pairs):
+        expected[user] = fold(expected.get(user, 0), seq)
+    assert balances == expected
+    assert committed_offsets(kafka_broker.bootstrap, topic, group) == end_offsets(kafka_broker.bootstrap,
+                                                                                   topic)
+
+
+@pytest.mark.command
+def test_sigterm_stops_at_the_end_of_a_micro_batch_and_the_next_run_repeats_nothing(tmp_path,
+                                                                                     kafka_broker):
+    topic = "accounts-sigterm"
+    make_topic(kafka_broker.bootstrap, topic, 3)
+    records = account_events(6000, users=100, seed=9)
+    produce(kafka_broker.bootstrap, topic, records)
+    process = start_stream(tmp_path, kafka_broker.bootstrap, topic,
+                           "tests.spark_handlers:record_kafka_slowly", "--trigger", "1s",
+                           "--option", "maxOffsetsPerTrigger=500")
+    log = str(tmp_path / "log.jsonl")
+    _wait_for(lambda: len(read_log(log)) > 600, 300, "a micro-batch or two", process)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == ExitCode.OK, err
+    assert "segack stream: stopping at the end of the micro-batch under way" in err
+    assert "stopped as asked" in out
+    stopped_at = len(read_log(log))
+    assert stopped_at < len(records), "the stream had read everything: the stop proves nothing"
+    state = CheckpointStore(str(tmp_path / "checkpoint")).load()
+    assert state.settings["stream"]["batch"] is None  # stopped at a commit: no batch in progress
+    finished = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
+                          run="1")
+    assert finished.returncode == 0, finished.stderr
+    handled = read_log(log)
+    assert len(handled) == len(records)  # nothing repeated, nothing lost
+    assert_each_key_in_offset_order(handled, records)
+
+
+@pytest.mark.claims
+def test_a_broker_gone_in_the_middle_of_a_stream_loses_and_repeats_nothing(tmp_path):
+    from tests.kafka import kafka_broker
+
+    with kafka_broker(tmp_path / "broker") as broker:
+        topic = "accounts-broker-gone"
+        make_topic(broker.bootstrap, topic, 2)
+        first, second = account_events(1500, users=40, seed=10), []
+        produce(broker.bootstrap, topic, first)
+        process = start_stream(tmp_path, broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
+                               "--trigger", "1s", "--option", "maxOffsetsPerTrigger=300")
+        log = str(tmp_path / "log.jsonl")
+        _wait_for(lambda: len(read_log(log)) >= len(first), 300, "the first records", process)
+        broker.stop()
+        time.sleep(5)
+        broker.start()
+        seqs = {}
+        for key, value in first:
+            seqs[key] = json.loads(value)["seq"] + 1
+        second = account_events(500, users=40, seed=11, start=seqs)
+        produce(broker.bootstrap, topic, second)
+        deadline = time.monotonic() + 120
+        while process.poll() is None and len(read_log(log)) < len(first) + len(second):
+            assert time.monotonic() < deadline, "the stream neither went on nor stopped"
+            time.sleep(0.2)
+        if process.poll() is None:  # it waited for the broker and went on
+            process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=300)
+        lines = [line for line in err.splitlines()
+                 if line.startswith("segack stream:") and "stopping" not in line]
+        # It waited for the broker and went on (stopped by SIGTERM), or stopped with one line.
+        assert process.returncode == ExitCode.OK or (
+            process.returncode == ExitCode.FAILED and len(lines) == 1), err
+        finished = run_stream(tmp_path, broker.bootstrap, topic, "tests.spark_handlers:record_kafka", run="1")
+        assert finished.returncode == 0, finished.stderr
+    handled = read_log(log)
+    assert len(handled) == len(first) + len(second)
+    assert_each_key_in_offset_order(handled, first + second)
