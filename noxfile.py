@@ -217,6 +217,9 @@ def mutation(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Same-run ratios against the competitors, printed as tables."""
-    install_segack(session, "test", "pyroaring", "portion")
+    """Same-run ratios against the competitors, printed as tables (``-- kafka``: on the PySpark of
+    ``nox -s connectors``)."""
+    kafka = "kafka" in session.posargs
+    connectors = [f"pyspark[connect]=={CONNECTORS_SPARK}", "confluent-kafka"] if kafka else []
+    install_segack(session, "test", "pyroaring", "portion", *connectors)
     session.run("python", "-m", "bench", *session.posargs)

@@ -1,5 +1,6 @@
-"""``python -m bench [hashes] [acker] [spark] [sinks] [crashes]``: same-run ratios against competitors
-(``crashes``, not run by default, counts what a crash costs a handler instead).
+"""``python -m bench [hashes] [acker] [spark] [sinks] [kafka] [crashes]``: same-run ratios against
+competitors (``crashes``, not run by default, counts what a crash costs a handler instead; ``kafka``,
+not run by default either, needs the PySpark Spark's Kafka connector is released for).
 
 Every table times segack and its competitor in this one process, on the same
 input, and prints the ratio; absolute times on shared machines are noise, the
@@ -20,10 +21,10 @@ from bench.common import cpus
 
 
 def main(argv: list[str]) -> int:
-    from bench import acker, crashes, hashes, sinks, spark
+    from bench import acker, crashes, hashes, kafka, sinks, spark
 
     suites = {"hashes": hashes.run, "acker": acker.run, "spark": spark.run, "sinks": sinks.run,
-              "crashes": crashes.run}
+              "kafka": kafka.run, "crashes": crashes.run}
     chosen = argv or ["hashes", "acker", "spark", "sinks"]
     unknown = [name for name in chosen if name not in suites]
     if unknown:

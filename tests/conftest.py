@@ -201,10 +201,3 @@ def s3(s3_endpoint, monkeypatch, request):
     the standard way (``AWS_ENDPOINT_URL`` and credentials); yields ``s3://BUCKET``."""
     return _fresh_bucket(s3_endpoint, monkeypatch, request)
 
-
-@pytest.fixture(params=["local", "s3"])
-def checkpoint_location(request, tmp_path):
-    """A new checkpoint's location: a local directory, then a fresh bucket on the S3 test server."""
-    if request.param == "local":
-        return str(tmp_path / "checkpoint")
-    return f"{request.getfixturevalue('s3')}/checkpoint"

@@ -40,17 +40,21 @@ spark.stop()
 """
 
 
-def _archive_path() -> Path:
+def _archive() -> tuple[Path, str]:
+    """Where this Spark installation's archive goes (one per installation's path), and what it must
+    have been dumped from: the JVM refuses an archive whose jars changed since (a venv made again in
+    the same place), and then starts without even the JDK's own archive."""
     import pyspark
 
     jars = Path(pyspark.__file__).parent / "jars"
-    key = hashlib.sha256("\n".join([pyspark.__version__, str(jars.resolve()), sys.version,
-                                    *sorted(os.listdir(jars))]).encode()).hexdigest()[:16]
+    where = hashlib.sha256(f"{jars.resolve()} {sys.version}".encode()).hexdigest()[:16]
+    found = sorted((entry.name, entry.stat().st_size, entry.stat().st_mtime_ns) for entry in os.scandir(jars))
+    key = hashlib.sha256(repr([pyspark.__version__, found]).encode()).hexdigest()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "segack-tests"
-    return cache / f"spark-classes-{key}.jsa"
+    return cache / f"spark-classes-{where}.jsa", key
 
 
-def _dump(archive: Path) -> None:
+def _dump(archive: Path, key: str) -> None:
     archive.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=archive.parent) as scratch:
         partial = Path(scratch) / archive.name
@@ -60,6 +64,7 @@ def _dump(archive: Path) -> None:
                               text=True, timeout=600)
         if done.returncode == 0 and partial.is_file():
             partial.replace(archive)
+            archive.with_suffix(".key").write_text(key)
         else:
             print(f"tests/jvm.py: no class archive, the drivers start without one: {done.stderr[-2000:]}",
                   file=sys.stderr)
@@ -67,8 +72,11 @@ def _dump(archive: Path) -> None:
 
 def driver_options(quick: bool = True) -> str:
     """The options (without :data:`QUICK` unless ``quick``), the archive dumped first if this
-    Spark installation has none yet."""
-    archive = _archive_path()
+    Spark installation has none of its present jars."""
+    archive, key = _archive()
+    stamp = archive.with_suffix(".key")
+    if not (archive.is_file() and stamp.is_file() and stamp.read_text() == key):
+        _dump(archive, key)
     if not archive.is_file():
-        _dump(archive)
+        return " ".join(QUICK if quick else ())
     return " ".join([*(QUICK if quick else ()), *SILENT, f"-XX:SharedArchiveFile={archive}"])

@@ -205,12 +205,14 @@ def record_when(event: dict[str, Any]) -> None:
 
 
 def record_with_task(event: dict[str, Any]) -> None:
-    """The rescale tests' handler: log the event with the Spark stage and partition that handled
-    it, then pause a little."""
+    """The rescale tests' handler: log the event with the run (``SEGACK_TEST_RUN``: stage ids
+    start again in each application), the Spark stage and partition that handled it, then pause a
+    little."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
     line = json.dumps({"user": event["user"], "seq": event["seq"], "at": time.time(),
+                       "run": os.environ.get("SEGACK_TEST_RUN"),
                        "stage": context.stageId() if context else None,
                        "partition": context.partitionId() if context else None})
     with open(os.environ[LOG_ENV], "a") as log:

@@ -152,6 +152,12 @@ def test_a_store_pickles_as_its_location_and_means_the_same_files(store, where):
     assert store.is_local is (where[0] == str(where[1]))
 
 
+def test_an_entry_for_another_writer_is_named_inside_the_checkpoint(store, where):
+    # Spark's own checkpoint of a query segack runs goes there: under the location, whatever its kind.
+    assert store.child_location("stream") == f"{store.location}/stream"
+    assert CheckpointStore("s3://bucket/ck/").child_location("stream") == "s3://bucket/ck/stream"
+
+
 # ------------------------------------------------------------------ state files
 
 def test_states_are_named_after_their_claim_and_the_newest_is_the_checkpoint(store, where):
@@ -332,7 +338,7 @@ def test_a_location_that_is_a_file_or_holds_other_files_is_not_a_checkpoint(wher
     with pytest.raises(CheckpointLocationError, match="no checkpoint at"):
         store.load_existing()
     # A checkpoint's own entries, a write that did not finish, hidden files: still a new checkpoint.
-    for name in ("claims", "progress", "dead-letters"):
+    for name in ("claims", "progress", "dead-letters", "stream"):
         (root / name).mkdir()
     for name in ("segments-request.json", "checkpoint-000000000003.json.0a1b.tmp", ".nfs0001"):
         (root / name).write_bytes(b"")
