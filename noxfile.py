@@ -27,6 +27,11 @@ BUILD_INPUTS = ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICEN
 #: The tests that prove an artifact (sdist, wheel): the kernel is the artifact's and keeps the
 #: spec's API, its C API and stubs are shipped, the vectors pass.
 SMOKE = ("-m", "smoke")
+#: pytest-xdist's workers for a whole run: one per core, at most four (each keeps a Spark session,
+#: and its tests start more drivers). Even on two cores, two run the suite in about 0.55 of the
+#: time one does: most of a Spark test is spent waiting (a driver starting, a kill's poll, a
+#: handler's sleep).
+WORKERS = ("--numprocesses", "auto", "--maxprocesses", "4")
 
 
 def _source_digest() -> str:
@@ -59,14 +64,14 @@ def install_segack(session: nox.Session, extras: str = "", *others: str) -> None
 
 
 def run_pytest(session: nox.Session, whole: tuple[str, ...]) -> None:
-    """pytest with the arguments after ``--`` if any (``-m claims``, a file), else over ``whole``,
-    printing the 30 slowest tests and failing when they take far longer than their budget
-    (``tests/durations_check.py``)."""
+    """pytest with the arguments after ``--`` if any (``-m claims``, a file), else over ``whole``
+    on :data:`WORKERS` processes, printing the 30 slowest tests and failing when they take far
+    longer than their budget (``tests/durations_check.py``)."""
     if session.posargs:
         session.run("pytest", *session.posargs)
         return
     report = Path(session.create_tmp()).resolve() / "junit.xml"
-    session.run("pytest", *whole, "--durations=30", f"--junitxml={report}")
+    session.run("pytest", *whole, *WORKERS, "--durations=30", f"--junitxml={report}")
     session.run("python", "-m", "tests.durations_check", str(report), session.name)
 
 

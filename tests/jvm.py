@@ -15,6 +15,7 @@ CPU-seconds for a 2,000-event ``segack replay``, 6.8 with them), with the same J
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import subprocess
@@ -55,7 +56,6 @@ def _archive() -> tuple[Path, str]:
 
 
 def _dump(archive: Path, key: str) -> None:
-    archive.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=archive.parent) as scratch:
         partial = Path(scratch) / archive.name
         options = " ".join([*QUICK, *SILENT, f"-XX:ArchiveClassesAtExit={partial}"])
@@ -75,8 +75,12 @@ def driver_options(quick: bool = True) -> str:
     Spark installation has none of its present jars."""
     archive, key = _archive()
     stamp = archive.with_suffix(".key")
-    if not (archive.is_file() and stamp.is_file() and stamp.read_text() == key):
-        _dump(archive, key)
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    # pytest-xdist's workers start together: one dumps, the others wait and use its archive.
+    with open(archive.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (archive.is_file() and stamp.is_file() and stamp.read_text() == key):
+            _dump(archive, key)
     if not archive.is_file():
         return " ".join(QUICK if quick else ())
     return " ".join([*(QUICK if quick else ()), *SILENT, f"-XX:SharedArchiveFile={archive}"])

@@ -81,13 +81,25 @@ def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
 
 
 def committed_offsets(bootstrap: str, topic: str, group: str) -> dict[int, int]:
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
     try:
         partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
-        found = consumer.committed([TopicPartition(topic, partition) for partition in partitions], timeout=30)
-        return {where.partition: where.offset for where in found if where.offset >= 0}
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                found = consumer.committed([TopicPartition(topic, partition) for partition in partitions],
+                                           timeout=30)
+                return {where.partition: where.offset for where in found if where.offset >= 0}
+            except KafkaException as error:
+                # A group's coordinator moves or loads while the broker starts: ask again.
+                moving = error.args[0].code() in {KafkaError.NOT_COORDINATOR,
+                                                  KafkaError.COORDINATOR_NOT_AVAILABLE,
+                                                  KafkaError.COORDINATOR_LOAD_IN_PROGRESS}
+                if not (moving or error.args[0].retriable()) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
     finally:
         consumer.close()
 
