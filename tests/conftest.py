@@ -63,6 +63,7 @@ AREAS = {
     "test_partitioner_and_policies.py": ("kernel",),
     "test_planner.py": ("kernel",),
     "test_refusals_alike.py": ("kernel",),
+    "test_readme.py": ("sinks",),
     "test_replay_cli.py": ("command",),
     "test_rescale.py": ("rescale",),
     "test_rescale_spark.py": ("rescale",),

@@ -23,6 +23,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from segack.cli import ExitCode
 from segack.demo import generate_events
 from segack.spark_adapter.store.checkpoint import CheckpointStore
 from tests import expected, jvm
@@ -180,7 +181,7 @@ def standalone_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 
 def test_standalone_cluster_ships_the_handler_and_refuses_a_local_checkpoint(workdir, standalone_master):
     refused = _replay(workdir, "record", "ck", "--master", standalone_master)
-    assert refused.returncode == 4  # ExitCode.REFUSED
+    assert refused.returncode == ExitCode.REFUSED
     assert "is a local path, but executors of master spark://" in refused.stderr
     assert "--shared-local-checkpoint" in refused.stderr
     assert not (workdir / "ck").exists() and not (workdir / "log.jsonl").exists()
@@ -192,7 +193,7 @@ def test_standalone_cluster_ships_the_handler_and_refuses_a_local_checkpoint(wor
 
     failed = _replay(workdir, "refuse", "ck-refuse", "--master", standalone_master,
                      "--shared-local-checkpoint", "--segments", "2")
-    assert failed.returncode == 1
+    assert failed.returncode == ExitCode.HANDLER_FAILED
     reason = [line for line in failed.stderr.splitlines() if line.startswith("segack replay:")]
     assert len(reason) == 1
     assert "LookupError: part 3 of user-" in reason[0] and "is missing" in reason[0]
@@ -245,7 +246,7 @@ def test_executors_without_segack_are_refused_at_once_then_run_from_a_packed_env
     bare = _python_environment(here / "bare")
     cluster = ["--master", standalone_master, "--shared-local-checkpoint"]
     refused = _replay(workdir, "record", "ck", *cluster, "--conf", f"spark.pyspark.python={bare}")
-    assert refused.returncode == 4, refused.stderr  # ExitCode.REFUSED
+    assert refused.returncode == ExitCode.REFUSED, refused.stderr
     [line] = [line for line in refused.stderr.splitlines() if line.startswith("segack")]
     assert line.startswith("segack replay: the executors' Python cannot import segack (ModuleNotFoundError: "
                            f"No module named 'segack'; {bare}, Python "), line
@@ -310,5 +311,5 @@ def test_spark_connect_replays_through_remote(workdir, connect_server):
     _assert_complete(workdir, workdir / "ck")
 
     failed = _replay(workdir, "refuse", "ck-refuse", "--remote", connect_server)
-    assert failed.returncode == 1
+    assert failed.returncode == ExitCode.HANDLER_FAILED
     assert "LookupError: part 3 of user-" in failed.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import pickle
 import warnings
 
@@ -37,6 +39,19 @@ def test_a_handler_failure_pickles_with_everything_it_says():
         "k", 3, 7, 2, "ValueError: no", "Traceback ...")
     assert str(back) == str(failure) == (
         "handler failed on the event with key 'k' and order 3 (position 7 of key group 2): ValueError: no")
+
+
+@pytest.mark.parametrize(("key", "order", "said"), [
+    ("acct-7", datetime.datetime(2024, 1, 14, 9, 30, tzinfo=datetime.UTC),
+     "key 'acct-7' and order 2024-01-14 09:30:00+00:00"),
+    (42, decimal.Decimal("12.50"), "key 42 and order 12.50"),
+    (b"k\x00", datetime.date(2024, 1, 14), "key b'k\\x00' and order 2024-01-14"),
+    ("two words ", "b", "key 'two words ' and order 'b'"),
+])
+def test_a_handler_failure_shows_values_as_a_user_wrote_them_strings_quoted(key, order, said):
+    failure = errors.HandlerFailedError(key, order, 0, 1, "ValueError: no")
+    assert str(failure) == (f"handler failed on the event with {said} (position 0 of key group 1): "
+                            f"ValueError: no")
 
 
 @pytest.mark.parametrize(("text", "read"), [

@@ -221,3 +221,44 @@ def test_an_option_keeps_its_meaning_its_help_and_where_it_applies():
     assert spec["retries"].metadata["metavar"] == "R" and spec["method"].metadata["help"] is None
     assert spec["retries"].metadata["doc"] == "A call that raises is made again up to this many times."
     assert spec["retries"].default == 0 and spec["policy"].default is Policy.PER_KEY
+
+
+class _Batched:
+    """A handler that prefers lists, as a sink may."""
+
+    preferred_batch_size = 250
+
+    def __call__(self, events):
+        return None
+
+
+def test_a_handler_without_a_batch_size_gets_the_size_it_prefers_and_an_explicit_one_wins():
+    import sqlite3
+
+    from segack.sinks import SqlSink
+
+    assert RunOptions.from_keywords({}, handler=_Batched()).handling.batch_size == 250
+    assert RunOptions.from_keywords({"batch_size": 3}, handler=_Batched()).handling.batch_size == 3
+    assert RunOptions.from_keywords({}, handler=lambda event: None).handling.batch_size is None
+    sink = SqlSink(connect=lambda: sqlite3.connect(":memory:"), apply=lambda cursor, event: None)
+    assert RunOptions.from_keywords({}, handler=sink).handling.batch_size == 1000
+    one = SqlSink(connect=lambda: sqlite3.connect(":memory:"), apply=lambda cursor, event: None,
+                  preferred_batch_size=None)
+    assert RunOptions.from_keywords({}, handler=one).handling.batch_size is None
+
+
+@pytest.mark.parametrize("size", [0, -1, 2.5, True, "10"])
+def test_a_sink_refuses_a_preferred_batch_size_that_is_not_a_positive_int(size):
+    import sqlite3
+
+    from segack.errors import SegackValueError
+    from segack.sinks import SqlSink
+
+    with pytest.raises(SegackValueError, match="preferred_batch_size must be a positive int or None"):
+        SqlSink(connect=lambda: sqlite3.connect(":memory:"), apply=lambda cursor, event: None,
+                preferred_batch_size=size)
+
+
+def test_a_handler_that_is_not_callable_is_refused_before_the_options_are_read():
+    with pytest.raises(SegackTypeError, match=exactly("handler must be callable")):
+        RunOptions.from_keywords({"batch_size": 0}, handler="not a function")

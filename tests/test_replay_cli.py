@@ -138,7 +138,7 @@ def test_a_killed_driver_stops_its_handlers_at_once(tmp_path):
             _kill_group(process)
 
 
-def test_handler_failure_exits_non_zero_with_one_line_naming_the_event(tmp_path):
+def test_a_handler_failure_exits_with_its_own_code_and_one_line_naming_the_event(tmp_path):
     import pyarrow as pa
 
     users = [f"u{n % 5}" for n in range(100)]
@@ -148,7 +148,7 @@ def test_handler_failure_exits_non_zero_with_one_line_naming_the_event(tmp_path)
     process = _start(tmp_path, "tests.spark_handlers:fail_on_tenth", 2, 0)
     _, err = process.communicate(timeout=600)
     reason = [line for line in err.splitlines() if line.startswith("segack replay:")]
-    assert process.returncode == 1
+    assert process.returncode == ExitCode.HANDLER_FAILED
     assert len(reason) == 1
     assert "key 'u1'" in reason[0] and "order 1051" in reason[0] and "cannot apply this part" in reason[0]
     state = CheckpointStore(str(tmp_path / "checkpoint")).load()

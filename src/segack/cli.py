@@ -30,8 +30,8 @@ class ExitCode(IntEnum):
 
     #: Done: every event of the input handled (``replay``), or the command did what it says.
     OK = 0
-    #: The run stopped before its end: the handler failed under ``--on-error stop``, a Spark task
-    #: failed, or another run took the checkpoint over. Its progress was saved: run it again to resume.
+    #: The run stopped before its end: a Spark task failed, or another run took the checkpoint
+    #: over. Its progress was saved: run it again to resume.
     FAILED = 1
     #: The command line is wrong: a flag out of its range, a handler that cannot be imported, a
     #: missing argument. Nothing ran; the message names the flag.
@@ -43,6 +43,11 @@ class ExitCode(IntEnum):
     #: nulls in the order column, a path that is not a checkpoint, a checkpoint of other input or
     #: held by another run. Nothing was written.
     REFUSED = 4
+    #: The handler raised on the same event through all its retries, under ``--on-error stop``. The
+    #: progress before that event was saved, but running again fails the same way until its cause
+    #: (the handler, the event, a service it calls) is fixed; ``--on-error dead-letter`` sets such
+    #: events aside instead.
+    HANDLER_FAILED = 5
 
 
 def _replay_segments(text: str) -> SegmentSet | str:

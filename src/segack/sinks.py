@@ -174,13 +174,18 @@ class SqlSink(Sink):
         cost: PostgreSQL ends an idle transaction only once its statements were synced, so a run
         paused in the middle of a list keeps its locks (and the run that took over waits) until it
         runs again or dies. Off by default; ``apply_many`` with ``executemany`` is as fast.
+    preferred_batch_size : int or None, default ``1000``
+        The events per call (one transaction) when the run sets no ``batch_size``: a transaction's
+        commit costs as much as many events' statements, so one event per call is several times
+        slower. ``None``: one event per call unless the run says otherwise.
 
     Raises
     ------
     SegackTypeError
         ``connect`` or ``apply`` is not callable.
     SegackValueError
-        Both or neither of ``apply`` and ``apply_many``, or ``table`` not a plain name.
+        Both or neither of ``apply`` and ``apply_many``, ``table`` not a plain name, or
+        ``preferred_batch_size`` not a positive int or None.
 
     Notes
     -----
@@ -195,7 +200,8 @@ class SqlSink(Sink):
 
     def __init__(self, connect: Callable[[], Any], apply: Callable[[Any, dict[str, Any]], Any] | None = None,
                  *, apply_many: Callable[[Any, list[dict[str, Any]]], Any] | None = None,
-                 table: str = "segack_applied", pipeline: bool = False) -> None:
+                 table: str = "segack_applied", pipeline: bool = False,
+                 preferred_batch_size: int | None = 1000) -> None:
         if not callable(connect):
             raise SegackTypeError("SqlSink: connect must be callable (it returns a DB-API 2 connection)")
         if (apply is None) == (apply_many is None):
@@ -206,7 +212,12 @@ class SqlSink(Sink):
         if not isinstance(table, str) or not _NAME.fullmatch(table):
             raise SegackValueError(f"SqlSink: table must be a plain name of at most 30 letters, digits and "
                                    f"underscores, starting with a letter or an underscore, not {table!r}")
+        if preferred_batch_size is not None and (isinstance(preferred_batch_size, bool) or not isinstance(
+                preferred_batch_size, int) or preferred_batch_size < 1):
+            raise SegackValueError(f"SqlSink: preferred_batch_size must be a positive int or None, not "
+                                   f"{preferred_batch_size!r}")
         self.connect, self.apply, self.apply_many, self.table = connect, apply, apply_many, table
+        self.preferred_batch_size = preferred_batch_size
         self.pipeline = bool(pipeline)
         #: Seconds a PostgreSQL session may sit idle inside a transaction (the claim timeout).
         self.idle_timeout: float | None = None

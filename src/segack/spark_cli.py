@@ -164,7 +164,10 @@ def _stop_session(spark: Any, args: argparse.Namespace) -> None:
 def _failure_code(args: argparse.Namespace, error: Exception) -> int:
     """The exit code of a run that raised ``error``, its line printed."""
     command = f"segack {args.command}"
-    if isinstance(error, (HandlerFailedError, ReplayError)):
+    if isinstance(error, HandlerFailedError):
+        print(f"{command}: {error}", file=sys.stderr)
+        return ExitCode.HANDLER_FAILED
+    if isinstance(error, ReplayError):
         print(f"{command}: {error}", file=sys.stderr)
         return ExitCode.FAILED
     if isinstance(error, (ValueError, OSError)):  # a refusal: nothing was written

@@ -151,7 +151,7 @@ class HandlerFailedError(SegackError, RuntimeError):
 
     def __init__(self, key: Any, order: Any, position: int, key_group: int, reason: str,
                  traceback: str = "") -> None:
-        super().__init__(f"handler failed on the event with key {key!r} and order {order!r} "
+        super().__init__(f"handler failed on the event with key {shown(key)} and order {shown(order)} "
                          f"(position {position} of key group {key_group}): {reason}")
         self.key = key
         self.order = order
@@ -182,6 +182,13 @@ class ClaimLostError(ReplayError):
         super().__init__(f"run {mine.run_id} lost its claim on checkpoint {location}: it {by}; this "
                          f"run stopped and saved nothing more")
         self.newer = newer
+
+
+def shown(value: Any) -> str:
+    """``value`` in a message as its user wrote it: a string or bytes quoted (its bounds and
+    blanks visible), anything else as ``str`` (``2024-01-14 09:30:00+00:00``, ``12.50``, not a
+    constructor call)."""
+    return repr(value) if isinstance(value, (str, bytes)) else str(value)
 
 
 #: Spark's line for a job's last failed task: ``... Lost task 0.3 in stage 0.0 (TID 6) (host executor 0): E``.

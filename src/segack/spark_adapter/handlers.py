@@ -78,6 +78,9 @@ class Sink:
 
     #: A sink is called with identities (see :func:`~segack.spark_adapter.with_identity`).
     segack_identity = True
+    #: The events per call when the run sets no ``batch_size`` (``None``: one). A sink whose call
+    #: costs about the same for one event as for many (a transaction, a request) sets it.
+    preferred_batch_size: int | None = None
 
     def __call__(self, events: list[dict[str, Any]], identities: list[EventIdentity]) -> Any:
         """Handle ``events`` (one, or a list of up to ``batch_size``), each key's in its order;

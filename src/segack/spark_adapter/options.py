@@ -118,14 +118,16 @@ class Handling:
         "a time)", "N")
     batch_size: int | None = option(None, """
         Call the handler with a list of up to this many events instead of one event (``None``: one
-        event per call). A list holds each key's events in its order, never an event whose key's
-        earlier events are not done or earlier in the list, and no two lists in flight share a key.
+        event per call, or as many as the handler prefers: its ``preferred_batch_size``, as
+        :class:`~segack.sinks.SqlSink`'s). A list holds each key's events in its order, never an
+        event whose key's earlier events are not done or earlier in the list, and no two lists in
+        flight share a key.
         A list that is not full is not held back once the task has read all the input it has. The
         list is done when the call returns; retries make the whole call again; with
         ``on_error="dead-letter"`` a list that still fails is cut down until only the failing
         events (and their keys' later events) are set aside.""",
         "call the handler with a list of up to N events, each key's in its order (default: one event per "
-        "call)", "N")
+        "call, or a sink's preferred size)", "N")
     max_pending: int | None = option(None, """
         A task reads ahead at most this many rows not yet committed (default ``4 * concurrency``,
         times ``batch_size``).""",
@@ -294,17 +296,24 @@ class RunOptions:
         object.__setattr__(self, "verify", _choice("verify", self.verify, Verify))
 
     @classmethod
-    def from_keywords(cls, keywords: Mapping[str, Any], *, streams: bool = False,
-                      caller: str = "replay") -> RunOptions:
+    def from_keywords(cls, keywords: Mapping[str, Any], *, handler: Callable[..., Any] | None = None,
+                      streams: bool = False, caller: str = "replay") -> RunOptions:
         """The options named in ``keywords`` (each field of this class or of :class:`Handling`), the
-        others at their defaults. A name that is not an option (of a stream, with ``streams``) is a
-        ``TypeError``, as Python's own for ``caller()``."""
+        others at their defaults, for a run of ``handler``: without a ``batch_size``, the one the
+        handler prefers (its ``preferred_batch_size``, as :class:`~segack.sinks.SqlSink`'s), if
+        any. A name that is not an option (of a stream, with ``streams``), or a handler that is not
+        callable, is a ``TypeError``, as Python's own for ``caller()``."""
+        if handler is not None and not callable(handler):
+            raise SegackTypeError("handler must be callable")
         names = {spec.name for spec in option_fields(streams)}
         unknown = [name for name in keywords if name not in names]
         if unknown:
             raise SegackTypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
         handling_names = {spec.name for spec in dataclasses.fields(Handling)}
-        handling = Handling(**{name: value for name, value in keywords.items() if name in handling_names})
+        chosen = {name: value for name, value in keywords.items() if name in handling_names}
+        if chosen.get("batch_size") is None and getattr(handler, "preferred_batch_size", None) is not None:
+            chosen["batch_size"] = handler.preferred_batch_size  # type: ignore[union-attr]
+        handling = Handling(**chosen)
         return cls(handling=handling, **{name: value for name, value in keywords.items()
                                          if name not in handling_names})
 

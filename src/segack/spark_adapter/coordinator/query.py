@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from segack.errors import SegackError, SegackTypeError
+from segack.errors import SegackError
 from segack.spark_adapter.coordinator.dead_letters import RetryOutcome
 from segack.spark_adapter.coordinator.run import check_location, check_session, claimed, new_run_id
 from segack.spark_adapter.coordinator.streaming import BatchReplay
@@ -281,11 +281,9 @@ def stream(
     from segack.spark_adapter.sources.kafka import KafkaStream
 
     began = time.monotonic()
-    if not callable(handler):  # 1
-        raise SegackTypeError("handler must be callable")
+    run_options = RunOptions.from_keywords(options, handler=handler, streams=True, caller="stream")  # 1
     kafka = events if isinstance(events, KafkaStream) else None
     frame: DataFrame = events.events if isinstance(events, KafkaStream) else events
-    run_options = RunOptions.from_keywords(options, streams=True, caller="stream")
     how = parse_trigger(trigger)
     if not frame.isStreaming:
         raise OptionError("events must be a streaming DataFrame (spark.readStream...); replay a static one")

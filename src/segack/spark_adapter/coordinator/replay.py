@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from segack.errors import SegackTypeError
 from segack.kernel import SegmentSet
 from segack.spark_adapter.coordinator.planning import plan
 from segack.spark_adapter.coordinator.run import (
@@ -80,8 +79,9 @@ __all__ = [
 
 
 def load_handler(spec: str) -> Callable[[dict[str, Any]], Any]:
-    """The function named by ``MODULE:FUNCTION``; a clear :class:`~segack.spark_adapter.OptionError`
-    if it cannot be found."""
+    """The function named by ``MODULE:FUNCTION``; a one-line :class:`~segack.spark_adapter.OptionError`
+    if it cannot be found, or if importing its module raises anything (a module that connects at
+    import to a server that is down, an invalid sink built at import)."""
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name:
         raise OptionError(f"handler must be MODULE:FUNCTION, not {spec!r}")
@@ -89,6 +89,10 @@ def load_handler(spec: str) -> Callable[[dict[str, Any]], Any]:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise OptionError(f"cannot import handler module {module_name!r}: {error}") from None
+    except Exception as error:  # the module's own code failed: its error, not a traceback
+        said = " ".join(str(error).split()) or "(no message)"
+        raise OptionError(f"handler module {module_name!r} raised while being imported: "
+                          f"{type(error).__name__}: {said}") from None
     handler = getattr(module, function_name, None)
     if not callable(handler):
         raise OptionError(f"{module_name!r} has no function {function_name!r}")
@@ -182,9 +186,7 @@ def replay(
         :class:`~segack.spark_adapter.ClaimLostError` (a ``ReplayError``): another run took the
         checkpoint over, and this one saved nothing more.
     """
-    if not callable(handler):
-        raise SegackTypeError("handler must be callable")
-    run_options = RunOptions.from_keywords(options, caller="replay")
+    run_options = RunOptions.from_keywords(options, handler=handler, caller="replay")
     spark = df.sparkSession
     check_session(spark)
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)

@@ -54,7 +54,8 @@ class RunState:
         state.settings.update({
             "key": events.key, "order": events.order, "hash": options.hash, **events.column_types,
             "key_group_bits": events.bits, "flush_every": options.flush_every,
-            "flush_interval": options.flush_interval, "updated_at": time.time(), "status": "running",
+            "flush_interval": options.flush_interval, "batch_size": options.handling.batch_size,
+            "updated_at": time.time(), "status": "running",
         })
 
     @property

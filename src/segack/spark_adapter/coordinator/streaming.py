@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from segack.errors import SegackTypeError
 from segack.kernel import SegmentSet
 from segack.spark_adapter.coordinator.dead_letters import RetryOutcome
 from segack.spark_adapter.coordinator.run import (
@@ -87,9 +86,7 @@ def foreach_batch(
     callable
         ``process_batch(batch, batch_id)``, for ``writeStream.foreachBatch``.
     """
-    if not callable(handler):
-        raise SegackTypeError("handler must be callable")
-    run_options = RunOptions.from_keywords(options, streams=True, caller="foreach_batch")
+    run_options = RunOptions.from_keywords(options, handler=handler, streams=True, caller="foreach_batch")
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
     return BatchReplay(handler, key, order, store, run_options)
 
