@@ -384,3 +384,18 @@ def test_a_tasks_view_reads_a_dead_letter_file_to_handle_it_again(store):
     assert tasks.read_dead_letter_file(path).column("user").to_pylist() == ["a", "b"]
     store.delete_dead_letters([path])
     assert tasks.read_dead_letter_file(path) is None
+
+
+@pytest.mark.parametrize("kind", ["local", "arrow"])
+def test_only_an_empty_directory_is_removed(tmp_path, kind):
+    from segack.spark_adapter.store.storage import ArrowFiles, LocalFiles
+
+    files = LocalFiles(str(tmp_path)) if kind == "local" else ArrowFiles(f"file://{tmp_path}")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "kept").write_bytes(b"x")
+    (tmp_path / "a-file").write_bytes(b"y")
+    for name in ("empty", "full", "a-file", "missing"):
+        files.remove_empty_directory(files.path(name))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a-file", "full"]
+    assert (tmp_path / "full" / "kept").read_bytes() == b"x" and (tmp_path / "a-file").read_bytes() == b"y"

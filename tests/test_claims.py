@@ -96,6 +96,20 @@ def test_a_run_that_stops_before_its_first_save_withdraws_its_claim_and_leaves_n
         assert previous_run(store, acquire(store, "next", 60)) == "second"
 
 
+@pytest.mark.parametrize("existed", [False, True], ids=["a new location", "an empty directory"])
+def test_a_run_refused_before_its_first_save_leaves_the_location_as_it_was(tmp_path, existed):
+    location = tmp_path / "checkpoint"
+    if existed:
+        location.mkdir()
+    store = CheckpointStore(str(location))
+    with pytest.raises(CheckpointError), ClaimKeeper(store, acquire(store, "refused", 60)):
+        assert (location / "claims").is_dir()
+        raise CheckpointError("refused")
+    # Nothing made is left: not the claims' directory, nor the location unless it was there.
+    assert [path.name for path in tmp_path.iterdir()] == (["checkpoint"] if existed else [])
+    assert not existed or list(location.iterdir()) == []
+
+
 def test_an_expired_claim_is_taken_over_and_the_old_owner_is_fenced(store):
     old = acquire(store, "old", 0.2)
     keeper = ClaimKeeper(store, old)

@@ -312,6 +312,19 @@ def test_spark_banner_lines_only_with_verbose(tmp_path, verbose):
         assert "segack replay: 2 events handled" in out
 
 
+@pytest.mark.parametrize("quiet", [True, False], ids=["default", "quiet=False"])
+def test_local_session_is_as_quiet_as_the_command_unless_asked(quiet):
+    script = ("from segack.spark_adapter import local_session\n"
+              f"spark = local_session(quiet={quiet})\n"
+              "print(spark.range(3).count())\n"
+              "spark.stop()\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout == "3\n", done.stderr
+    banner = [line for line in done.stderr.splitlines() if line.startswith(BANNER)]
+    assert (banner == []) is quiet, done.stderr
+
+
 @pytest.mark.checkpoint
 def test_a_damaged_checkpoint_fails_the_command_and_is_kept(tmp_path, capsys):
     (tmp_path / "checkpoint").mkdir()

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from segack.errors import SegackTypeError, SegackValueError
-from segack.spark_adapter.errors import SinkError
+from segack.spark_adapter.errors import SinkError, one_line
 from segack.spark_adapter.handlers import EventIdentity, RunContext, Sink
 from segack.spark_adapter.options import Policy
 
@@ -254,7 +254,7 @@ class SqlSink(Sink):
         try:
             connection = self.connect()
         except Exception as error:
-            raise SinkError(f"SqlSink cannot connect: {type(error).__name__}: {error}") from error
+            raise SinkError(f"SqlSink cannot connect: {one_line(error)}") from error
         try:
             dialect = _Dialect.of(connection)
             if self.pipeline and not hasattr(connection, "pipeline"):
@@ -267,8 +267,7 @@ class SqlSink(Sink):
         except SinkError:
             raise
         except Exception as error:
-            raise SinkError(f"SqlSink cannot make its table {name}: "
-                            f"{type(error).__name__}: {error}") from error
+            raise SinkError(f"SqlSink cannot make its table {name}: {one_line(error)}") from error
         finally:
             with contextlib.suppress(Exception):
                 connection.close()

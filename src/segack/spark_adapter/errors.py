@@ -184,6 +184,13 @@ class ClaimLostError(ReplayError):
         self.newer = newer
 
 
+def one_line(error: BaseException) -> str:
+    """``error`` as ``"Type: message"`` on one line: a message's line breaks and runs of blanks
+    (a driver's hint on a second line, a server's detail) become single spaces."""
+    said = " ".join(str(error).split())
+    return f"{type(error).__name__}: {said}" if said else type(error).__name__
+
+
 def shown(value: Any) -> str:
     """``value`` in a message as its user wrote it: a string or bytes quoted (its bounds and
     blanks visible), anything else as ``str`` (``2024-01-14 09:30:00+00:00``, ``12.50``, not a

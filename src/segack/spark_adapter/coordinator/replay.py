@@ -52,7 +52,7 @@ from segack.spark_adapter.coordinator.run import (
     new_run_id,
     resolution,
 )
-from segack.spark_adapter.errors import HandlerFailedError, OptionError, ReplayError, worker_error
+from segack.spark_adapter.errors import HandlerFailedError, OptionError, ReplayError, one_line, worker_error
 from segack.spark_adapter.options import RunOptions, takes_options
 from segack.spark_adapter.results import Progress, ReplayResult
 from segack.spark_adapter.sources.fingerprint import input_fingerprint
@@ -90,9 +90,8 @@ def load_handler(spec: str) -> Callable[[dict[str, Any]], Any]:
     except ImportError as error:
         raise OptionError(f"cannot import handler module {module_name!r}: {error}") from None
     except Exception as error:  # the module's own code failed: its error, not a traceback
-        said = " ".join(str(error).split()) or "(no message)"
         raise OptionError(f"handler module {module_name!r} raised while being imported: "
-                          f"{type(error).__name__}: {said}") from None
+                          f"{one_line(error)}") from None
     handler = getattr(module, function_name, None)
     if not callable(handler):
         raise OptionError(f"{module_name!r} has no function {function_name!r}")

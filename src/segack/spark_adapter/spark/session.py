@@ -119,7 +119,8 @@ def spark_session(
     return builder.getOrCreate()
 
 
-def local_session(app_name: str = "segack", master: str = "local[2]", **conf: Any) -> SparkSession:
+def local_session(app_name: str = "segack", master: str = "local[2]", *, quiet: bool = True,
+                  **conf: Any) -> SparkSession:
     """A classic ``SparkSession`` on an embedded local master (see :func:`spark_session`).
 
     Parameters
@@ -128,12 +129,15 @@ def local_session(app_name: str = "segack", master: str = "local[2]", **conf: An
         The application's name.
     master : str, default ``'local[2]'``
         ``local``, ``local[N]`` or ``local-cluster[...]``.
+    quiet : bool, default ``True``
+        As the ``segack`` command: the driver logs errors only, without Spark's start-up banner
+        (``False``: Spark's own logging, warnings included).
     **conf
         Settings (``spark_sql_shuffle_partitions`` is not a name: pass
         ``**{"spark.sql.shuffle.partitions": 4}``).
     """
     return spark_session(master=master, conf={key: str(value) for key, value in conf.items()},
-                         app_name=app_name)
+                         app_name=app_name, quiet=quiet)
 
 
 def setting(spark: SparkSession, key: str, fallback: str) -> str:

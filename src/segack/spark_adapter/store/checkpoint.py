@@ -220,6 +220,8 @@ class CheckpointStore:
     def __init__(self, location: str) -> None:
         self.location = resolve_location(location)
         self.files = open_files(self.location)
+        #: Whether this store's first claim made the location (then a withdrawn claim removes it).
+        self._made_location = False
 
     def __getstate__(self) -> dict[str, Any]:
         return {"location": self.location}
@@ -403,6 +405,7 @@ class CheckpointStore:
 
     def create_claim_file(self, number: int, data: bytes) -> bool:
         """Create claim ``number`` unless it exists: ``False`` if it did (another run won)."""
+        self._made_location = self._made_location or not self.files.exists(self.files.path())
         return self.files.create(self._claim_path(number), data)
 
     def write_claim_file(self, number: int, data: bytes) -> None:
@@ -412,6 +415,14 @@ class CheckpointStore:
     def delete_claim_files(self, numbers: list[int]) -> None:
         for number in numbers:
             self.files.delete(self._claim_path(number))
+
+    def withdraw_claim(self, number: int) -> None:
+        """Delete claim ``number`` of a run that saved nothing, and the directories it made: a run
+        refused on a new location leaves nothing behind, and on an existing one, what was there."""
+        self.delete_claim_files([number])
+        self.files.remove_empty_directory(self.files.path(CLAIMS_DIR))
+        if self._made_location:
+            self.files.remove_empty_directory(self.files.path())
 
     # ---------------------------------------------------- segment requests
 

@@ -283,7 +283,7 @@ class ClaimKeeper(Periodic):
             try:
                 self.check()
                 if exc_info[0] is not None and not self.saved:
-                    self.store.delete_claim_files([self.claim.number])  # rule 5
+                    self.store.withdraw_claim(self.claim.number)  # rule 5
                     log.info("%s: run %s withdrew claim %d: it stopped before it saved anything",
                              self.store.location, self.claim.run_id, self.claim.number)
                     return

@@ -81,6 +81,11 @@ class Files(ABC):
         """The names of the files and directories in ``directory`` (none if it does not exist);
         ``None`` if it is a file."""
 
+    @abstractmethod
+    def remove_empty_directory(self, directory: str) -> None:
+        """Remove ``directory`` if it is an empty directory (a store without directories has none
+        to leave behind)."""
+
 
 class LocalFiles(Files):
     """A directory on this machine's file system (or a mount every machine shares, such as NFS)."""
@@ -138,6 +143,10 @@ class LocalFiles(Files):
     def delete(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
+
+    def remove_empty_directory(self, directory: str) -> None:
+        with contextlib.suppress(OSError):  # not empty (another run's file), gone, or not a directory
+            os.rmdir(directory)
 
     def list(self, directory: str) -> list[tuple[str, int]]:
         names = self.entries(directory) or []
@@ -229,6 +238,12 @@ class ArrowFiles(Files):
             return None
         infos = self._fs.get_file_info(fs.FileSelector(directory, allow_not_found=True))
         return [info.base_name for info in infos]
+
+    def remove_empty_directory(self, directory: str) -> None:
+        from pyarrow import fs
+
+        if self._fs.get_file_info(directory).type == fs.FileType.Directory and self.entries(directory) == []:
+            self._fs.delete_dir(directory)
 
 
 #: The schemes :class:`ObjectStoreFiles` serves: S3 (and MinIO, R2, ...), GCS, Azure Blob Storage.
@@ -327,6 +342,9 @@ class ObjectStoreFiles(Files):
         listing = self._call(obstore.list_with_delimiter, prefix)
         found = [*listing["common_prefixes"], *(entry["path"] for entry in listing["objects"])]
         return [name.rstrip("/").rsplit("/", 1)[-1] for name in found]
+
+    def remove_empty_directory(self, directory: str) -> None:
+        """Nothing: a prefix is no object, and goes with its last object."""
 
     def parquet_source(self, path: str) -> Any:
         import pyarrow as pa

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from segack.spark_adapter.errors import HandlerFailedError
+from segack.spark_adapter.errors import HandlerFailedError, one_line
 from segack.spark_adapter.handlers import (
     close_handler,
     identified_events,
@@ -314,7 +314,7 @@ class _SegmentTask:
         error = failure.error
         return HandlerFailedError(
             failure.event.get(self.plan.key), failure.event.get(self.plan.order), int(batch.positions[row]),
-            int(batch.groups[row]), f"{type(error).__name__}: {error}{tries}{within}", failure.traceback,
+            int(batch.groups[row]), f"{one_line(error)}{tries}{within}", failure.traceback,
         )
 
     def _commit_in_order(self, current: _Batch, upto: int) -> None:
