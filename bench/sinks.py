@@ -154,6 +154,8 @@ def _sinks(rows: list[dict[str, Any]], server: str) -> None:
     pipelines: list[tuple[str, Any]] = [
         ("per-event handler, one transaction per event (concurrency 1)",
          lambda connect: segack(OneTransactionPerEvent(connect))),
+        ("SqlSink as the README writes it: apply per event, no flags (lists of its preferred "
+         "1,000, concurrency 1)", lambda connect: segack(SqlSink(connect, apply))),
         (f"SqlSink, apply per event, batch_size={BATCH}, concurrency 4",
          lambda connect: segack(SqlSink(connect, apply), batch_size=BATCH, concurrency=4)),
         (f"SqlSink, apply per event, pipeline=True, batch_size={BATCH}, concurrency 4",
