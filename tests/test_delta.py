@@ -30,13 +30,13 @@ def _conf() -> list[str]:
     return [item for name, value in maven.connector_conf().items() for item in ("--conf", f"{name}={value}")]
 
 
-def _segack(tmp_path: Path, *arguments: str, run: str = "0", dsn: str | None = None,
-            wait: bool = True) -> subprocess.CompletedProcess[str] | subprocess.Popen[str]:
+def _segack(tmp_path: Path, *arguments: str, run: str = "0", dsn: str | None = None, wait: bool = True,
+            connector: bool = True) -> subprocess.CompletedProcess[str] | subprocess.Popen[str]:
     environment = dict(os.environ, **{LOG_ENV: str(tmp_path / "log.jsonl"), "SEGACK_TEST_RUN": run})
     if dsn is not None:
         environment[DSN_ENV] = dsn
     command = [sys.executable, "-m", "segack", *arguments, "--checkpoint", str(tmp_path / "checkpoint"),
-               *_conf()]
+               *(_conf() if connector else [])]
     if wait:
         return subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
     return subprocess.Popen(command, cwd=ROOT, env=environment, start_new_session=True,
@@ -147,3 +147,37 @@ def test_a_directory_that_is_not_a_delta_table_is_refused_in_one_line(tmp_path):
         assert refused.returncode == ExitCode.REFUSED, refused.stderr
         assert len(lines) == 1 and "is not a Delta table" in lines[0], lines
         assert not (tmp_path / "checkpoint").exists()
+
+
+def test_a_delta_table_read_without_the_connector_is_refused_naming_the_package(spark, tmp_path):
+    spark.createDataFrame([("user-0", 0, 1)], "user string, seq long, ts long").write.format("delta").save(
+        str(tmp_path / "events"))
+    refused = _segack(tmp_path, "replay", str(tmp_path / "events"), "--format", "delta", "--key", "user",
+                      "--order", "ts", "--handler", "tests.spark_handlers:record_slowly", connector=False)
+    lines = [line for line in refused.stderr.splitlines() if line.startswith("segack")]
+    assert refused.returncode == ExitCode.REFUSED, refused.stderr
+    assert lines == ["segack replay: this Spark session has no delta connector: add delta-spark's jars for "
+                     "this Spark version: --conf spark.jars.packages=io.delta:delta-spark_2.13:RELEASE (the "
+                     "Delta release built for your Spark)"], refused.stderr
+    assert not (tmp_path / "checkpoint").exists()
+
+
+def test_a_catalog_table_is_read_by_name_and_its_change_feed_gets_its_order(spark, tmp_path):
+    from segack.spark_adapter.sources.files import read_input
+
+    spark.sql(f"CREATE TABLE accounts_by_name (account STRING, balance BIGINT) USING delta "
+              f"LOCATION '{tmp_path / 'accounts'}' TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+    try:
+        spark.sql("INSERT INTO accounts_by_name VALUES ('a', 1), ('b', 2)")
+        spark.sql("UPDATE accounts_by_name SET balance = balance + 10 WHERE account = 'a'")
+        spark.sql("DELETE FROM accounts_by_name WHERE account = 'b'")
+        now = read_input(spark, None, "parquet", {}, table="accounts_by_name")
+        assert [tuple(row) for row in now.collect()] == [("a", 11)]
+        changes = read_input(spark, None, "parquet", {"readChangeFeed": "true", "startingVersion": "0"},
+                             table="accounts_by_name")
+        seen = [(row.account, row._change_type, row.balance)
+                for row in changes.orderBy("account", CHANGE_ORDER).collect()]
+    finally:
+        spark.sql("DROP TABLE accounts_by_name")
+    assert seen == [("a", "insert", 1), ("a", "update_preimage", 1), ("a", "update_postimage", 11),
+                    ("b", "insert", 2), ("b", "delete", 2)]

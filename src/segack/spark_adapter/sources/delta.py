@@ -27,9 +27,10 @@ CHANGE_ORDER = "_change_order"
 CHANGE_RANKS = {"delete": 0, "update_preimage": 1, "update_postimage": 2, "insert": 3}
 
 
-def is_change_feed(fmt: str, options: Mapping[str, str]) -> bool:
-    """Whether a read of ``fmt`` with ``options`` is a Delta change data feed."""
-    return fmt == "delta" and str(options.get("readChangeFeed", "")).lower() == "true"
+def is_change_feed(fmt: str | None, options: Mapping[str, str]) -> bool:
+    """Whether a read of ``fmt`` (``None``: a catalog table, whatever its format) with ``options``
+    is a Delta change data feed."""
+    return fmt in ("delta", None) and str(options.get("readChangeFeed", "")).lower() == "true"
 
 
 def with_change_order(changes: DataFrame) -> DataFrame:

@@ -77,15 +77,17 @@ def check_input_files(path: str, fmt: str) -> None:
 
 def read_input(spark: SparkSession, path: str | None, fmt: str, options: dict[str, str],
                table: str | None = None, streaming: bool = False) -> DataFrame:
-    """Table ``table``, or the files at ``path`` in format ``fmt`` with the reader's ``options``
+    """Table ``table``, or the files at ``path`` in format ``fmt``, with the reader's ``options``
     (CSV: a header line and inferred types, unless ``options`` say otherwise); Spark's refusal is
-    an :class:`~segack.spark_adapter.InputError` of one line.
+    an :class:`~segack.spark_adapter.InputError` of one line. A Delta change data feed
+    (``readChangeFeed=true``, of a path or a table) gets its ``_change_order`` column.
 
     With ``streaming``, a stream of them (``spark.readStream``): of a file format, with the schema
     its files have now."""
     try:
         if table is not None:
-            return spark.readStream.table(table) if streaming else spark.read.table(table)
+            found = (spark.readStream if streaming else spark.read).options(**options).table(table)
+            return with_change_order(found) if is_change_feed(None, options) else found
         assert path is not None
         defaults = {"header": "true", "inferSchema": "true"} if fmt == "csv" else {}
         # A relative path means this directory, not the one a Connect server or cluster driver runs in.
