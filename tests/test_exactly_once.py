@@ -305,7 +305,9 @@ def test_a_sink_that_cannot_start_is_refused_before_any_event(tmp_path, postgres
     assert process.returncode == 4  # ExitCode.REFUSED: nothing was handled
     assert "SqlSink cannot connect: OperationalError" in err, err
     assert 'database "no_such_database" does not exist' in err, err
-    assert len(err.splitlines()) == 1, err  # the driver's own second line joined to the first
+    # One line of segack's (the JVM adds its own "Using incubator modules" warning, which segack
+    # cannot turn off): the driver's message on several lines is joined.
+    assert len([line for line in err.splitlines() if not line.startswith("WARNING: ")]) == 1, err
     assert not os.path.exists(checkpoint)  # a new location: nothing left behind
 
 

@@ -193,6 +193,16 @@ def test_prepare_says_why_it_cannot_connect_or_make_its_table(tmp_path):
 
     with pytest.raises(SinkError, match="cannot connect: OSError: no route to the database"):
         SqlSink(fails, print).prepare(_run())
+
+    def refused():  # as psycopg words a server that is not there: two lines
+        raise OSError('connection failed: connection to server at "127.0.0.1", port 1 failed: Connection '
+                      'refused\n\tIs the server running on that host and accepting TCP/IP connections?')
+
+    with pytest.raises(SinkError) as caught:
+        SqlSink(refused, print).prepare(_run())
+    assert str(caught.value) == (
+        'SqlSink cannot connect: OSError: connection failed: connection to server at "127.0.0.1", port 1 '
+        'failed: Connection refused Is the server running on that host and accepting TCP/IP connections?')
     path = tmp_path / "read-only.db"
     sqlite3.connect(path).close()
     sink = SqlSink(lambda: sqlite3.connect(f"file:{path}?mode=ro", uri=True), print)
