@@ -12,7 +12,6 @@ from hypothesis import HealthCheck, settings
 
 import segack.kernel
 import segack.specs
-from tests.durations_check import recorded_seconds, report_name
 from tests.jvm import driver_options
 
 settings.register_profile(
@@ -80,11 +79,7 @@ AREAS = {
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each test with its module's areas (:data:`AREAS`; a new module must be listed there), and
     every test that needs a Spark session (directly or through ``jvm``) as ``spark``, so
-    ``pytest -m "not spark"`` (``nox -s quick``) runs the rest without a JVM. The slowest tests (as
-    their budgets recorded them) go first: pytest-xdist's workers then end together, not one of them
-    alone on a long test at the end."""
-    recorded = recorded_seconds()
-    items.sort(key=lambda item: -recorded.get(report_name(item.nodeid), 0.0))
+    ``pytest -m "not spark"`` (``nox -s quick``) runs the rest without a JVM."""
     for item in items:
         module = item.path.name
         if module not in AREAS:
