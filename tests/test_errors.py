@@ -54,6 +54,15 @@ def test_a_handler_failure_shows_values_as_a_user_wrote_them_strings_quoted(key,
                             f"ValueError: no")
 
 
+@pytest.mark.parametrize(("error", "line"), [
+    (ValueError("a\n\tb  c"), "ValueError: a b c"),
+    (KeyError(), "KeyError"),
+    (OSError(" \n "), "OSError"),
+])
+def test_an_error_on_one_line_joins_its_lines_and_names_its_type_alone_when_it_says_nothing(error, line):
+    assert errors.one_line(error) == line
+
+
 @pytest.mark.parametrize(("text", "read"), [
     ("py4j error\nTraceback (most recent call last):\n  File \"x\", line 1\n    f()\nValueError: bad row\n"
      "\tat org.apache.Something", "ValueError: bad row"),
