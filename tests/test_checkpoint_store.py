@@ -156,6 +156,8 @@ def test_an_entry_for_another_writer_is_named_inside_the_checkpoint(store, where
     # Spark's own checkpoint of a query segack runs goes there: under the location, whatever its kind.
     assert store.child_location("stream") == f"{store.location}/stream"
     assert CheckpointStore("s3://bucket/ck/").child_location("stream") == "s3://bucket/ck/stream"
+    # Only the slashes go: a name's own last letters stay.
+    assert CheckpointStore("s3://bucket/BOX/").child_location("stream") == "s3://bucket/BOX/stream"
 
 
 # ------------------------------------------------------------------ state files
