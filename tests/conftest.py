@@ -57,6 +57,7 @@ AREAS = {
     "test_kafka.py": ("streams",),
     "test_layout.py": (),
     "test_logging.py": ("command",),
+    "test_metrics.py": ("console",),
     "test_mutation_check.py": (),
     "test_object_store.py": ("checkpoint",),
     "test_options.py": ("command",),

@@ -275,6 +275,14 @@ def record_refusing_tenth_until_fixed(event: dict[str, Any]) -> None:
         log.write(line + "\n")
 
 
+def slow_refusing_tenth(event: dict[str, Any]) -> None:
+    """Refuses the tenth event of user u1; pauses a few milliseconds on every other (the metrics
+    test scrapes a run under way)."""
+    if event["user"] == "u1" and event["seq"] == 10:
+        raise RuntimeError("cannot apply this part")
+    time.sleep(0.004)
+
+
 def read_log(path: str) -> list[dict[str, Any]]:
     """The complete lines of a handler log (a line cut by a kill is not an event handled)."""
     if not os.path.exists(path):

@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from segack.cli import ExitCode, main
+from segack.spark_adapter import serve_metrics
 from segack.spark_adapter.store.checkpoint import CheckpointStore
 from tests import maven
 from tests.spark_handlers import DSN_ENV, LOG_ENV, fold, read_log
+from tests.test_metrics import sample_value, scrape
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,6 +173,17 @@ def test_a_topic_is_handled_in_offset_order_per_key_and_the_group_sees_every_par
     assert main(["status", str(tmp_path / "checkpoint")]) == ExitCode.OK
     status = capsys.readouterr().out
     assert f"{topic}/0" in status and "committed" in status and "lag 0" in status, status
+    with serve_metrics(str(tmp_path / "checkpoint"), 0) as server:
+        samples = scrape(server.port)
+    assert {int(labels["partition"]): found for labels, found in samples["segack_kafka_next_offset"]
+            if labels["topic"] == topic} == end_offsets(kafka_broker.bootstrap, topic)
+    assert {found for _, found in samples["segack_kafka_lag_records"]} == {0}
+    assert sample_value(samples, "segack_events_done_total") == 3000
+    assert sample_value(samples, "segack_events_handled_total") == 3000
+    assert sample_value(samples, "segack_stream_completed_batch") == int(batches[-1].split()[3].rstrip(":"))
+    assert sample_value(samples, "segack_stream_batch_duration_seconds") > 0
+    [(labels, _)] = samples["segack_run_info"]
+    assert labels["kind"] == "stream" and labels["state"] == "complete"
 
 
 def test_more_spark_partitions_than_kafka_partitions_keep_each_keys_order(tmp_path, kafka_broker):

@@ -16,7 +16,7 @@ MOST_PARAMETERS = 8
 LONGEST_MODULE = 600
 #: The adapter's subpackages by role, each importing only from those after it; its modules outside
 #: them (the errors, options, handlers' and results' types users see) import from none of them.
-ADAPTER_LAYERS = ("coordinator", "sources", "spark", "worker", "store")
+ADAPTER_LAYERS = ("coordinator", "console", "sources", "spark", "worker", "store")
 #: The public entry points whose keyword parameters are for users (their options come from
 #: RunOptions and are not counted).
 ENTRY_POINTS = {"replay", "foreach_batch", "stream"}

@@ -163,6 +163,18 @@ def run_keywords(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in RUN_FLAGS if hasattr(args, name)}
 
 
+def _metrics_address(text: str) -> str:
+    """What ``--metrics-port`` takes: ``PORT`` or ``HOST:PORT``."""
+    from segack.spark_adapter.console.metrics import parse_address
+    from segack.spark_adapter.errors import OptionError
+
+    try:
+        parse_address(text)
+    except OptionError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("metrics_port ")) from None
+    return text
+
+
 def _trigger(text: str) -> str:
     """What ``segack stream --trigger`` takes: ``available-now``, or an interval."""
     from segack.spark_adapter.coordinator.query import parse_trigger
@@ -261,6 +273,9 @@ def _add_handling(command: argparse.ArgumentParser) -> None:
     command.add_argument("--handler", required=True, metavar="MODULE:FUNCTION",
                          help="called with each event as a dict of its columns")
     command.add_argument("--checkpoint", required=True, metavar="DIR", help=_CHECKPOINT_HELP)
+    command.add_argument("--metrics-port", type=_metrics_address, default=None, metavar="[HOST:]PORT",
+                         help="serve the checkpoint's Prometheus metrics on http://HOST:PORT/metrics while "
+                         "the run goes on (HOST: 127.0.0.1 unless given)")
 
 
 def _add_stream(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -190,7 +190,8 @@ def replay_command(args: argparse.Namespace) -> int:
         events = read_input(spark, args.input, args.format, dict(args.option), args.table)
         source = args.input if args.table is None else f"table {args.table}"
         result = replay(events, key=args.key, order=args.order, handler=handler, checkpoint=store,
-                        progress=printer, source=source, **run_keywords(args))
+                        progress=printer, source=source, metrics_port=args.metrics_port,
+                        **run_keywords(args))
     except Exception as error:
         printer.close()
         return _failure_code(args, error)
@@ -233,7 +234,7 @@ def stream_command(args: argparse.Namespace) -> int:
         events = _stream_events(spark, args)
         result = stream(events, key=args.key, order=args.order, handler=handler, checkpoint=store,
                         trigger=args.trigger, commit_offsets_to=args.commit_offsets_to, stop=stop,
-                        progress=_print_batch, **run_keywords(args))
+                        progress=_print_batch, metrics_port=args.metrics_port, **run_keywords(args))
     except Exception as error:
         return _failure_code(args, error)
     finally:

@@ -4,6 +4,7 @@ Kafka), planning, checkpoints, claims, segments changed while a run goes on, ses
 from __future__ import annotations
 
 from segack.spark_adapter import errors as _errors
+from segack.spark_adapter.console.metrics import MetricsServer, serve_metrics
 from segack.spark_adapter.coordinator.planning import Plan, plan
 from segack.spark_adapter.coordinator.query import StopRequest, stream
 from segack.spark_adapter.coordinator.replay import (
@@ -61,6 +62,7 @@ __all__ = [
     "InputError",
     "KafkaStream",
     "KeyGroupTokens",
+    "MetricsServer",
     "OptionError",
     "Plan",
     "Progress",
@@ -88,6 +90,7 @@ __all__ = [
     "resolve_location",
     "scale",
     "segment_column",
+    "serve_metrics",
     "ship_module",
     "ship_py_files",
     "spark_session",

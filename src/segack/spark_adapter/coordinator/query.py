@@ -7,7 +7,8 @@ The query goes like this:
 
 1. **Check** everything that can be refused before anything is written: the options, the trigger,
    the session, the checkpoint's location, the executors' Python.
-2. **Claim** the checkpoint, for as long as the query runs (:mod:`~segack.spark_adapter.store.claims`).
+2. **Claim** the checkpoint, for as long as the query runs (:mod:`~segack.spark_adapter.store.claims`),
+   and serve its metrics (``metrics_port``: :mod:`~segack.spark_adapter.console.metrics`).
 3. **Retry the dead letters** first, with ``retry_dead_letters`` (a query with nothing new to read
    runs no micro-batch to retry them in). Then **start** the query: each micro-batch is a run of its
    own under that claim (:class:`~segack.spark_adapter.coordinator.streaming.BatchReplay`), its
@@ -30,6 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from segack.errors import SegackError
+from segack.spark_adapter.console.metrics import metrics_served, parse_address
 from segack.spark_adapter.coordinator.dead_letters import RetryOutcome
 from segack.spark_adapter.coordinator.run import check_location, check_session, claimed, new_run_id
 from segack.spark_adapter.coordinator.streaming import BatchReplay
@@ -138,6 +140,8 @@ class _Watch:
         self.spark, self.query, self.batches, self.kafka, self.group = spark, query, batches, kafka, group
         self.progress = progress
         self.last_batch: int | None = None
+        #: How long the last reported micro-batch took, as Spark measured it.
+        self.last_seconds: float | None = None
         #: Micro-batches that read events, as reported, and their events.
         self.count = self.events = 0
         self.partitions: list[PartitionOffsets] = []
@@ -179,10 +183,10 @@ class _Watch:
             self.events += int(report["numInputRows"])
             if self.kafka is not None:
                 self.partitions = parse_offsets(report)
+            self.last_seconds = (report.get("durationMs") or {}).get("triggerExecution", 0) / 1000
             if self.progress is not None:
-                seconds = (report.get("durationMs") or {}).get("triggerExecution", 0) / 1000
-                self.progress(BatchReport(self.last_batch, int(report["numInputRows"]), seconds, self.events,
-                                          self.lag))
+                self.progress(BatchReport(self.last_batch, int(report["numInputRows"]), self.last_seconds,
+                                          self.events, self.lag))
         if reports:
             self.batches.replay.report = self.record()
             self._commit()
@@ -201,7 +205,8 @@ class _Watch:
 
     def record(self) -> dict[str, Any]:
         """The report as the checkpoint's ``stream`` settings keep it."""
-        return {"last_batch": {"id": self.last_batch, "at": time.time()}, "commit_offsets_to": self.group,
+        return {"last_batch": {"id": self.last_batch, "at": time.time(), "seconds": self.last_seconds},
+                "commit_offsets_to": self.group,
                 "partitions": [[where.topic, where.partition, where.end, where.latest]
                                for where in self.partitions]}
 
@@ -228,6 +233,7 @@ def stream(
     commit_offsets_to: str | None = None,
     stop: StopRequest | None = None,
     progress: Callable[[BatchReport], None] | None = None,
+    metrics_port: int | str | None = None,
     **options: Any,
 ) -> StreamResult:
     """Run a Structured Streaming query that hands each event of ``events`` to ``handler``, in order
@@ -261,6 +267,9 @@ def stream(
         Set it to stop at the end of the micro-batch under way.
     progress : callable, optional
         Receives a :class:`~segack.spark_adapter.BatchReport` after each micro-batch.
+    metrics_port : int or str, optional
+        Serve the checkpoint's Prometheus metrics on ``http://HOST:PORT/metrics`` while the query
+        runs, as :func:`~segack.spark_adapter.replay` does.
 
     {options}
 
@@ -285,6 +294,8 @@ def stream(
     kafka = events if isinstance(events, KafkaStream) else None
     frame: DataFrame = events.events if isinstance(events, KafkaStream) else events
     how = parse_trigger(trigger)
+    if metrics_port is not None:
+        parse_address(metrics_port)
     if not frame.isStreaming:
         raise OptionError("events must be a streaming DataFrame (spark.readStream...); replay a static one")
     if commit_offsets_to is not None and kafka is None:
@@ -299,7 +310,8 @@ def stream(
     check_executors(spark)  # the last refusal: the only one that asks the executors
     replay = BatchReplay(kafka.guard(handler) if kafka else handler, key, order, store, run_options)
     stop = stop or StopRequest()
-    with claimed(spark, store, new_run_id(), run_options) as keeper:  # 2
+    with metrics_served(store, metrics_port), \
+            claimed(spark, store, new_run_id(), run_options) as keeper:  # 2
         retried = RetryOutcome()
         if run_options.retry_dead_letters:  # 3
             retried = replay.retry_dead_letters(spark, frame.schema, keeper)

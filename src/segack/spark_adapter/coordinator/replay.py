@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from segack.kernel import SegmentSet
+from segack.spark_adapter.console.metrics import metrics_served, parse_address
 from segack.spark_adapter.coordinator.planning import plan
 from segack.spark_adapter.coordinator.run import (
     Run,
@@ -128,6 +129,7 @@ def replay(
     handler: Callable[[dict[str, Any]], Any],
     checkpoint: str | CheckpointStore,
     progress: Callable[[Progress], None] | None = None,
+    metrics_port: int | str | None = None,
     **options: Any,
 ) -> ReplayResult:
     """Call ``handler(event)`` once per not-yet-done event of ``df``, in order per key.
@@ -156,6 +158,10 @@ def replay(
         another :mod:`pyarrow.fs` URI (``hdfs://``, ...) that every executor reaches.
     progress : callable, optional
         Receives a :class:`~segack.spark_adapter.Progress` at each merge of the tasks' progress.
+    metrics_port : int or str, optional
+        Serve the checkpoint's Prometheus metrics on ``http://HOST:PORT/metrics`` while the run
+        holds it: ``PORT`` (on 127.0.0.1) or ``HOST:PORT``
+        (:func:`~segack.spark_adapter.serve_metrics`).
 
     {options}
 
@@ -168,12 +174,13 @@ def replay(
     Raises
     ------
     OptionError, InputError, SessionError, CheckpointLocationError
-        Before anything is written: a bad setting, a missing or unsortable column, an order column
-        null or NaN in some events (checked by one Spark job, unless the checkpoint's last run read
-        the same unchanged files), speculation on, executors whose Python cannot import this
-        segack (:class:`~segack.spark_adapter.ExecutorEnvironmentError`), a checkpoint location
-        that is a file or a directory of other files, or a local checkpoint path executors on
-        other machines could not reach (unless ``shared_local_checkpoint``).
+        Before anything is written: a bad setting (a ``metrics_port`` in use, say), a missing or
+        unsortable column, an order column null or NaN in some events (checked by one Spark job,
+        unless the checkpoint's last run read the same unchanged files), speculation on,
+        executors whose Python cannot import this segack
+        (:class:`~segack.spark_adapter.ExecutorEnvironmentError`), a checkpoint location that is a
+        file or a directory of other files, or a local checkpoint path executors on other machines
+        could not reach (unless ``shared_local_checkpoint``).
     CheckpointError
         A damaged checkpoint, one of another version, or (:class:`~segack.spark_adapter.ForeignInputError`)
         one written for other input; :class:`~segack.spark_adapter.CheckpointClaimedError` when
@@ -186,6 +193,8 @@ def replay(
         checkpoint over, and this one saved nothing more.
     """
     run_options = RunOptions.from_keywords(options, handler=handler, caller="replay")
+    if metrics_port is not None:
+        parse_address(metrics_port)
     spark = df.sparkSession
     check_session(spark)
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
@@ -202,7 +211,7 @@ def replay(
                       key_group_bits=setup.bits, method=run_options.method).segments
     check_executors(spark)  # the last refusal: the only one that asks the executors
     run_id = new_run_id()
-    with claimed(spark, store, run_id, run_options) as keeper:
+    with metrics_served(store, metrics_port), claimed(spark, store, run_id, run_options) as keeper:
         # A change of segments asked of an earlier run that ended first is this run's to apply,
         # unless it names its own segments.
         pending = pending_change(store)

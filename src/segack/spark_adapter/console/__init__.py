@@ -1,0 +1,1 @@
+"""What an operator watches a checkpoint through: its Prometheus metrics (reads the store only)."""

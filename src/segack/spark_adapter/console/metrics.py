@@ -1,0 +1,267 @@
+"""A checkpoint's Prometheus metrics: what a run's driver serves with ``metrics_port``
+(``--metrics-port``), and :func:`serve_metrics` for any checkpoint.
+
+Each scrape reads the checkpoint as ``segack status`` does (its state, the progress files its
+live run has not merged yet, its claim and its dead letters) and writes nothing: the numbers are
+as of the tasks' last flush (``flush_interval``). Rates are Prometheus' to compute from the
+counters (``rate(segack_events_done_total[1m])``). Names follow Prometheus' conventions: base units,
+``_total`` for counters, ``_seconds`` for durations; :doc:`/operations` lists them with a query each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from segack.kernel import SegmentSet
+from segack.spark_adapter.errors import OptionError
+from segack.spark_adapter.store.checkpoint import CheckpointStore
+from segack.spark_adapter.store.claims import Claim, latest_claim, unmerged_progress
+
+if TYPE_CHECKING:
+    from segack.spark_adapter.store.checkpoint import Checkpoint
+
+__all__ = ["CheckpointCollector", "MetricsServer", "metrics_served", "parse_address", "serve_metrics"]
+
+log = logging.getLogger(__name__)
+
+#: Where :func:`serve_metrics` listens when given a port alone: this machine only.
+DEFAULT_HOST = "127.0.0.1"
+
+
+def parse_address(address: int | str) -> tuple[str, int]:
+    """``(host, port)`` of ``PORT`` or ``HOST:PORT`` (an int: a port on :data:`DEFAULT_HOST`); an
+    :class:`~segack.spark_adapter.OptionError` for anything else, or a port outside 0..65535
+    (0: any free port)."""
+    if isinstance(address, bool) or not isinstance(address, (int, str)):
+        raise OptionError(f"metrics_port must be PORT or HOST:PORT, not {address!r}")
+    host, _, port_text = str(address).rpartition(":")
+    host = host.strip("[]") or DEFAULT_HOST
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise OptionError(f"metrics_port must be PORT or HOST:PORT with a port in 0..65535, not {address!r}")
+    return host, int(port_text)
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """What one scrape read of a checkpoint."""
+
+    state: Checkpoint
+    claim: Claim | None
+    dead_letters: int
+    #: Handler calls running and rows read but not committed, as the live run's tasks last reported.
+    in_flight: int
+    pending: int
+
+    @classmethod
+    def read(cls, store: CheckpointStore) -> _Snapshot | None:
+        state = store.load()
+        if state is None:
+            return None
+        claim = latest_claim(store)
+        in_flight = pending = 0
+        live = claim is not None and claim.live(time.time())
+        for _, updates in store.read_progress(unmerged_progress(store)):
+            if state.tokens is not None:
+                state.tokens.apply(updates)
+            if live:  # a dead run's last report is not work under way
+                calls, rows = CheckpointStore.task_load(updates)
+                in_flight, pending = in_flight + calls, pending + rows
+        return cls(state, claim, store.count_dead_letters(), in_flight, pending)
+
+    @property
+    def condition(self) -> str:
+        """``running``, ``stopped``, ``failed``, ``dead_letters_left`` or ``complete``."""
+        status = self.state.settings.get("status")
+        if self.claim is not None and self.claim.live(time.time()):
+            return "running"
+        if status == "failed":
+            return "failed"
+        if status == "complete":
+            return "dead_letters_left" if self.dead_letters else "complete"
+        return "stopped"
+
+
+class CheckpointCollector(Collector):
+    """The metrics of the checkpoint at ``store``, read afresh on each scrape (a
+    :class:`prometheus_client.registry.Collector`)."""
+
+    def __init__(self, store: CheckpointStore) -> None:
+        self.store = store
+        self.read_errors = 0
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            snapshot = _Snapshot.read(self.store)
+        except Exception as error:  # a scrape reports it; the run goes on
+            self.read_errors += 1
+            log.warning("metrics: could not read checkpoint %s: %s", self.store.location, error)
+            snapshot = None
+        errors = CounterMetricFamily("segack_checkpoint_read_errors", "Scrapes that could not read the "
+                                     "checkpoint (the log says why).")
+        errors.add_metric([], self.read_errors)
+        yield errors
+        if snapshot is None:
+            return
+        yield from self._run(snapshot)
+        yield from self._segments(snapshot)
+        yield from self._stream(snapshot.state.settings.get("stream"))
+
+    def _run(self, snapshot: _Snapshot) -> Iterator[Metric]:
+        settings, tokens, claim = snapshot.state.settings, snapshot.state.tokens, snapshot.claim
+        stream = settings.get("stream")
+        info = GaugeMetricFamily("segack_run_info", "The checkpoint's run: 1, with what it is as labels.",
+                                 labels=["checkpoint", "kind", "state", "run"])
+        info.add_metric([self.store.location, "stream" if stream else "replay", snapshot.condition,
+                         claim.run_id if claim is not None else ""], 1)
+        yield info
+        done = 0 if tokens is None else tokens.done
+        if stream:  # the tokens count the micro-batch in progress, or the last complete one
+            done = int(stream.get("events", 0)) + (done if stream.get("batch") else 0)
+        yield _counter("segack_events_done", "Events done: handled, or set aside as dead letters.", done)
+        yield _counter("segack_events_handled", "Events the handler has handled.",
+                       max(done - snapshot.dead_letters, 0))
+        yield _gauge("segack_dead_letters", "Events set aside as dead letters now.", snapshot.dead_letters)
+        if tokens is not None and tokens.total is not None and not stream:
+            yield _gauge("segack_input_events", "Events in the replay's input, once a run has counted them.",
+                         tokens.total)
+        yield _gauge("segack_handler_calls_in_flight", "Handler calls running in the live run's tasks.",
+                     snapshot.in_flight)
+        yield _gauge("segack_events_pending", "Events the live run's tasks have read and not committed "
+                     "(in flight, or waiting behind an earlier event of their key).", snapshot.pending)
+        now = time.time()
+        if "updated_at" in settings:
+            yield _gauge("segack_flush_age_seconds", "Seconds since the run last saved the checkpoint.",
+                         max(now - float(settings["updated_at"]), 0.0))
+        if claim is not None and claim.live(now):
+            yield _gauge("segack_claim_age_seconds", "Seconds since the live run claimed the checkpoint.",
+                         max(now - claim.claimed_at, 0.0))
+            yield _gauge("segack_claim_extension_age_seconds", "Seconds since the live run last extended "
+                         "its claim (another run may take over past the timeout).",
+                         max(now - claim.extended_at, 0.0))
+            yield _gauge("segack_claim_timeout_seconds", "The live run's claim timeout.", claim.timeout)
+
+    @staticmethod
+    def _segments(snapshot: _Snapshot) -> Iterator[Metric]:
+        tokens, ids = snapshot.state.tokens, snapshot.state.settings.get("segments")
+        if tokens is None or not ids:
+            return
+        segments = SegmentSet.from_ids(ids)
+        owners = segments.key_group_owners(tokens.bits)
+        per_group = tokens.done_per_key_group()
+        labels = ["segment", "segment_id", "mask"]
+        done = CounterMetricFamily("segack_segment_events_done", "Events done in the segment's key groups "
+                                   "(a stream: in its current micro-batch).", labels=labels)
+        load = GaugeMetricFamily("segack_segment_events", "Events of the segment's key groups in the input "
+                                 "(its load), once counted.", labels=labels)
+        groups = GaugeMetricFamily("segack_segment_key_groups", "Key groups the segment owns.", labels=labels)
+        for position, member in enumerate(segments):
+            mine = owners == position
+            names = [str(position), str(member.segment_id), str(member.mask)]
+            done.add_metric(names, int(per_group[mine].sum()))
+            groups.add_metric(names, int(mine.sum()))
+            if tokens.counted:
+                load.add_metric(names, int(tokens.count[mine].sum()))
+        yield done
+        yield groups
+        if tokens.counted:
+            yield load
+        yield _gauge("segack_segments", "Segments the run goes over.", len(segments))
+
+    @staticmethod
+    def _stream(stream: dict[str, Any] | None) -> Iterator[Metric]:
+        if not stream:
+            return
+        last = stream.get("last_batch") or {}
+        yield _gauge("segack_stream_completed_batch", "The id of the last micro-batch complete in the "
+                     "checkpoint (-1: none yet).", int(stream.get("completed_batch", -1)))
+        if last.get("seconds") is not None:
+            yield _gauge("segack_stream_batch_duration_seconds", "How long the last reported micro-batch "
+                         "took, as Spark measured it.", float(last["seconds"]))
+        partitions = stream.get("partitions") or []
+        if not partitions:
+            return
+        labels = ["topic", "partition"]
+        offsets = GaugeMetricFamily("segack_kafka_next_offset", "The next offset to read of each "
+                                    "topic-partition, as of the last micro-batch.", labels=labels)
+        lags = GaugeMetricFamily("segack_kafka_lag_records", "Records of each topic-partition not read "
+                                 "yet, as of the last micro-batch.", labels=labels)
+        for topic, partition, end, latest in partitions:
+            offsets.add_metric([topic, str(partition)], end)
+            if latest is not None:
+                lags.add_metric([topic, str(partition)], max(latest - end, 0))
+        yield offsets
+        yield lags
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, documentation, value=value)
+
+
+class MetricsServer:
+    """An HTTP server of a checkpoint's metrics in Prometheus' text format, on its own thread until
+    :meth:`close` (or the end of a ``with`` block)."""
+
+    def __init__(self, store: CheckpointStore, host: str, port: int) -> None:
+        from prometheus_client import start_http_server
+
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(CheckpointCollector(store))
+        try:
+            self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as error:
+            raise OptionError(f"metrics_port: cannot serve metrics on {host}:{port}: "
+                              f"{error.strerror or error}") from None
+        #: Where it listens: the port is the one chosen when asked for port 0.
+        self.host, self.port = host, int(self._server.server_address[1])
+        log.info("serving the metrics of %s on http://%s:%d/metrics", store.location, host, self.port)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def serve_metrics(checkpoint: str | CheckpointStore, address: int | str) -> MetricsServer:
+    """Serve the metrics of ``checkpoint`` on ``http://HOST:PORT/metrics`` until the returned
+    server is closed (use it as a context manager).
+
+    Parameters
+    ----------
+    checkpoint : str or CheckpointStore
+        Any checkpoint location segack reads, with a run under way or not.
+    address : int or str
+        ``PORT`` (on 127.0.0.1) or ``HOST:PORT``; port 0 picks a free one (``server.port``).
+
+    Raises
+    ------
+    OptionError
+        An address that is not one, or one that cannot be listened on (in use, say).
+    """
+    store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
+    host, port = parse_address(address)
+    return MetricsServer(store, host, port)
+
+
+def metrics_served(store: CheckpointStore, address: int | str | None,
+                   ) -> contextlib.AbstractContextManager[Any]:
+    """:func:`serve_metrics` as a ``with`` block, or nothing when ``address`` is ``None``."""
+    return contextlib.nullcontext() if address is None else serve_metrics(store, address)
+
