@@ -1,6 +1,7 @@
 """Build the Cython kernel: the .pyx sources are cythonized at build time."""
 
 import glob
+import os
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -22,4 +23,7 @@ extensions = [
     for name in ("segments", "hashes", "acker", "partitioner")
 ]
 
-setup(ext_modules=cythonize(extensions, compiler_directives=COMPILER_DIRECTIVES))
+# Cythonized and compiled a module per core: the build is most of a fresh install's time.
+CORES = os.cpu_count() or 1
+setup(ext_modules=cythonize(extensions, compiler_directives=COMPILER_DIRECTIVES, nthreads=CORES),
+      options={"build_ext": {"parallel": CORES}})
