@@ -3,8 +3,9 @@ Kafka), planning, checkpoints, claims, segments changed while a run goes on, ses
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from segack.spark_adapter import errors as _errors
-from segack.spark_adapter.console.metrics import MetricsServer, serve_metrics
 from segack.spark_adapter.coordinator.planning import Plan, plan
 from segack.spark_adapter.coordinator.query import StopRequest, stream
 from segack.spark_adapter.coordinator.replay import (
@@ -102,6 +103,18 @@ __all__ = [
 ]
 
 
+if TYPE_CHECKING:
+    from segack.spark_adapter.console.metrics import MetricsServer, serve_metrics
+
+#: Imported when first asked for: they need prometheus_client, which a run without metrics never
+#: imports.
+_METRICS = ("MetricsServer", "serve_metrics")
+
+
 def __getattr__(name: str) -> object:
+    if name in _METRICS:
+        from segack.spark_adapter.console import metrics
+
+        return getattr(metrics, name)
     # The 0.1 names, kept working with a deprecation warning.
     return _errors.__getattr__(name)

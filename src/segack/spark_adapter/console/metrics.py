@@ -10,7 +10,6 @@ counters (``rate(segack_events_done_total[1m])``). Names follow Prometheus' conv
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ from segack.spark_adapter.store.claims import Claim, latest_claim, unmerged_prog
 if TYPE_CHECKING:
     from segack.spark_adapter.store.checkpoint import Checkpoint
 
-__all__ = ["CheckpointCollector", "MetricsServer", "metrics_served", "parse_address", "serve_metrics"]
+__all__ = ["CheckpointCollector", "MetricsServer", "parse_address", "serve_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -258,10 +257,3 @@ def serve_metrics(checkpoint: str | CheckpointStore, address: int | str) -> Metr
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
     host, port = parse_address(address)
     return MetricsServer(store, host, port)
-
-
-def metrics_served(store: CheckpointStore, address: int | str | None,
-                   ) -> contextlib.AbstractContextManager[Any]:
-    """:func:`serve_metrics` as a ``with`` block, or nothing when ``address`` is ``None``."""
-    return contextlib.nullcontext() if address is None else serve_metrics(store, address)
-

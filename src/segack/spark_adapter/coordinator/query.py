@@ -31,9 +31,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from segack.errors import SegackError
-from segack.spark_adapter.console.metrics import metrics_served, parse_address
 from segack.spark_adapter.coordinator.dead_letters import RetryOutcome
-from segack.spark_adapter.coordinator.run import check_location, check_session, claimed, new_run_id
+from segack.spark_adapter.coordinator.run import (
+    check_location,
+    check_metrics_address,
+    check_session,
+    claimed,
+    metrics_served,
+    new_run_id,
+)
 from segack.spark_adapter.coordinator.streaming import BatchReplay
 from segack.spark_adapter.errors import OptionError, ReplayError, worker_error
 from segack.spark_adapter.options import RunOptions, takes_options
@@ -294,8 +300,7 @@ def stream(
     kafka = events if isinstance(events, KafkaStream) else None
     frame: DataFrame = events.events if isinstance(events, KafkaStream) else events
     how = parse_trigger(trigger)
-    if metrics_port is not None:
-        parse_address(metrics_port)
+    check_metrics_address(metrics_port)
     if not frame.isStreaming:
         raise OptionError("events must be a streaming DataFrame (spark.readStream...); replay a static one")
     if commit_offsets_to is not None and kafka is None:

@@ -43,13 +43,14 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from segack.kernel import SegmentSet
-from segack.spark_adapter.console.metrics import metrics_served, parse_address
 from segack.spark_adapter.coordinator.planning import plan
 from segack.spark_adapter.coordinator.run import (
     Run,
     check_location,
+    check_metrics_address,
     check_session,
     claimed,
+    metrics_served,
     new_run_id,
     resolution,
 )
@@ -193,8 +194,7 @@ def replay(
         checkpoint over, and this one saved nothing more.
     """
     run_options = RunOptions.from_keywords(options, handler=handler, caller="replay")
-    if metrics_port is not None:
-        parse_address(metrics_port)
+    check_metrics_address(metrics_port)
     spark = df.sparkSession
     check_session(spark)
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)

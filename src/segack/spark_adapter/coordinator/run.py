@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-__all__ = ["Run", "RunCounts", "check_location", "check_session", "claimed", "new_run_id", "resolution"]
+__all__ = ["Run", "RunCounts", "check_location", "check_metrics_address", "check_session", "claimed",
+           "metrics_served", "new_run_id", "resolution"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,26 @@ def claimed(spark: SparkSession, store: CheckpointStore, run_id: str, options: R
     claim = acquire(store, run_id, options.claim_timeout)
     with ClaimKeeper(store, claim, on_lost=functools.partial(spark.interruptTag, run_tag(run_id))) as keeper:
         yield keeper
+
+
+def check_metrics_address(address: int | str | None) -> None:
+    """Refuse a ``metrics_port`` that is not ``PORT`` or ``HOST:PORT`` (``None``: no metrics)."""
+    if address is not None:
+        # prometheus_client is imported only for a run that serves metrics.
+        from segack.spark_adapter.console.metrics import parse_address
+
+        parse_address(address)
+
+
+def metrics_served(store: CheckpointStore, address: int | str | None,
+                   ) -> contextlib.AbstractContextManager[Any]:
+    """The checkpoint's metrics served on ``address`` for the length of a ``with`` block
+    (:func:`~segack.spark_adapter.serve_metrics`), or nothing when it is ``None``."""
+    if address is None:
+        return contextlib.nullcontext()
+    from segack.spark_adapter.console.metrics import serve_metrics
+
+    return serve_metrics(store, address)
 
 
 def new_run_id(digits: int = 12) -> str:
