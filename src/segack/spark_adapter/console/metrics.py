@@ -1,5 +1,5 @@
 """A checkpoint's Prometheus metrics: what a run's driver serves with ``metrics_port``
-(``--metrics-port``), and :func:`serve_metrics` for any checkpoint.
+(``--metrics-port``), and :func:`~segack.spark_adapter.serve_metrics` for any checkpoint.
 
 Each scrape reads the checkpoint as ``segack status`` does (its state, the progress files its
 live run has not merged yet, its claim and its dead letters) and writes nothing: the numbers are
@@ -210,7 +210,7 @@ def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily
 
 class MetricsServer:
     """An HTTP server of a checkpoint's metrics in Prometheus' text format, on its own thread until
-    :meth:`close` (or the end of a ``with`` block)."""
+    :meth:`~segack.spark_adapter.MetricsServer.close` (or the end of a ``with`` block)."""
 
     def __init__(self, store: CheckpointStore, host: str, port: int) -> None:
         from prometheus_client import start_http_server
@@ -227,6 +227,7 @@ class MetricsServer:
         log.info("serving the metrics of %s on http://%s:%d/metrics", store.location, host, self.port)
 
     def close(self) -> None:
+        """Stop serving and free the port."""
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()
