@@ -14,8 +14,16 @@ and calls a no-op handler once per record, each key's records in offset order:
   beyond Spark's, no resume of a batch).
 
 The runs alternate (segack, hand-written, segack, hand-written); each time is a whole process, Spark
-and JVM start included; the ratio is of the best of each. Needs the PySpark Spark's Kafka connector is
-released for (``nox -s bench -- kafka`` installs it).
+and JVM start included; the ratio is of the best of each.
+
+Then a steady producer: :data:`STEADY_RATE` records a second into a topic of its own for each
+contender, for :data:`STEADY_SECONDS` seconds, while the contender runs with a micro-batch every
+second (``--trigger 1s``; ``processingTime``) and a handler that notes, for each record, the time from
+its Kafka timestamp to its call (:func:`bench.handwritten_kafka.note_latency`). Reported: the median
+duration of the micro-batches and the median and 99th percentile of that latency, over the records
+produced after the first :data:`WARM_UP` seconds.
+
+Needs the PySpark Spark's Kafka connector is released for (``nox -s bench -- kafka`` installs it).
 """
 
 from __future__ import annotations
@@ -23,13 +31,18 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from bench.common import print_table, save
+from bench.handwritten_kafka import LATENCY_LOG
 
 RECORDS = 1_000_000
 PARTITIONS = 8
@@ -38,31 +51,49 @@ ACCOUNTS = 20_000
 BOUND = 100_000
 SCHEMA = "account STRING, seq BIGINT, amount BIGINT"
 ROUNDS = 2
+#: The steady producer: records a second, for how long, and the seconds left out at its start.
+STEADY_RATE = 2_000
+STEADY_SECONDS = 60
+WARM_UP = 15
 
 
-def _produce(bootstrap: str, topic: str) -> None:
-    from confluent_kafka import Producer
+def _create_topic(bootstrap: str, topic: str) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     created = admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)])
     for future in created.values():
         future.result(30)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
-                         "compression.type": "lz4"})
-    rng = random.Random(1)
+
+
+def _records(rng: random.Random) -> Iterator[tuple[bytes, bytes]]:
+    """Accounts' records, keyed by account (a few hot ones), each account's ``seq`` counting up."""
     seqs: dict[str, int] = {}
-    for _ in range(RECORDS):
+    while True:
         account = f"acct-{rng.randrange(30)}" if rng.random() < 0.1 else f"acct-{rng.randrange(ACCOUNTS)}"
         seq = seqs.get(account, 0)
         seqs[account] = seq + 1
-        value = json.dumps({"account": account, "seq": seq, "amount": rng.randint(1, 100)}).encode()
+        value = {"account": account, "seq": seq, "amount": rng.randint(1, 100)}
+        yield account.encode(), json.dumps(value).encode()
+
+
+def _produce(bootstrap: str, topic: str, count: int = RECORDS, rate: float | None = None) -> None:
+    """``count`` records into ``topic``, as fast as they go, or ``rate`` a second."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5 if rate else 20,
+                         "batch.size": 1_000_000, "compression.type": "lz4"})
+    began = time.monotonic()
+    for number, (key, value) in zip(range(count), _records(random.Random(1)), strict=False):
+        if rate is not None:
+            time.sleep(max(0.0, began + number / rate - time.monotonic()))
         while True:
             try:
-                producer.produce(topic, key=account.encode(), value=value)
+                producer.produce(topic, key=key, value=value)
                 break
             except BufferError:
                 producer.poll(0.05)
+        producer.poll(0)
     producer.flush(120)
 
 
@@ -73,6 +104,45 @@ def _timed(command: list[str], environment: dict[str, str]) -> float:
     if done.returncode != 0:
         raise RuntimeError(f"{command[:4]} failed:\n{done.stderr[-3000:]}")
     return seconds
+
+
+def _lines(path: Path) -> int:
+    if not path.exists():
+        return 0
+    with path.open() as lines:
+        return sum(1 for _ in lines)
+
+
+def _steady(name: str, command: list[str], environment: dict[str, str], bootstrap: str, topic: str,
+            scratch: Path) -> dict[str, str]:
+    """One contender under the steady producer: its micro-batches' median duration and the
+    latency from a record's timestamp to its handler call."""
+    log = scratch / f"latency-{topic}.txt"
+    process = subprocess.Popen(command, env=dict(environment, **{LATENCY_LOG: str(log)}), text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout or ()), daemon=True)
+    reader.start()
+    time.sleep(20)  # the contender's JVM and query up before the first record
+    began = time.time()
+    _produce(bootstrap, topic, STEADY_RATE * STEADY_SECONDS, STEADY_RATE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _lines(log) < STEADY_RATE * STEADY_SECONDS:
+        time.sleep(1)  # every record handled
+    process.send_signal(signal.SIGTERM)
+    process.wait(120)
+    reader.join(10)
+    seconds = [float(line.split(" in ")[1].split()[0]) for line in lines
+               if line.startswith(("segack stream: batch ", "batch ")) and " in " in line]
+    noted = (line.split() for line in log.read_text().splitlines())
+    latencies = sorted(float(latency) for stamp, latency in noted if float(stamp) >= began + WARM_UP)
+    if not seconds or not latencies:
+        raise RuntimeError(f"{name} reported nothing:\n{''.join(lines)[-3000:]}")
+    return {"pipeline": name, "micro-batches": f"{len(seconds)}",
+            "median micro-batch (s)": f"{statistics.median(seconds):.2f}",
+            "median latency (s)": f"{statistics.median(latencies):.2f}",
+            "p99 latency (s)": f"{latencies[int(len(latencies) * 0.99)]:.2f}",
+            "records timed": f"{len(latencies):,}"}
 
 
 def run() -> None:
@@ -86,6 +156,7 @@ def run() -> None:
     with tempfile.TemporaryDirectory(prefix="segack-bench-kafka-") as scratch, \
             kafka_broker(Path(scratch) / "broker") as broker:
         began = time.perf_counter()
+        _create_topic(broker.bootstrap, "accounts")
         _produce(broker.bootstrap, "accounts")
         print(f"# produced {RECORDS:,} records into {PARTITIONS} partitions in "
               f"{time.perf_counter() - began:.0f} s")
@@ -112,3 +183,43 @@ def run() -> None:
                 f"{BOUND:,}, no-op handler, whole process", rows,
                 ["pipeline", "seconds (best)", "all runs", "records/s", "ratio to hand-written"])
     save("kafka", rows)
+    run_steady()
+
+
+def run_steady() -> None:
+    """The steady producer: ``segack stream --trigger 1s`` against the hand-written job."""
+    from tests import maven
+    from tests.kafka import kafka_broker
+
+    jars = ",".join(map(str, maven.spark_kafka()))
+    here = Path(__file__).resolve().parents[1]
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(here), os.environ.get(
+        "PYTHONPATH")])))
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="segack-bench-steady-") as scratch, \
+            kafka_broker(Path(scratch) / "broker") as broker:
+        for name in ("segack stream", "hand-written foreachBatch"):
+            topic = "steady-segack" if name == "segack stream" else "steady-handwritten"
+            _create_topic(broker.bootstrap, topic)
+            checkpoint = str(Path(scratch) / topic)
+            command = ([sys.executable, "-m", "segack", "stream", "--format", "kafka",
+                        "--option", f"kafka.bootstrap.servers={broker.bootstrap}",
+                        "--option", f"subscribe={topic}",
+                        "--option", "startingOffsets=earliest", "--value-schema", SCHEMA, "--key", "key",
+                        "--order", "offset", "--handler", "bench.handwritten_kafka:note_latency",
+                        "--checkpoint", checkpoint, "--segments", "4", "--trigger", "1s",
+                        "--conf", f"spark.jars={jars}"]
+                       if name == "segack stream" else
+                       [sys.executable, "-m", "bench.handwritten_kafka", broker.bootstrap, topic, SCHEMA,
+                        str(BOUND), "4", jars, checkpoint, "1", "bench.handwritten_kafka:note_latency"])
+            rows.append(_steady(name, command, environment, broker.bootstrap, topic, Path(scratch)))
+    hand = rows[1]
+    for row in rows:
+        row["ratio (median micro-batch)"] = (
+            f"{float(row['median micro-batch (s)']) / float(hand['median micro-batch (s)']):.2f}x")
+    print_table(f"Kafka, a steady producer: {STEADY_RATE:,} records/s for {STEADY_SECONDS} s into "
+                f"{PARTITIONS} partitions, a micro-batch every second, latency from a record's Kafka "
+                f"timestamp to its handler call (records after the first {WARM_UP} s)", rows,
+                ["pipeline", "micro-batches", "median micro-batch (s)", "ratio (median micro-batch)",
+                 "median latency (s)", "p99 latency (s)", "records timed"])
+    save("kafka-steady", rows)
