@@ -127,9 +127,10 @@ def wheel(session: nox.Session) -> None:
 
 @nox.session
 def quick(session: nox.Session) -> None:
-    """The edit-test loop: kernel and spec tests without Spark (no JVM), in well under a minute."""
+    """The edit-test loop: kernel and spec tests without Spark (no JVM) or a browser, in well under a
+    minute."""
     install_segack(session, "test")
-    session.run("pytest", "-m", "not spark", *session.posargs)
+    session.run("pytest", "-m", "not spark and not browser", *session.posargs)
 
 
 @nox.session

@@ -23,6 +23,12 @@ its Kafka timestamp to its call (:func:`bench.handwritten_kafka.note_latency`). 
 duration of the micro-batches and the median and 99th percentile of that latency, over the records
 produced after the first :data:`WARM_UP` seconds.
 
+Last, effects in PostgreSQL from Kafka: :data:`SINK_RECORDS` records into a durable PostgreSQL (a
+ledger row and a balance upsert per record), ``segack stream`` with :class:`~segack.sinks.SqlSink`'s
+``apply_many`` (``--batch-size 1000 --concurrency 4``) against the hand-written job writing each
+partition with ``executemany`` in 1,000-row transactions (no order, no dedupe), by the database's
+clock (:func:`bench.sinks.ledger_rate`).
+
 Needs the PySpark Spark's Kafka connector is released for (``nox -s bench -- kafka`` installs it).
 """
 
@@ -31,6 +37,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -55,6 +62,8 @@ ROUNDS = 2
 STEADY_RATE = 2_000
 STEADY_SECONDS = 60
 WARM_UP = 15
+#: Records of the sink bench.
+SINK_RECORDS = 200_000
 
 
 def _create_topic(bootstrap: str, topic: str) -> None:
@@ -223,3 +232,56 @@ def run_steady() -> None:
                 ["pipeline", "micro-batches", "median micro-batch (s)", "ratio (median micro-batch)",
                  "median latency (s)", "p99 latency (s)", "records timed"])
     save("kafka-steady", rows)
+    run_sink()
+
+
+def run_sink() -> None:
+    """Effects in PostgreSQL from a Kafka backlog: SqlSink against a hand-written writer."""
+    from tests import maven
+    from tests.kafka import kafka_broker
+    from tests.postgres import postgres_server
+
+    from bench.kafka_sink import DSN
+    from bench.sinks import fresh_database, ledger_rate
+
+    jars = ",".join(map(str, maven.spark_kafka()))
+    here = Path(__file__).resolve().parents[1]
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(here), os.environ.get(
+        "PYTHONPATH")])))
+    rates: dict[str, float] = {}
+    scratch = tempfile.mkdtemp(prefix="segack-bench-kafka-sink-")
+    os.chmod(scratch, 0o755)  # the server runs as the postgres user
+    try:
+        with kafka_broker(Path(scratch) / "broker") as broker, \
+                postgres_server(Path(scratch) / "postgres", durable=True) as server:
+            _create_topic(broker.bootstrap, "ledger")
+            _produce(broker.bootstrap, "ledger", SINK_RECORDS)
+            contenders = {
+                "segack stream, SqlSink apply_many, --batch-size 1000 --concurrency 4": [
+                    sys.executable, "-m", "segack", "stream", "--format", "kafka",
+                    "--option", f"kafka.bootstrap.servers={broker.bootstrap}", "--option", "subscribe=ledger",
+                    "--option", "startingOffsets=earliest", "--option", f"maxOffsetsPerTrigger={BOUND}",
+                    "--value-schema", SCHEMA, "--key", "key", "--order", "offset",
+                    "--handler", "bench.kafka_sink:sink", "--batch-size", "1000", "--concurrency", "4",
+                    "--checkpoint", str(Path(scratch) / "segack"), "--segments", "4",
+                    "--conf", f"spark.jars={jars}"],
+                "by hand: foreachBatch + foreachPartition, executemany in 1,000-row transactions, "
+                "no order, no dedupe": [
+                    sys.executable, "-m", "bench.handwritten_kafka", broker.bootstrap, "ledger", SCHEMA,
+                    str(BOUND), "4", jars, str(Path(scratch) / "handwritten"), "available-now",
+                    "bench.kafka_sink:write_partition"],
+            }
+            for number, (name, command) in enumerate(contenders.items()):
+                dsn = fresh_database(server, f"kafka_sink_{number}")
+                _timed(command, dict(environment, **{DSN: dsn}))
+                rates[name] = ledger_rate(dsn, SINK_RECORDS)
+                print(f"  {name}: {rates[name]:,.0f} events/s", flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    hand = list(rates.values())[-1]
+    rows = [{"pipeline": name, "events/s": f"{rate:,.0f}", "vs by hand": f"{rate / hand:.2f}x"}
+            for name, rate in rates.items()]
+    print_table(f"Effects in PostgreSQL from Kafka: {SINK_RECORDS:,} records, {PARTITIONS} partitions, a "
+                "ledger row and a balance upsert each, by the database's clock (floor: >= 0.7x by hand)",
+                rows, ["pipeline", "events/s", "vs by hand"])
+    save("kafka-sink", rows)

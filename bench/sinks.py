@@ -107,7 +107,7 @@ def _write(connection: Any, chunk: list[tuple[str, int]]) -> None:
         cursor.executemany(UPSERT, chunk)
 
 
-def _fresh_database(server: str, name: str) -> str:
+def fresh_database(server: str, name: str) -> str:
     import psycopg
 
     with psycopg.connect(server, autocommit=True) as admin:
@@ -120,15 +120,16 @@ def _fresh_database(server: str, name: str) -> str:
     return dsn
 
 
-def _rate(dsn: str) -> float:
-    """Ledger rows per second by the database's clock, first row to last; every event must be there."""
+def ledger_rate(dsn: str, events: int = EVENTS) -> float:
+    """Ledger rows per second by the database's clock, first row to last; every one of ``events``
+    must be there, once."""
     import psycopg
 
     with psycopg.connect(dsn) as db:
         count, seconds = db.execute(
             "SELECT count(*), extract(epoch FROM max(at) - min(at)) FROM ledger").fetchone()
-    if count != EVENTS:
-        raise RuntimeError(f"{count} ledger rows for {EVENTS} events")
+    if count != events:
+        raise RuntimeError(f"{count} ledger rows for {events} events")
     return float(count) / float(seconds)
 
 
@@ -167,9 +168,9 @@ def _sinks(rows: list[dict[str, Any]], server: str) -> None:
     ]
     rates = {}
     for number, (name, run) in enumerate(pipelines):
-        dsn = _fresh_database(server, f"bench_{number}")
+        dsn = fresh_database(server, f"bench_{number}")
         run(Connect(dsn))
-        rates[name] = _rate(dsn)
+        rates[name] = ledger_rate(dsn)
         print(f"  {name}: {rates[name]:,.0f} events/s", flush=True)
     spark.stop()
     per_event, hand = rates[pipelines[0][0]], rates[pipelines[-1][0]]

@@ -74,6 +74,7 @@ AREAS = {
     "test_sinks.py": ("sinks",),
     "test_spark_adapter.py": ("replay",),
     "test_tokens.py": ("checkpoint",),
+    "test_ui.py": ("console",),
 }
 
 

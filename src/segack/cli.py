@@ -6,7 +6,9 @@ import argparse
 import io
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from enum import Enum, IntEnum
@@ -225,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="segack", description="Ordered, resumable, rescalable event processing on Spark."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_locate, _add_replay, _add_stream, _add_plan, _add_status, _add_dead_letters,
+    for add in (_add_locate, _add_replay, _add_stream, _add_plan, _add_status, _add_ui, _add_dead_letters,
                 _add_release, _add_rescale, _add_demo):
         add(commands)
     return parser
@@ -338,6 +340,23 @@ def _add_status(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "size, and the settings of the run that wrote it.",
     )
     status.add_argument("checkpoint", metavar="CHECKPOINT", help=_CHECKPOINT_HELP)
+
+
+def _add_ui(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ui = commands.add_parser(
+        "ui", help="serve a page that follows a checkpoint, and its Prometheus metrics",
+        description="Serve a page for one checkpoint (its run, segments, key groups, segment sets, dead "
+        "letters), redrawn every few seconds while a run goes on or after it, and its Prometheus "
+        "metrics on /metrics. It reads the checkpoint and changes nothing. Runs until Ctrl-C or SIGTERM.",
+    )
+    ui.add_argument("checkpoint", metavar="CHECKPOINT", help=_CHECKPOINT_HELP)
+    ui.add_argument("--host", default="127.0.0.1",
+                    help="the address to listen on (default: %(default)s, this machine only); any other "
+                    "needs a token, made and printed once unless --token gives one")
+    ui.add_argument("--port", type=_int_at_least(0, "a port"), default=8642,
+                    help="the port (default: %(default)s; 0: any free one)")
+    ui.add_argument("--token", default=None, help="what every request must carry (?token=TOKEN once; the "
+                    "page keeps it in a cookie)")
 
 
 def _add_dead_letters(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -665,43 +684,59 @@ def _rescale(args: argparse.Namespace) -> int:
 
 
 def _dead_letters(args: argparse.Namespace) -> int:
-    from segack.spark_adapter.store.checkpoint import (
-        DEAD_ATTEMPTS,
-        DEAD_ERROR,
-        DEAD_POSITION,
-        CheckpointError,
-        CheckpointStore,
-    )
+    from segack.spark_adapter.console.snapshot import dead_letter_keys
+    from segack.spark_adapter.store.checkpoint import CheckpointError, CheckpointStore
 
     try:
         store = CheckpointStore(args.checkpoint)
         state = store.load_existing()
-        letters = store.read_dead_letters()
+        events, keys = dead_letter_keys(store, str(state.settings.get("key", "")))
     except (CheckpointError, ValueError, OSError) as error:
         return _refused("dead-letters", error)
-    if letters is None:
+    if not keys:
         print(f"{'dead letters':<15} none")
         return ExitCode.OK
-    key = state.settings.get("key")
-    keys = letters.column(key).to_pylist()
-    first: dict[object, tuple[int, str, int]] = {}
-    counts: dict[object, int] = {}
-    for value, position, reason, attempts in zip(keys, letters.column(DEAD_POSITION).to_pylist(),
-                                                 letters.column(DEAD_ERROR).to_pylist(),
-                                                 letters.column(DEAD_ATTEMPTS).to_pylist(), strict=True):
-        counts[value] = counts.get(value, 0) + 1
-        if value not in first or position < first[value][0]:
-            first[value] = (position, reason, attempts)
-    print(f"{'dead letters':<15} {counted(letters.num_rows, 'event')} of {counted(len(counts), 'key')}")
-    ranked = sorted(counts, key=lambda value: (-counts[value], str(value)))
-    width = max(len(str(value)) for value in ranked[:args.top])
-    print(f"{key:<{width}}  {'events':>8}  first error")
-    for value in ranked[:args.top]:
-        _, reason, attempts = first[value]
-        tries = f" ({attempts} attempts)" if attempts > 1 else ""
-        print(f"{value!s:<{width}}  {counts[value]:>8,}  {reason}{tries}")
-    if len(ranked) > args.top:
-        print(f"... and {len(ranked) - args.top:,} more keys")
+    print(f"{'dead letters':<15} {counted(events, 'event')} of {counted(len(keys), 'key')}")
+    shown = keys[:args.top]
+    width = max(len(str(letter.key)) for letter in shown)
+    print(f"{state.settings.get('key')!s:<{width}}  {'events':>8}  first error")
+    for letter in shown:
+        tries = f" ({letter.attempts} attempts)" if letter.attempts > 1 else ""
+        print(f"{letter.key!s:<{width}}  {letter.events:>8,}  {letter.error}{tries}")
+    if len(keys) > args.top:
+        print(f"... and {len(keys) - args.top:,} more keys")
+    return ExitCode.OK
+
+
+def _ui(args: argparse.Namespace) -> int:
+    """``segack ui``: serves until Ctrl-C or SIGTERM, then exits 0."""
+    try:
+        from segack.spark_adapter.console.page import serve_page
+    except ImportError as error:
+        print(f"segack ui: needs Flask ({error}): pip install 'segack[ui]'", file=sys.stderr)
+        return ExitCode.USAGE
+    from segack.spark_adapter.errors import OptionError
+    from segack.spark_adapter.store.checkpoint import CheckpointError, CheckpointStore
+
+    try:
+        store = CheckpointStore(args.checkpoint)
+        store.load()  # a location that is not a checkpoint is refused here, not on the page
+        server = serve_page(store, args.host, args.port, args.token)
+    except OptionError as error:
+        print(f"segack ui: {error}", file=sys.stderr)
+        return ExitCode.USAGE
+    except (CheckpointError, ValueError, OSError) as error:
+        return _refused("ui", error)
+    stop = threading.Event()
+    previous = {number: signal.signal(number, lambda *_: stop.set())
+                for number in (signal.SIGTERM, signal.SIGINT)}
+    print(f"segack ui: serving {store.location} on {server.url} (Ctrl-C stops)", flush=True)
+    try:
+        stop.wait()
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        server.close()
     return ExitCode.OK
 
 
@@ -783,6 +818,8 @@ def _run(args: argparse.Namespace) -> int:
         return _status(args)
     if args.command == "dead-letters":
         return _dead_letters(args)
+    if args.command == "ui":
+        return _ui(args)
     if args.command == "release":
         return _release(args)
     if args.command in ("split", "merge", "scale"):

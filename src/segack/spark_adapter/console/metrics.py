@@ -11,21 +11,15 @@ counters (``rate(segack_events_done_total[1m])``). Names follow Prometheus' conv
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from segack.kernel import SegmentSet
+from segack.spark_adapter.console.snapshot import Snapshot
 from segack.spark_adapter.errors import OptionError
 from segack.spark_adapter.store.checkpoint import CheckpointStore
-from segack.spark_adapter.store.claims import Claim, latest_claim, unmerged_progress
-
-if TYPE_CHECKING:
-    from segack.spark_adapter.store.checkpoint import Checkpoint
 
 __all__ = ["CheckpointCollector", "MetricsServer", "parse_address", "serve_metrics"]
 
@@ -48,46 +42,6 @@ def parse_address(address: int | str) -> tuple[str, int]:
     return host, int(port_text)
 
 
-@dataclass(frozen=True)
-class _Snapshot:
-    """What one scrape read of a checkpoint."""
-
-    state: Checkpoint
-    claim: Claim | None
-    dead_letters: int
-    #: Handler calls running and rows read but not committed, as the live run's tasks last reported.
-    in_flight: int
-    pending: int
-
-    @classmethod
-    def read(cls, store: CheckpointStore) -> _Snapshot | None:
-        state = store.load()
-        if state is None:
-            return None
-        claim = latest_claim(store)
-        in_flight = pending = 0
-        live = claim is not None and claim.live(time.time())
-        for _, updates in store.read_progress(unmerged_progress(store)):
-            if state.tokens is not None:
-                state.tokens.apply(updates)
-            if live:  # a dead run's last report is not work under way
-                calls, rows = CheckpointStore.task_load(updates)
-                in_flight, pending = in_flight + calls, pending + rows
-        return cls(state, claim, store.count_dead_letters(), in_flight, pending)
-
-    @property
-    def condition(self) -> str:
-        """``running``, ``stopped``, ``failed``, ``dead_letters_left`` or ``complete``."""
-        status = self.state.settings.get("status")
-        if self.claim is not None and self.claim.live(time.time()):
-            return "running"
-        if status == "failed":
-            return "failed"
-        if status == "complete":
-            return "dead_letters_left" if self.dead_letters else "complete"
-        return "stopped"
-
-
 class CheckpointCollector(Collector):
     """The metrics of the checkpoint at ``store``, read afresh on each scrape (a
     :class:`prometheus_client.registry.Collector`)."""
@@ -98,7 +52,7 @@ class CheckpointCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         try:
-            snapshot = _Snapshot.read(self.store)
+            snapshot = Snapshot.read(self.store)
         except Exception as error:  # a scrape reports it; the run goes on
             self.read_errors += 1
             log.warning("metrics: could not read checkpoint %s: %s", self.store.location, error)
@@ -111,35 +65,32 @@ class CheckpointCollector(Collector):
             return
         yield from self._run(snapshot)
         yield from self._segments(snapshot)
-        yield from self._stream(snapshot.state.settings.get("stream"))
+        yield from self._stream(snapshot.stream)
 
-    def _run(self, snapshot: _Snapshot) -> Iterator[Metric]:
-        settings, tokens, claim = snapshot.state.settings, snapshot.state.tokens, snapshot.claim
-        stream = settings.get("stream")
+    def _run(self, snapshot: Snapshot) -> Iterator[Metric]:
+        settings, claim = snapshot.state.settings, snapshot.claim
         info = GaugeMetricFamily("segack_run_info", "The checkpoint's run: 1, with what it is as labels.",
                                  labels=["checkpoint", "kind", "state", "run"])
-        info.add_metric([self.store.location, "stream" if stream else "replay", snapshot.condition,
+        info.add_metric([self.store.location, "stream" if snapshot.stream else "replay", snapshot.condition,
                          claim.run_id if claim is not None else ""], 1)
         yield info
-        done = 0 if tokens is None else tokens.done
-        if stream:  # the tokens count the micro-batch in progress, or the last complete one
-            done = int(stream.get("events", 0)) + (done if stream.get("batch") else 0)
+        done = snapshot.events_done
         yield _counter("segack_events_done", "Events done: handled, or set aside as dead letters.", done)
         yield _counter("segack_events_handled", "Events the handler has handled.",
                        max(done - snapshot.dead_letters, 0))
         yield _gauge("segack_dead_letters", "Events set aside as dead letters now.", snapshot.dead_letters)
-        if tokens is not None and tokens.total is not None and not stream:
+        if snapshot.input_events is not None:
             yield _gauge("segack_input_events", "Events in the replay's input, once a run has counted them.",
-                         tokens.total)
+                         snapshot.input_events)
         yield _gauge("segack_handler_calls_in_flight", "Handler calls running in the live run's tasks.",
                      snapshot.in_flight)
         yield _gauge("segack_events_pending", "Events the live run's tasks have read and not committed "
                      "(in flight, or waiting behind an earlier event of their key).", snapshot.pending)
-        now = time.time()
+        now = snapshot.at
         if "updated_at" in settings:
             yield _gauge("segack_flush_age_seconds", "Seconds since the run last saved the checkpoint.",
                          max(now - float(settings["updated_at"]), 0.0))
-        if claim is not None and claim.live(now):
+        if claim is not None and snapshot.live:
             yield _gauge("segack_claim_age_seconds", "Seconds since the live run claimed the checkpoint.",
                          max(now - claim.claimed_at, 0.0))
             yield _gauge("segack_claim_extension_age_seconds", "Seconds since the live run last extended "
@@ -148,29 +99,25 @@ class CheckpointCollector(Collector):
             yield _gauge("segack_claim_timeout_seconds", "The live run's claim timeout.", claim.timeout)
 
     @staticmethod
-    def _segments(snapshot: _Snapshot) -> Iterator[Metric]:
-        tokens, ids = snapshot.state.tokens, snapshot.state.settings.get("segments")
-        if tokens is None or not ids:
+    def _segments(snapshot: Snapshot) -> Iterator[Metric]:
+        segments = snapshot.segments()
+        if not segments:
             return
-        segments = SegmentSet.from_ids(ids)
-        owners = segments.key_group_owners(tokens.bits)
-        per_group = tokens.done_per_key_group()
         labels = ["segment", "segment_id", "mask"]
         done = CounterMetricFamily("segack_segment_events_done", "Events done in the segment's key groups "
                                    "(a stream: in its current micro-batch).", labels=labels)
         load = GaugeMetricFamily("segack_segment_events", "Events of the segment's key groups in the input "
                                  "(its load), once counted.", labels=labels)
         groups = GaugeMetricFamily("segack_segment_key_groups", "Key groups the segment owns.", labels=labels)
-        for position, member in enumerate(segments):
-            mine = owners == position
-            names = [str(position), str(member.segment_id), str(member.mask)]
-            done.add_metric(names, int(per_group[mine].sum()))
-            groups.add_metric(names, int(mine.sum()))
-            if tokens.counted:
-                load.add_metric(names, int(tokens.count[mine].sum()))
+        for segment in segments:
+            names = [str(segment.position), str(segment.segment_id), str(segment.mask)]
+            done.add_metric(names, segment.done)
+            groups.add_metric(names, segment.key_groups)
+            if segment.load is not None:
+                load.add_metric(names, segment.load)
         yield done
         yield groups
-        if tokens.counted:
+        if segments[0].load is not None:
             yield load
         yield _gauge("segack_segments", "Segments the run goes over.", len(segments))
 

@@ -1,0 +1,224 @@
+"""``segack ui``: a page for one checkpoint, served while a run goes on or after it.
+
+The page (``/``) is a template and a script shipped with the package; the script asks ``/api/state``
+every few seconds and redraws, so the page follows the run without reloading. ``/metrics`` serves
+the checkpoint's Prometheus metrics (:mod:`~segack.spark_adapter.console.metrics`). Every request
+reads the checkpoint as ``segack status`` does and writes nothing.
+
+Who may ask: on a loopback address with no token, requests whose ``Host`` names this machine (so
+that another site's page cannot reach it through a name of its own); with a token (needed to listen
+on any other address), requests that carry it, as ``?token=`` once (the page then keeps it in a
+cookie) or as that cookie.
+
+Flask makes the pages; the standard library's WSGI server serves them, a thread a request, as
+prometheus_client serves its metrics: an operator's console for one checkpoint, not a public web
+site.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+import secrets
+import socket
+import threading
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from flask import Flask, Response, abort, jsonify, make_response, redirect, render_template, request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import CollectorRegistry
+
+from segack.spark_adapter.console.metrics import CheckpointCollector
+from segack.spark_adapter.console.snapshot import Snapshot, dead_letter_keys
+from segack.spark_adapter.errors import OptionError
+from segack.spark_adapter.store.checkpoint import CheckpointStore
+
+if TYPE_CHECKING:
+    from werkzeug.wrappers import Response as BaseResponse
+
+__all__ = ["DEFAULT_PORT", "PageServer", "create_app", "page_state", "serve_page"]
+
+log = logging.getLogger(__name__)
+
+#: ``segack ui``'s port unless ``--port`` says otherwise.
+DEFAULT_PORT = 8642
+#: The cookie the page keeps its token in.
+TOKEN_COOKIE = "segack_token"
+#: Dead-letter keys the page lists at most (``segack dead-letters --top`` shows more).
+DEAD_LETTER_KEYS = 200
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is an address of this machine only (``localhost`` counts)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def page_state(store: CheckpointStore) -> dict[str, Any]:
+    """What ``/api/state`` answers: the checkpoint now, as the page draws it (JSON-able)."""
+    snapshot = Snapshot.read(store)
+    if snapshot is None:
+        return {"checkpoint": store.location, "exists": False}
+    settings, claim = snapshot.state.settings, snapshot.claim
+    total_letters, letters = dead_letter_keys(store, str(settings.get("key", "")))
+    stream = snapshot.stream
+    return {
+        "checkpoint": store.location, "exists": True, "at": snapshot.at,
+        "kind": "stream" if stream else "replay", "state": snapshot.condition,
+        "claim": None if claim is None else {
+            "owner": claim.owner(), "live": snapshot.live, "claimed_at": claim.claimed_at,
+            "extended_at": claim.extended_at, "timeout": claim.timeout, "released": claim.released},
+        "started_at": settings.get("started_at"), "updated_at": settings.get("updated_at"),
+        "key": settings.get("key"), "order": settings.get("order"), "source": settings.get("source"),
+        "events": {"done": snapshot.events_done, "dead_letters": snapshot.dead_letters,
+                   "handled": max(snapshot.events_done - snapshot.dead_letters, 0),
+                   "total": snapshot.input_events, "in_flight": snapshot.in_flight,
+                   "pending": snapshot.pending},
+        "segments": [vars(segment) for segment in snapshot.segments()],
+        "strips": snapshot.segment_strips(),
+        "key_group_bits": None if snapshot.state.tokens is None else snapshot.state.tokens.bits,
+        "history": [{"at": entry["at"], "segments": len(entry["segments"]), "why": entry["why"]}
+                    for entry in settings.get("segment_history", [])],
+        "stream": None if not stream else {
+            "completed_batch": stream.get("completed_batch", -1), "last_batch": stream.get("last_batch"),
+            "in_progress": (stream.get("batch") or {}).get("id"), "group": stream.get("commit_offsets_to"),
+            "partitions": [{"topic": topic, "partition": partition, "next_offset": end,
+                            "lag": None if latest is None else max(latest - end, 0)}
+                           for topic, partition, end, latest in stream.get("partitions") or []]},
+        "dead_letters": {"events": total_letters, "keys": len(letters),
+                         "shown": [{"key": str(letter.key), "events": letter.events, "error": letter.error,
+                                    "attempts": letter.attempts} for letter in letters[:DEAD_LETTER_KEYS]]},
+    }
+
+
+def create_app(store: CheckpointStore, token: str | None = None) -> Flask:
+    """The page's Flask application for ``store``: with ``token``, every request must carry it;
+    without, only requests whose ``Host`` is this machine are answered."""
+    app = Flask(__name__)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(CheckpointCollector(store))
+
+    @app.before_request
+    def allowed() -> BaseResponse | None:
+        if token is None:
+            host = (request.host or "").rsplit(":", 1)[0].strip("[]")
+            if not is_loopback(host):
+                abort(403, f"segack ui answers requests to this machine only, not to host {host!r}")
+            return None
+        given = request.args.get("token")
+        if given is not None and hmac.compare_digest(given, token):
+            response = redirect(request.path)
+            response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict")
+            return response
+        if not hmac.compare_digest(request.cookies.get(TOKEN_COOKIE, ""), token):
+            abort(401, "segack ui needs its token: open the address it printed when it started "
+                       "(with ?token=...)")
+        return None
+
+    @app.errorhandler(401)
+    @app.errorhandler(403)
+    def refused(error: Any) -> Response:
+        return make_response(f"{error.description}\n", error.code,
+                             {"Content-Type": "text/plain; charset=utf-8"})
+
+    @app.get("/")
+    def page() -> str:
+        return render_template("page.html", checkpoint=store.location)
+
+    @app.get("/api/state")
+    def state() -> Response:
+        return jsonify(page_state(store))
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _ThreadingServer6(_ThreadingServer):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No line per request."""
+
+
+class PageServer:
+    """The page served on ``host:port`` on its own thread until :meth:`close`."""
+
+    def __init__(self, store: CheckpointStore, host: str, port: int, token: str | None) -> None:
+        server_class = _ThreadingServer6 if ":" in host else _ThreadingServer
+        try:
+            self._server = make_server(host, port, create_app(store, token), server_class=server_class,
+                                       handler_class=_QuietHandler)
+        except OSError as error:
+            raise OptionError(f"cannot serve the page on {host}:{port}: {error.strerror or error}") from None
+        self.host, self.token = host, token
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever, name="segack-ui", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        """The page's address, with its token if it has one (this machine's name when it listens on
+        every address)."""
+        host = socket.gethostname() if self.host in ("0.0.0.0", "::") else self.host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}/" + (f"?token={self.token}" if self.token else "")
+
+    def close(self) -> None:
+        """Stop serving and free the port."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def __enter__(self) -> PageServer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def serve_page(checkpoint: str | CheckpointStore, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+               token: str | None = None) -> PageServer:
+    """Serve the page of ``checkpoint`` on ``http://HOST:PORT/`` until the returned server is
+    closed.
+
+    Parameters
+    ----------
+    checkpoint : str or CheckpointStore
+        Any checkpoint location segack reads, with a run under way or not.
+    host : str, default ``'127.0.0.1'``
+        The address to listen on; any but a loopback one needs a ``token`` (one is made when none
+        is given: ``server.url`` carries it).
+    port : int, default :data:`DEFAULT_PORT`
+        0 picks a free one (``server.port``).
+    token : str, optional
+        What every request must carry (``?token=`` once, then the page's cookie).
+
+    Raises
+    ------
+    OptionError
+        A port outside 0..65535, an empty token, or an address that cannot be listened on.
+    """
+    store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise OptionError(f"port must be an int in 0..65535, not {port!r}")
+    if token is not None and not token:
+        raise OptionError("token must not be empty")
+    if token is None and not is_loopback(host):
+        token = secrets.token_urlsafe(24)
+    return PageServer(store, host, port, token)

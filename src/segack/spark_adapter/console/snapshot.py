@@ -1,0 +1,171 @@
+"""What an operator's view reads of a checkpoint at one moment, as ``segack status`` does: its
+state with the progress its live run has not merged yet, its claim, its dead letters. Nothing is
+written. The metrics (:mod:`~segack.spark_adapter.console.metrics`) and the page
+(:mod:`~segack.spark_adapter.console.page`) are both made from a :class:`Snapshot`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from segack.kernel import SegmentSet
+from segack.spark_adapter.store.checkpoint import (
+    DEAD_ATTEMPTS,
+    DEAD_ERROR,
+    DEAD_POSITION,
+    Checkpoint,
+    CheckpointStore,
+)
+from segack.spark_adapter.store.claims import Claim, latest_claim, unmerged_progress
+
+__all__ = ["DeadLetterKey", "SegmentView", "Snapshot", "dead_letter_keys"]
+
+
+@dataclass(frozen=True)
+class SegmentView:
+    """One segment of the live set, as ``segack status`` lists it."""
+
+    position: int
+    segment_id: int
+    mask: int
+    key_groups: int
+    #: Events of its key groups done (a stream: in the micro-batch under way, or the last).
+    done: int
+    #: Events of its key groups in the input, once counted.
+    load: int | None
+
+
+@dataclass(frozen=True)
+class DeadLetterKey:
+    """A key with dead letters: how many, and its first one's error, as ``segack dead-letters``
+    lists them."""
+
+    key: Any
+    events: int
+    error: str
+    attempts: int
+
+
+def dead_letter_keys(store: CheckpointStore, key: str) -> tuple[int, list[DeadLetterKey]]:
+    """The events set aside in all, and each key that has some, most first (then by key)."""
+    letters = store.read_dead_letters()
+    if letters is None:
+        return 0, []
+    first: dict[Any, tuple[int, str, int]] = {}
+    counts: dict[Any, int] = {}
+    for value, position, reason, attempts in zip(letters.column(key).to_pylist(),
+                                                 letters.column(DEAD_POSITION).to_pylist(),
+                                                 letters.column(DEAD_ERROR).to_pylist(),
+                                                 letters.column(DEAD_ATTEMPTS).to_pylist(), strict=True):
+        counts[value] = counts.get(value, 0) + 1
+        if value not in first or position < first[value][0]:
+            first[value] = (position, reason, attempts)
+    ranked = sorted(counts, key=lambda value: (-counts[value], str(value)))
+    return letters.num_rows, [DeadLetterKey(value, counts[value], first[value][1], first[value][2])
+                              for value in ranked]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A checkpoint at one moment (:meth:`read`)."""
+
+    state: Checkpoint
+    claim: Claim | None
+    dead_letters: int
+    #: Handler calls running and rows read but not committed, as the live run's tasks last reported.
+    in_flight: int
+    pending: int
+    #: When it was read (``time.time()``).
+    at: float
+
+    @classmethod
+    def read(cls, store: CheckpointStore) -> Snapshot | None:
+        """The checkpoint at ``store`` now, or ``None`` where there is none yet."""
+        state = store.load()
+        if state is None:
+            return None
+        claim = latest_claim(store)
+        in_flight = pending = 0
+        now = time.time()
+        live = claim is not None and claim.live(now)
+        for _, updates in store.read_progress(unmerged_progress(store)):
+            if state.tokens is not None:
+                state.tokens.apply(updates)
+            if live:  # a dead run's last report is not work under way
+                calls, rows = CheckpointStore.task_load(updates)
+                in_flight, pending = in_flight + calls, pending + rows
+        return cls(state, claim, store.count_dead_letters(), in_flight, pending, now)
+
+    @property
+    def live(self) -> bool:
+        """Whether a run holds the checkpoint now."""
+        return self.claim is not None and self.claim.live(self.at)
+
+    @property
+    def stream(self) -> dict[str, Any] | None:
+        """A stream's settings (its micro-batches, Kafka's offsets), ``None`` for a replay."""
+        return self.state.settings.get("stream") or None
+
+    @property
+    def condition(self) -> str:
+        """``running``, ``stopped``, ``failed``, ``dead_letters_left`` or ``complete``."""
+        status = self.state.settings.get("status")
+        if self.live:
+            return "running"
+        if status == "failed":
+            return "failed"
+        if status == "complete":
+            return "dead_letters_left" if self.dead_letters else "complete"
+        return "stopped"
+
+    @property
+    def events_done(self) -> int:
+        """Events done, handled or set aside (a stream: over its complete micro-batches and the one
+        under way)."""
+        tokens, stream = self.state.tokens, self.stream
+        done = 0 if tokens is None else tokens.done
+        if stream:  # the tokens count the micro-batch in progress, or the last complete one
+            done = int(stream.get("events", 0)) + (done if stream.get("batch") else 0)
+        return done
+
+    @property
+    def input_events(self) -> int | None:
+        """A replay's input, once a run has counted it."""
+        tokens = self.state.tokens
+        return None if tokens is None or self.stream else tokens.total
+
+    def segments(self) -> list[SegmentView]:
+        """The live segment set (``[]`` before a run recorded one)."""
+        tokens, ids = self.state.tokens, self.state.settings.get("segments")
+        if tokens is None or not ids:
+            return []
+        owners = SegmentSet.from_ids(ids).key_group_owners(tokens.bits)
+        per_group = tokens.done_per_key_group()
+        views = []
+        for position, member in enumerate(SegmentSet.from_ids(ids)):
+            mine = owners == position
+            views.append(SegmentView(position, member.segment_id, member.mask, int(mine.sum()),
+                                     int(per_group[mine].sum()),
+                                     int(tokens.count[mine].sum()) if tokens.counted else None))
+        return views
+
+    def segment_strips(self, most: int = 64) -> list[list[tuple[int, int | None]]]:
+        """For each live segment (in :meth:`segments`' order), its key groups' progress in at most
+        ``most`` cells of its groups, lowest first: each cell's events done and (once counted) in
+        the input."""
+        tokens, ids = self.state.tokens, self.state.settings.get("segments")
+        if tokens is None or not ids:
+            return []
+        owners = SegmentSet.from_ids(ids).key_group_owners(tokens.bits)
+        per_group = tokens.done_per_key_group()
+        strips = []
+        for position in range(len(ids)):
+            groups = np.flatnonzero(owners == position)
+            cells = np.array_split(groups, min(most, len(groups))) if len(groups) else []
+            strips.append([(int(per_group[cell].sum()),
+                            int(tokens.count[cell].sum()) if tokens.counted else None) for cell in cells])
+        return strips

@@ -1,0 +1,196 @@
+// segack ui: asks /api/state every few seconds and redraws the page; rates come from the last
+// samples of the counts (the checkpoint holds counts, not rates).
+"use strict";
+
+const REFRESH_MS = 2000;
+// Seconds of samples a rate is measured over.
+const RATE_WINDOW = 15;
+const samples = [];
+
+const $ = (id) => document.getElementById(id);
+const number = (value) => value == null ? "?" : value.toLocaleString("en-US");
+const counted = (value, noun) => `${number(value)} ${noun}${value === 1 ? "" : "s"}`;
+const when = (seconds) => seconds == null ? "?" : new Date(seconds * 1000).toLocaleString();
+
+function duration(seconds) {
+  if (seconds == null || !isFinite(seconds)) return "?";
+  seconds = Math.round(seconds);
+  const h = Math.floor(seconds / 3600), m = Math.floor(seconds % 3600 / 60), s = seconds % 60;
+  return h ? `${h} h ${m} min` : m ? `${m} min ${s} s` : `${s} s`;
+}
+
+function cell(row, text, className) {
+  const td = row.insertCell();
+  td.textContent = text;
+  if (className) td.className = className;
+  return td;
+}
+
+// Events a second over the samples of the last RATE_WINDOW seconds, for a count picked by `pick`.
+function rate(pick) {
+  const recent = samples.filter((sample) => sample.at >= samples[samples.length - 1].at - RATE_WINDOW);
+  if (recent.length < 2) return null;
+  const first = recent[0], last = recent[recent.length - 1];
+  const before = pick(first.state), now = pick(last.state);
+  if (before == null || now == null || now < before || last.at === first.at) return null;
+  return (now - before) / (last.at - first.at);
+}
+
+const STATES = {
+  running: "running", stopped: "stopped before its end: the next run resumes it",
+  failed: "stopped: its last run failed; the next run resumes it",
+  dead_letters_left: "not complete: dead letters left", complete: "complete",
+};
+
+function drawHeader(state) {
+  const line = $("state");
+  line.textContent = `${state.kind}: ${STATES[state.state] || state.state}`;
+  line.className = `state ${state.state}`;
+  const claim = state.claim;
+  $("claim").textContent = !claim ? "never claimed"
+    : claim.live ? `held by ${claim.owner} since ${when(claim.claimed_at)}, extended ` +
+      `${duration(state.at - claim.extended_at)} ago (timeout ${claim.timeout} s)`
+    : `free: last held by ${claim.owner}` + (state.updated_at ? `, saved ${when(state.updated_at)}` : "");
+}
+
+function drawEvents(state) {
+  const events = state.events, total = events.total;
+  $("done-bar").style.width = total ? `${Math.min(100, 100 * events.done / total)}%` : "0";
+  const aside = events.dead_letters ? `, ${number(events.dead_letters)} set aside as dead letters` : "";
+  $("events").textContent = total != null
+    ? `${number(events.done)} of ${number(total)} done (${(100 * events.done / Math.max(total, 1)).toFixed(1)}%): ` +
+      `${number(events.handled)} handled${aside}`
+    : `${number(events.done)} done: ${number(events.handled)} handled${aside}` +
+      (state.kind === "replay" ? " (the total is counted once a run has read its input to the end)" : "");
+  const perSecond = rate((s) => s.events.done);
+  const parts = [];
+  if (perSecond != null && state.claim && state.claim.live) {
+    parts.push(`${number(Math.round(perSecond))} events/s`);
+    if (total != null && perSecond > 0) parts.push(`about ${duration((total - events.done) / perSecond)} left`);
+  }
+  if (state.claim && state.claim.live) {
+    parts.push(`${number(events.in_flight)} handler calls in flight, ${number(events.pending)} events pending`);
+  }
+  $("rate").textContent = parts.join("; ");
+}
+
+function drawStream(state) {
+  const stream = state.stream;
+  $("stream-section").hidden = !stream;
+  if (!stream) return;
+  const last = stream.last_batch || {};
+  let line = stream.completed_batch < 0 ? "no micro-batch complete yet"
+    : `micro-batch ${stream.completed_batch} the last complete`;
+  if (last.seconds != null) line += `; micro-batch ${last.id} took ${last.seconds.toFixed(1)} s`;
+  if (stream.in_progress != null) line += `; micro-batch ${stream.in_progress} in progress`;
+  if (stream.group) line += `; offsets committed to consumer group ${stream.group}`;
+  $("stream").textContent = line;
+  const body = $("partitions").tBodies[0];
+  body.replaceChildren();
+  $("partitions").hidden = !stream.partitions.length;
+  for (const where of stream.partitions) {
+    const row = body.insertRow();
+    cell(row, where.topic);
+    cell(row, where.partition, "number");
+    cell(row, number(where.next_offset), "number");
+    cell(row, number(where.lag), "number");
+  }
+}
+
+function drawSegments(state) {
+  const running = state.claim && state.claim.live;
+  const body = $("segments").tBodies[0];
+  body.replaceChildren();
+  const total = state.segments.reduce((sum, segment) => sum + (segment.load || 0), 0);
+  state.segments.forEach((segment, index) => {
+    const row = body.insertRow();
+    cell(row, `#${segment.position}`);
+    cell(row, segment.segment_id, "number");
+    cell(row, segment.mask, "number");
+    cell(row, number(segment.key_groups), "number");
+    cell(row, number(segment.load), "number");
+    cell(row, segment.load == null ? "?" : `${(100 * segment.load / Math.max(total, 1)).toFixed(1)}%`, "number");
+    cell(row, number(segment.done), "number");
+    const perSecond = running ? rate((s) => {
+      const same = s.segments.find((other) => other.segment_id === segment.segment_id && other.mask === segment.mask);
+      return same ? same.done : null;
+    }) : null;
+    cell(row, perSecond == null ? "" : `${number(Math.round(perSecond))}/s`, "number");
+    const strip = document.createElement("div");
+    strip.className = "strip";
+    for (const [done, count] of state.strips[index] || []) {
+      const square = document.createElement("span");
+      if (count === 0) {
+        square.className = "empty";  // key groups without events
+        square.title = "no events";
+      } else {
+        const share = count ? done / count : done > 0 ? 1 : 0;
+        square.style.opacity = (0.15 + 0.85 * share).toFixed(2);
+        square.title = `${number(done)} done` + (count != null ? ` of ${number(count)}` : "");
+      }
+      strip.appendChild(square);
+    }
+    row.insertCell().appendChild(strip);
+  });
+  const history = $("history");
+  history.replaceChildren();
+  for (const entry of state.history.slice().reverse()) {
+    const item = document.createElement("li");
+    item.textContent = `${when(entry.at)}: ${entry.segments} segments, ${entry.why}`;
+    history.appendChild(item);
+  }
+}
+
+function drawDeadLetters(state) {
+  const letters = state.dead_letters;
+  $("dead-summary").textContent = letters.events
+    ? `${counted(letters.events, "event")} of ${counted(letters.keys, "key")} set aside` +
+      (letters.keys > letters.shown.length ? ` (the ${letters.shown.length} keys with most here; ` +
+        "segack dead-letters lists them all)" : "")
+    : "none";
+  $("dead-filter").hidden = $("dead-letters").hidden = !letters.shown.length;
+  const filter = $("dead-filter").value.toLowerCase();
+  const body = $("dead-letters").tBodies[0];
+  body.replaceChildren();
+  for (const letter of letters.shown) {
+    if (filter && !`${letter.key} ${letter.error}`.toLowerCase().includes(filter)) continue;
+    const row = body.insertRow();
+    cell(row, letter.key);
+    cell(row, number(letter.events), "number");
+    cell(row, letter.error + (letter.attempts > 1 ? ` (${letter.attempts} attempts)` : ""));
+  }
+}
+
+let latest = null;
+
+function draw(state) {
+  if (!state.exists) {
+    $("state").textContent = "no checkpoint here yet: a run makes one";
+    return;
+  }
+  drawHeader(state);
+  drawEvents(state);
+  drawStream(state);
+  drawSegments(state);
+  drawDeadLetters(state);
+  $("updated").textContent = `read ${new Date(state.at * 1000).toLocaleTimeString()}`;
+}
+
+async function refresh() {
+  try {
+    const response = await fetch("api/state", {cache: "no-store"});
+    if (!response.ok) throw new Error(`${response.status} ${await response.text()}`);
+    latest = await response.json();
+    if (latest.exists) {
+      samples.push({at: latest.at, state: latest});
+      while (samples.length > 60) samples.shift();
+    }
+    draw(latest);
+  } catch (error) {
+    $("updated").textContent = `could not read the checkpoint: ${error.message}`;
+  }
+}
+
+$("dead-filter").addEventListener("input", () => latest && draw(latest));
+refresh();
+setInterval(refresh, REFRESH_MS);
