@@ -65,13 +65,14 @@ def install_segack(session: nox.Session, extras: str = "", *others: str) -> None
 
 def run_pytest(session: nox.Session, whole: tuple[str, ...]) -> None:
     """pytest with the arguments after ``--`` if any (``-m claims``, a file), else over ``whole``
-    on :data:`WORKERS` processes, printing the 30 slowest tests and failing when they take far
-    longer than their budget (``tests/durations_check.py``)."""
+    on :data:`WORKERS` processes, the long tests early (so that the workers end together), printing
+    the 30 slowest tests and failing when they take far longer than their budget
+    (``tests/durations_check.py``)."""
     if session.posargs:
         session.run("pytest", *session.posargs)
         return
     report = Path(session.create_tmp()).resolve() / "junit.xml"
-    session.run("pytest", *whole, *WORKERS, "--durations=30", f"--junitxml={report}")
+    session.run("pytest", *whole, *WORKERS, "--long-tests-early", "--durations=30", f"--junitxml={report}")
     session.run("python", "-m", "tests.durations_check", str(report), session.name)
 
 

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, settings
 
 import segack.kernel
 import segack.specs
+from tests.durations_check import recorded_seconds, report_name
 from tests.jvm import driver_options
 
 settings.register_profile(
@@ -78,10 +79,35 @@ AREAS = {
 }
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--long-tests-early", action="store_true",
+                     help="start the tests with a recorded budget (tests/durations-budget.json) in the "
+                     "first half of the run, longest first, spread among the others: pytest-xdist's "
+                     "workers then end together rather than one of them alone on a long test at the end")
+
+
+def long_tests_early(items: list[pytest.Item], recorded: dict[str, float]) -> list[pytest.Item]:
+    """``items`` with those that have a recorded time placed, longest first, at even steps over the
+    first half of the run, the others in their order around them. Spread, not all first: xdist
+    hands each worker a long run of consecutive tests at the start, and one worker with every long
+    test would end last."""
+    timed = sorted((item for item in items if report_name(item.nodeid) in recorded),
+                   key=lambda item: -recorded[report_name(item.nodeid)])
+    step = len(items) / 2 / max(len(timed), 1)
+    # (where it starts, whether it is one of the others): a timed test goes before an other at its place
+    place = {id(item): (rank * step, False) for rank, item in enumerate(timed)}
+    others = [item for item in items if id(item) not in place]
+    place.update({id(item): (float(index), True) for index, item in enumerate(others)})
+    return sorted(items, key=lambda item: place[id(item)])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test with its module's areas (:data:`AREAS`; a new module must be listed there), and
     every test that needs a Spark session (directly or through ``jvm``) as ``spark``, so
-    ``pytest -m "not spark"`` (``nox -s quick``) runs the rest without a JVM."""
+    ``pytest -m "not spark"`` (``nox -s quick``) runs the rest without a JVM. With
+    ``--long-tests-early``: :func:`long_tests_early`."""
+    if config.getoption("--long-tests-early"):
+        items[:] = long_tests_early(items, recorded_seconds())
     for item in items:
         module = item.path.name
         if module not in AREAS:

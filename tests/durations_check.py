@@ -43,6 +43,19 @@ def read_report(path: Path) -> tuple[float, dict[str, float]]:
     return total, tests
 
 
+def report_name(nodeid: str) -> str:
+    """A pytest node id (``tests/test_x.py::test_y[a]``) as the report names it
+    (``tests.test_x::test_y[a]``)."""
+    path, _, name = nodeid.partition("::")
+    return f"{path.removesuffix('.py').replace('/', '.')}::{name}"
+
+
+def recorded_seconds() -> dict[str, float]:
+    """The recorded seconds of every test with a budget, over all sessions, by report name."""
+    budgets = json.loads(BUDGET.read_text()) if BUDGET.is_file() else {}
+    return {node: seconds for budget in budgets.values() for node, seconds in budget["tests"].items()}
+
+
 def over_budget(total: float, tests: dict[str, float], budget: dict) -> list[str]:
     """What went past its budget by a wide margin, one line each."""
     found = []
