@@ -1,4 +1,4 @@
-"""``python -m bench [hashes] [acker] [spark] [sinks] [kafka] [crashes]``: same-run ratios against
+"""``python -m bench [hashes] [acker] [spark] [sinks] [console] [kafka] [crashes]``: same-run ratios against
 competitors (``crashes``, not run by default, counts what a crash costs a handler instead; ``kafka``,
 not run by default either, needs the PySpark Spark's Kafka connector is released for).
 
@@ -21,11 +21,11 @@ from bench.common import cpus
 
 
 def main(argv: list[str]) -> int:
-    from bench import acker, crashes, hashes, kafka, sinks, spark
+    from bench import acker, console, crashes, hashes, kafka, sinks, spark
 
     suites = {"hashes": hashes.run, "acker": acker.run, "spark": spark.run, "sinks": sinks.run,
-              "kafka": kafka.run, "crashes": crashes.run}
-    chosen = argv or ["hashes", "acker", "spark", "sinks"]
+              "console": console.run, "kafka": kafka.run, "crashes": crashes.run}
+    chosen = argv or ["hashes", "acker", "spark", "sinks", "console"]
     unknown = [name for name in chosen if name not in suites]
     if unknown:
         print(f"unknown suite(s): {', '.join(unknown)}; choose from {', '.join(suites)}")

@@ -193,7 +193,7 @@ def performance(out: Path) -> None:
     tables = [_list_table(name) for name in (
         "hashes", "acker", "acker-state", "spark-columns", "spark-replay", "spark-checkpoint",
         "spark-resume", "spark-concurrency", "spark-planning", "spark-rescale", "spark-claims",
-        "sinks-postgres", "sinks-lists", "kafka", "kafka-steady", "kafka-sink")]
+        "sinks-postgres", "sinks-lists", "console", "kafka", "kafka-steady", "kafka-sink")]
     (out / "perf-tables.rst").write_text("\n".join(tables) + "\n")
     (out / "crashes-table.rst").write_text(_list_table("crashes") + "\n")
 
