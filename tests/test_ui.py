@@ -1,12 +1,14 @@
 """``segack ui``: the page of a checkpoint, its state as JSON and its metrics, served on loopback by
-a real server; who may ask; and the page in Debian's Chromium (headless, through Playwright)
-following a checkpoint that a real command changes, without a reload."""
+a real server; who may ask; its controls (split, merge, scale, release), what they refuse and that a
+refusal writes nothing; and the page in Debian's Chromium (headless, through Playwright) following a
+checkpoint that a real command changes without a reload, then steering a real replay."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -14,12 +16,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from segack.cli import ExitCode, main
 from segack.kernel import SegmentSet
-from segack.spark_adapter.console.page import serve_page
+from segack.spark_adapter.console.page import page_state, serve_page
 from segack.spark_adapter.errors import OptionError
+from segack.spark_adapter.store.claims import acquire, latest_claim
 from tests.test_metrics import sample_value, scrape
 from tests.test_rescale import _checkpoint
 
@@ -27,8 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 
 
-def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str, dict[str, str]]:
-    request = urllib.request.Request(url, headers=headers or {})
+def _get(url: str, headers: dict[str, str] | None = None, data: bytes | None = None
+         ) -> tuple[int, str, dict[str, str]]:
+    request = urllib.request.Request(url, headers=headers or {}, data=data)
     opener = urllib.request.build_opener(_NoRedirect)
     try:
         with opener.open(request, timeout=10) as response:
@@ -40,6 +45,19 @@ def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str, dic
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args, **kwargs):
         return None
+
+
+def _post(base: str, action: str, body: object, csrf: str | None) -> tuple[int, str]:
+    """A control's POST as the page makes it: JSON, with the CSRF header unless ``csrf`` is None."""
+    headers = {"Content-Type": "application/json"} | ({"X-Segack-CSRF": csrf} if csrf is not None else {})
+    status, said, _ = _get(f"{base}/api/{action}", headers, json.dumps(body).encode())
+    return status, said
+
+
+def _csrf(base: str) -> str | None:
+    """The CSRF token the page carries (None: a read-only page)."""
+    found = re.search(r'<meta name="segack-csrf" content="([^"]+)">', _get(f"{base}/")[1])
+    return None if found is None else found.group(1)
 
 
 def _checksums(path: Path) -> dict[str, str]:
@@ -63,6 +81,12 @@ def test_the_state_the_page_draws_is_the_checkpoints(tmp_path):
     assert [(s["segment_id"], s["mask"], s["key_groups"], s["load"]) for s in state["segments"]] == [
         (0, 3, 4, 28), (1, 1, 8, 56), (2, 3, 4, 28)]
     assert [len(strip) for strip in state["strips"]] == [4, 8, 4]
+    # Siblings at mask 3 (ids 0 and 2) merge; id 1's sibling, 0 at mask 1, is split further.
+    assert [s["mergeable"] for s in state["segments"]] == [True, False, True]
+    assert state["requested"] is None
+    # The whole hash space has no sibling.
+    [root] = page_state(_checkpoint(tmp_path / "root", SegmentSet.balanced(1)))["segments"]
+    assert root["mask"] == 0 and not root["mergeable"]
     assert state["history"][-1]["segments"] == 3 and state["history"][-1]["why"] == "start of run r1"
     assert state["claim"]["released"] and not state["claim"]["live"]
     assert page_status == 200 and store.location in page and "page.js" in page
@@ -90,6 +114,83 @@ def test_requests_from_elsewhere_or_without_the_token_are_refused_and_change_not
         assert "segack_token=s3cret" in headers["Set-Cookie"] and "HttpOnly" in headers["Set-Cookie"]
         assert _get(f"{base}/api/state", {"Cookie": "segack_token=s3cret"})[0] == 200
     assert _checksums(tmp_path / "checkpoint") == before
+
+
+def test_a_control_refused_answers_why_in_one_line_and_changes_nothing(tmp_path):
+    store = _checkpoint(tmp_path, SegmentSet.balanced(3), bits=4, counts=[7] * 16)
+    before = _checksums(tmp_path / "checkpoint")
+    with serve_page(store, port=0) as server:
+        base = f"http://127.0.0.1:{server.port}"
+        csrf = _csrf(base)
+        assert csrf and len(csrf) >= 24
+        refusals = [
+            ("split", {"segment_id": 0}, None, 403, "split needs the page's CSRF token in the X-Segack-CSRF "
+                                                  "header: reload the page"),
+            ("split", {"segment_id": 0}, "forged", 403, "split needs the page's CSRF token"),
+            ("split", [0], csrf, 400, "split takes a JSON object"),
+            ("split", {"segment_id": "0"}, csrf, 400, "split: split needs a segment id (an int), not '0'"),
+            ("split", {"segment_id": 99}, csrf, 409, "split: segment 99 is not live; the live segments are "
+                                                     "[0, 1, 2]; nothing changed"),
+            ("merge", {"segment_id": 1}, csrf, 409, "merge: segment 1 cannot be merged: its sibling"),
+            ("scale", {"segments": "many"}, csrf, 400, "scale: segments must be"),
+            ("scale", {"segments": 32}, csrf, 409, "scale: "),  # finer than 16 key groups
+            ("scale", {"segments": 4, "workers": 0}, csrf, 400, "scale: workers must be a positive int"),
+            ("release", {"claim": "1"}, csrf, 400, "release: release needs the number of the claim"),
+            ("release", {"claim": 99}, csrf, 409, "release: claim 99 is no longer the newest"),
+        ]
+        for action, body, token, status, said in refusals:
+            answer = _post(base, action, body, token)
+            assert answer[0] == status and answer[1].startswith(said) and answer[1].count("\n") == 1, (
+                action, body, answer)
+        # Not JSON at all, and a GET where only a POST does anything.
+        assert _get(f"{base}/api/split", {"X-Segack-CSRF": csrf}, b"segment_id=0")[0] == 400
+        assert _get(f"{base}/api/split")[0] == 405
+    assert _checksums(tmp_path / "checkpoint") == before
+    with serve_page(store, port=0, read_only=True) as server:
+        base = f"http://127.0.0.1:{server.port}"
+        page = _get(f"{base}/")[1]
+        assert _csrf(base) is None
+        assert 'id="release"' not in page and 'id="scale-form"' not in page and "read-only" in page
+        for action, body in (("split", {"segment_id": 0}), ("release", {"claim": 1})):
+            status, said = _post(base, action, body, "anything")
+            assert (status, said) == (403, "this page is read-only (segack ui --read-only): it changes "
+                                           "nothing\n")
+    assert _checksums(tmp_path / "checkpoint") == before
+
+
+def test_each_control_does_what_its_command_does(tmp_path):
+    store = _checkpoint(tmp_path, SegmentSet.balanced(3), bits=4, counts=[7] * 16)
+    with serve_page(store, port=0) as server:
+        base = f"http://127.0.0.1:{server.port}"
+        csrf = _csrf(base)
+        assert _post(base, "merge", {"segment_id": 2}, csrf) == (
+            200, "merge: 3 -> 2 segments (0,1); the next run starts over them\n")
+        assert _post(base, "split", {"segment_id": 1}, csrf) == (
+            200, "split: 2 -> 3 segments (0,1,3); the next run starts over them\n")
+        assert _post(base, "scale", {"segments": [0, 1, 2, 3]}, csrf) == (
+            200, "scale: 3 -> 4 segments (0,1,2,3); the next run starts over them\n")
+        assert _post(base, "scale", {"segments": 4}, csrf) == (
+            200, "scale: the segments are 0,1,2,3 already; nothing to do\n")
+        assert store.load().settings["segments"] == [0, 1, 2, 3]
+        history = store.load().settings["segment_history"]
+        assert [entry["why"].split(" (by")[0] for entry in history[1:]] == [
+            "merge segment 2", "split segment 1", "scale to 4 segments"]
+        # A run that holds the checkpoint gets a request, as from the command.
+        live = acquire(store, "r2", 60)
+        status, said = _post(base, "split", {"segment_id": 0}, csrf)
+        assert status == 200 and said.startswith(f"split: asked run r2 (pid {os.getpid()}"), said
+        assert "4 -> 5 segments (0,1,2,3,4)" in said
+        requested = json.loads(_get(f"{base}/api/state")[1])["requested"]
+        assert requested["why"] == "split segment 0" and requested["segments"] == 5
+        assert store.load().settings["segments"] == [0, 1, 2, 3]
+        # Release names the claim it saw: the run's, then (released already) nothing to do.
+        status, said = _post(base, "release", {"claim": live.number}, csrf)
+        assert status == 200 and said.startswith("release: released the claim of run r2"), said
+        released = latest_claim(store)
+        assert released.released and released.number == live.number + 1
+        assert "segack ui" in released.released_by
+        assert _post(base, "release", {"claim": released.number}, csrf)[1] == (
+            f"release: claim {released.number} is released already; nothing to do\n")
 
 
 def test_any_address_but_loopback_gets_a_token_made_for_it(tmp_path):
@@ -121,9 +222,20 @@ def test_the_command_serves_until_sigterm_and_refuses_what_it_cannot_serve(tmp_p
     assert line.startswith(f"segack ui: serving {store.location} on http://127.0.0.1:"), line
     url = line.split(" on ")[1].split()[0]
     assert _get(f"{url}api/state")[0] == 200
+    assert _post(url.rstrip("/"), "split", {"segment_id": 0}, _csrf(url.rstrip("/")))[0] == 200
     process.terminate()
     assert process.wait(30) == ExitCode.OK
-    assert process.stderr.read() == ""  # no line per request
+    # No line per request; one per control done.
+    assert process.stderr.read() == ("segack: split from 127.0.0.1: 2 -> 3 segments (0,1,2); the next run "
+                                     "starts over them\n")
+    process = subprocess.Popen([sys.executable, "-m", "segack", "ui", store.location, "--port", "0",
+                                "--read-only"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    line = process.stdout.readline()
+    assert line.endswith(" (Ctrl-C stops, read-only)\n"), line
+    url = line.split(" on ")[1].split()[0].rstrip("/")
+    assert _csrf(url) is None and _post(url, "split", {"segment_id": 0}, "x")[0] == 403
+    process.terminate()
+    assert process.wait(30) == ExitCode.OK
 
 
 @pytest.mark.browser
@@ -149,9 +261,147 @@ def test_the_page_in_a_browser_follows_a_split_without_a_reload(tmp_path):
             assert page.evaluate("window.loads") == 1  # redrawn, not reloaded
             assert page.locator("#history li").count() == 2
             assert "split" in page.inner_text("#history li >> nth=0")
+            # The scale form, refused then done: the answer on the page, the set redrawn.
+            answered = "!document.querySelector('#control-message').textContent.endsWith('asking…')"
+            page.fill("#scale-to", "many")
+            page.click("#scale-form button")
+            page.wait_for_function(answered)
+            assert page.inner_text("#control-message").startswith("refused (400): scale: segments must be")
+            assert page.get_attribute("#control-message", "class") == "refused"
+            page.fill("#scale-to", "0, 1, 2, 3")
+            page.click("#scale-form button")
+            page.wait_for_function(answered)
+            assert page.inner_text("#control-message") == (
+                "scale: 3 -> 4 segments (0,1,2,3); the next run starts over them")
+            page.wait_for_function("document.querySelectorAll('#segments tbody tr').length === 4")
+            assert page.locator("#release").is_hidden()  # the claim is released already
+            # A run's claim: released from the page once the operator confirms.
+            live = acquire(store, "r2", 60)
+            page.wait_for_selector("#release", state="visible")
+            dialogs: list[str] = []
+            page.once("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.accept()))
+            page.click("#release")
+            page.wait_for_function(answered)
+            assert dialogs[0].startswith("Release the claim of run r2") and "It is live" in dialogs[0]
+            assert page.inner_text("#control-message").startswith("release: released the claim of run r2")
+            assert latest_claim(store).number == live.number + 1 and latest_claim(store).released
+            page.wait_for_selector("#release", state="hidden")
             page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
             assert errors == []
         finally:
             browser.close()
     print(f"\nthe page: {tmp_path / 'page.png'}")
     assert os.path.getsize(tmp_path / "page.png") > 10_000
+
+
+def _status_segments(out: str) -> list[tuple[int, int, int, int]]:
+    """``segack status``'s segment lines: (id, mask, events done, key groups)."""
+    return [(int(found[1]), int(found[2]), int(found[3].replace(",", "")), int(found[4].replace(",", "")))
+            for found in re.finditer(r"#\d+\s+id (\d+)\s+mask (\d+)\s.*?([\d,]+) done\s+([\d,]+) key groups",
+                                     out)]
+
+
+def _page_segments(page) -> list[tuple[int, int, int, int]]:
+    """The page's segment rows: (id, mask, events done, key groups)."""
+    rows = page.eval_on_selector_all(
+        "#segments tbody tr", "rows => rows.map(row => [...row.cells].map(cell => cell.textContent))")
+    return [(int(row[1]), int(row[2]), int(row[6].replace(",", "")), int(row[3].replace(",", "")))
+            for row in rows]
+
+
+@pytest.mark.browser
+@pytest.mark.spark
+def test_split_pressed_on_the_page_splits_a_live_replay_which_keeps_order_and_exactness(tmp_path, capsys):
+    from playwright.sync_api import sync_playwright
+
+    from segack.demo import generate_events
+    from tests.spark_handlers import LOG_ENV, REFUSED_USERS, read_log
+    from tests.test_rescale_spark import _wait_for
+
+    total = 12_000
+    table = generate_events(total, seed=41)
+    pq.write_table(table, tmp_path / "events.parquet")
+    events = list(zip(table.column("user").to_pylist(), table.column("seq").to_pylist(), strict=True))
+    set_aside = {(user, seq) for user, seq in events if user in REFUSED_USERS and seq >= 10}
+    assert len(set_aside) > 400  # the hot user's and a lighter one's
+    log, checkpoint = str(tmp_path / "log.jsonl"), str(tmp_path / "checkpoint")
+    command = [sys.executable, "-m", "segack", "replay", str(tmp_path / "events.parquet"), "--key", "user",
+               "--order", "ts", "--handler", "tests.spark_handlers:record_with_task_refusing_tenth",
+               "--checkpoint", checkpoint, "--segments", "2", "--flush-interval", "0.3",
+               "--on-error", "dead-letter"]
+    process = subprocess.Popen(command, cwd=ROOT, env=dict(os.environ, **{LOG_ENV: log}),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: len(read_log(log)) > 500, 300, "the replay to handle events", process)
+        with serve_page(checkpoint, port=0) as server, sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
+                "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update"])
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                errors: list[str] = []
+                page.on("pageerror", lambda error: errors.append(str(error)))
+                page.goto(server.url)
+                page.wait_for_function("document.querySelector('#state').textContent === 'replay: running'")
+                page.click("#segments tr[data-segment='0'] button.split")
+                page.wait_for_function("!document.querySelector('#control-message').textContent"
+                                       ".endsWith('asking…')")
+                said = page.inner_text("#control-message")
+                assert said.startswith("split: asked run ") and "2 -> 3 segments (0,1,2)" in said, said
+                page.wait_for_function("document.querySelectorAll('#segments tbody tr').length === 3",
+                                       timeout=60_000)
+                applied_at = len(read_log(log))
+                assert applied_at < total - len(set_aside), "the run ended before the split: no proof"
+                assert "split segment 0" in page.inner_text("#history li >> nth=0")
+                # The set and the claim as segack status prints them, the run still going.
+                assert main(["status", checkpoint]) == ExitCode.OK
+                status = capsys.readouterr().out
+                without_done = [[(row[0], row[1], row[3]) for row in rows]
+                                for rows in (_status_segments(status), _page_segments(page))]
+                assert without_done == [[(0, 3, 1024), (1, 1, 2048), (2, 3, 1024)]] * 2
+                owner = re.search(r"claim\s+held: (run .+?\)),", status)[1]
+                assert owner in page.inner_text("#claim")
+                _, err = process.communicate(timeout=600)
+                assert process.returncode == ExitCode.DEAD_LETTERS, err
+                # After the run, every number on the page is the commands'.
+                page.wait_for_function("document.querySelector('#state').textContent"
+                                       ".endsWith('dead letters left')", timeout=15_000)
+                assert main(["status", checkpoint]) == ExitCode.OK
+                status = capsys.readouterr().out
+                assert _page_segments(page) == _status_segments(status)
+                assert sum(row[2] for row in _page_segments(page)) == total
+                handled, aside = total - len(set_aside), len(set_aside)
+                assert f"{total:,} in all: {handled:,} handled" in status
+                assert f"{aside:,} set aside" in status
+                assert page.inner_text("#events") == (
+                    f"{total:,} of {total:,} done (100.0%): {handled:,} handled, {aside:,} set aside as dead "
+                    "letters")
+                assert main(["dead-letters", checkpoint]) == ExitCode.OK
+                listed = capsys.readouterr().out.splitlines()
+                cells = "rows => rows.map(row => [...row.cells].map(c => c.textContent))"
+                rows = page.eval_on_selector_all("#dead-letters tbody tr", cells)
+                assert listed[0].split()[-5:] == [f"{aside:,}", "events", "of", "2", "keys"]
+                assert [line.split(None, 2) for line in listed[2:]] == [
+                    [key, events, error] for key, events, error in rows]
+                assert {row[0] for row in rows} == REFUSED_USERS
+                page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
+                assert errors == []
+            finally:
+                browser.close()
+    finally:
+        if process.poll() is None:
+            process.kill()
+    print(f"\nthe page: {tmp_path / 'page.png'}")
+    # The split run: each event handled once or set aside, each key in order.
+    logged = read_log(log)
+    assert len(logged) == len({(event["user"], event["seq"]) for event in logged}) == total - len(set_aside)
+    assert {(event["user"], event["seq"]) for event in logged} == set(events) - set_aside
+    done: dict[str, int] = {}
+    for event in logged:
+        assert event["seq"] == done.get(event["user"], -1) + 1, f"{event} handled out of order"
+        done[event["user"]] = event["seq"]
+    # One job per set, each over its set's partitions: the split took effect in the live run.
+    partitions: dict[int, set[int]] = {}
+    for event in logged:
+        partitions.setdefault(event["stage"], set()).add(event["partition"])
+    assert [len(partitions[stage]) for stage in sorted(partitions)] == [2, 3]

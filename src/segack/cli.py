@@ -347,7 +347,9 @@ def _add_ui(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "ui", help="serve a page that follows a checkpoint, and its Prometheus metrics",
         description="Serve a page for one checkpoint (its run, segments, key groups, segment sets, dead "
         "letters), redrawn every few seconds while a run goes on or after it, and its Prometheus "
-        "metrics on /metrics. It reads the checkpoint and changes nothing. Runs until Ctrl-C or SIGTERM.",
+        "metrics on /metrics. It reads the checkpoint as segack status does; its controls split, merge "
+        "or scale the segments and release a claim whose owner is gone, as the commands of those names "
+        "do, each printed here as it is done. Runs until Ctrl-C or SIGTERM.",
     )
     ui.add_argument("checkpoint", metavar="CHECKPOINT", help=_CHECKPOINT_HELP)
     ui.add_argument("--host", default="127.0.0.1",
@@ -357,6 +359,8 @@ def _add_ui(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                     help="the port (default: %(default)s; 0: any free one)")
     ui.add_argument("--token", default=None, help="what every request must carry (?token=TOKEN once; the "
                     "page keeps it in a cookie)")
+    ui.add_argument("--read-only", action="store_true",
+                    help="no controls: the page and its API change nothing (their POSTs answer 403)")
 
 
 def _add_dead_letters(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -671,15 +675,7 @@ def _rescale(args: argparse.Namespace) -> int:
                                     claim_timeout=args.claim_timeout)
     except (CheckpointError, ValueError, OSError) as error:
         return _refused(args.command, error)
-    ids = ",".join(map(str, outcome.segments.ids))
-    if outcome.segments == outcome.before:
-        print(f"{command}: the segments are {ids} already; nothing to do")
-    elif outcome.applied:
-        print(f"{command}: {len(outcome.before)} -> {len(outcome.segments)} segments ({ids}); the next run "
-              f"starts over them")
-    else:
-        print(f"{command}: asked {outcome.run} to change {len(outcome.before)} -> {len(outcome.segments)} "
-              f"segments ({ids}); it applies them within seconds (a stream: at its next micro-batch)")
+    print(f"{command}: {outcome.describe()}")
     return ExitCode.OK
 
 
@@ -721,7 +717,7 @@ def _ui(args: argparse.Namespace) -> int:
     try:
         store = CheckpointStore(args.checkpoint)
         store.load()  # a location that is not a checkpoint is refused here, not on the page
-        server = serve_page(store, args.host, args.port, args.token)
+        server = serve_page(store, args.host, args.port, args.token, read_only=args.read_only)
     except OptionError as error:
         print(f"segack ui: {error}", file=sys.stderr)
         return ExitCode.USAGE
@@ -730,12 +726,17 @@ def _ui(args: argparse.Namespace) -> int:
     stop = threading.Event()
     previous = {number: signal.signal(number, lambda *_: stop.set())
                 for number in (signal.SIGTERM, signal.SIGINT)}
-    print(f"segack ui: serving {store.location} on {server.url} (Ctrl-C stops)", flush=True)
+    controls = logging.getLogger("segack.spark_adapter.console.controls")
+    controls_level = controls.level
+    controls.setLevel(logging.INFO)  # each control done is printed
+    mode = ", read-only" if args.read_only else ""
+    print(f"segack ui: serving {store.location} on {server.url} (Ctrl-C stops{mode})", flush=True)
     try:
         stop.wait()
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+        controls.setLevel(controls_level)
         server.close()
     return ExitCode.OK
 

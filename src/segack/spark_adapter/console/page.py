@@ -3,12 +3,14 @@
 The page (``/``) is a template and a script shipped with the package; the script asks ``/api/state``
 every few seconds and redraws, so the page follows the run without reloading. ``/metrics`` serves
 the checkpoint's Prometheus metrics (:mod:`~segack.spark_adapter.console.metrics`). Every request
-reads the checkpoint as ``segack status`` does and writes nothing.
+reads the checkpoint as ``segack status`` does and writes nothing, except the page's controls
+(:mod:`~segack.spark_adapter.console.controls`).
 
 Who may ask: on a loopback address with no token, requests whose ``Host`` names this machine (so
 that another site's page cannot reach it through a name of its own); with a token (needed to listen
 on any other address), requests that carry it, as ``?token=`` once (the page then keeps it in a
-cookie) or as that cookie.
+cookie) or as that cookie. A control must also carry the page's CSRF token, made for each server
+and written into the page; ``read_only`` serves no controls and refuses their POSTs.
 
 Flask makes the pages; the standard library's WSGI server serves them, a thread a request, as
 prometheus_client serves its metrics: an operator's console for one checkpoint, not a public web
@@ -31,10 +33,13 @@ from flask import Flask, Response, abort, jsonify, make_response, redirect, rend
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from segack.kernel import Segment
+from segack.spark_adapter.console.controls import controls
 from segack.spark_adapter.console.metrics import CheckpointCollector
-from segack.spark_adapter.console.snapshot import Snapshot, dead_letter_keys
+from segack.spark_adapter.console.snapshot import SegmentView, Snapshot, dead_letter_keys
 from segack.spark_adapter.errors import OptionError
-from segack.spark_adapter.store.checkpoint import CheckpointStore
+from segack.spark_adapter.store import rescale
+from segack.spark_adapter.store.checkpoint import CheckpointError, CheckpointStore
 
 if TYPE_CHECKING:
     from werkzeug.wrappers import Response as BaseResponse
@@ -61,6 +66,21 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _mergeable(view: SegmentView, live: set[tuple[int, int]]) -> bool:
+    """Whether the page offers to merge ``view``: its sibling is live (not the root, not split further)."""
+    return view.mask != 0 and (Segment(view.segment_id, view.mask).mergeable_segment_id(), view.mask) in live
+
+
+def _requested(store: CheckpointStore) -> dict[str, Any] | None:
+    """The change of segments asked of the live run and not applied yet, as ``segack status`` says."""
+    try:
+        change = rescale.pending_change(store)
+    except CheckpointError as error:
+        return {"why": str(error), "segments": None, "requested_at": None, "by": None}
+    return None if change is None else {"why": change.why, "segments": len(change.segments),
+                                        "requested_at": change.requested_at, "by": change.by}
+
+
 def page_state(store: CheckpointStore) -> dict[str, Any]:
     """What ``/api/state`` answers: the checkpoint now, as the page draws it (JSON-able)."""
     snapshot = Snapshot.read(store)
@@ -68,20 +88,24 @@ def page_state(store: CheckpointStore) -> dict[str, Any]:
         return {"checkpoint": store.location, "exists": False}
     settings, claim = snapshot.state.settings, snapshot.claim
     total_letters, letters = dead_letter_keys(store, str(settings.get("key", "")))
+    segments = snapshot.segments()
+    live = {(view.segment_id, view.mask) for view in segments}
     stream = snapshot.stream
     return {
         "checkpoint": store.location, "exists": True, "at": snapshot.at,
         "kind": "stream" if stream else "replay", "state": snapshot.condition,
         "claim": None if claim is None else {
-            "owner": claim.owner(), "live": snapshot.live, "claimed_at": claim.claimed_at,
-            "extended_at": claim.extended_at, "timeout": claim.timeout, "released": claim.released},
+            "number": claim.number, "owner": claim.owner(), "live": snapshot.live,
+            "claimed_at": claim.claimed_at, "extended_at": claim.extended_at, "timeout": claim.timeout,
+            "released": claim.released},
         "started_at": settings.get("started_at"), "updated_at": settings.get("updated_at"),
         "key": settings.get("key"), "order": settings.get("order"), "source": settings.get("source"),
         "events": {"done": snapshot.events_done, "dead_letters": snapshot.dead_letters,
                    "handled": max(snapshot.events_done - snapshot.dead_letters, 0),
                    "total": snapshot.input_events, "in_flight": snapshot.in_flight,
                    "pending": snapshot.pending},
-        "segments": [vars(segment) for segment in snapshot.segments()],
+        "segments": [dict(vars(view), mergeable=_mergeable(view, live)) for view in segments],
+        "requested": _requested(store),
         "strips": snapshot.segment_strips(),
         "key_group_bits": None if snapshot.state.tokens is None else snapshot.state.tokens.bits,
         "history": [{"at": entry["at"], "segments": len(entry["segments"]), "why": entry["why"]}
@@ -98,12 +122,13 @@ def page_state(store: CheckpointStore) -> dict[str, Any]:
     }
 
 
-def create_app(store: CheckpointStore, token: str | None = None) -> Flask:
+def create_app(store: CheckpointStore, token: str | None = None, read_only: bool = False) -> Flask:
     """The page's Flask application for ``store``: with ``token``, every request must carry it;
-    without, only requests whose ``Host`` is this machine are answered."""
+    without, only requests whose ``Host`` is this machine are answered. ``read_only``: no controls."""
     app = Flask(__name__)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(CheckpointCollector(store))
+    csrf = None if read_only else secrets.token_urlsafe(24)
 
     @app.before_request
     def allowed() -> BaseResponse | None:
@@ -122,15 +147,19 @@ def create_app(store: CheckpointStore, token: str | None = None) -> Flask:
                        "(with ?token=...)")
         return None
 
+    @app.errorhandler(400)
     @app.errorhandler(401)
     @app.errorhandler(403)
+    @app.errorhandler(404)
+    @app.errorhandler(405)
+    @app.errorhandler(409)
     def refused(error: Any) -> Response:
         return make_response(f"{error.description}\n", error.code,
                              {"Content-Type": "text/plain; charset=utf-8"})
 
     @app.get("/")
     def page() -> str:
-        return render_template("page.html", checkpoint=store.location)
+        return render_template("page.html", checkpoint=store.location, csrf=csrf)
 
     @app.get("/api/state")
     def state() -> Response:
@@ -140,6 +169,7 @@ def create_app(store: CheckpointStore, token: str | None = None) -> Flask:
     def metrics() -> Response:
         return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
+    app.register_blueprint(controls(store, csrf))
     return app
 
 
@@ -159,11 +189,12 @@ class _QuietHandler(WSGIRequestHandler):
 class PageServer:
     """The page served on ``host:port`` on its own thread until :meth:`close`."""
 
-    def __init__(self, store: CheckpointStore, host: str, port: int, token: str | None) -> None:
+    def __init__(self, store: CheckpointStore, host: str, port: int, token: str | None,
+                 read_only: bool = False) -> None:
         server_class = _ThreadingServer6 if ":" in host else _ThreadingServer
         try:
-            self._server = make_server(host, port, create_app(store, token), server_class=server_class,
-                                       handler_class=_QuietHandler)
+            self._server = make_server(host, port, create_app(store, token, read_only),
+                                       server_class=server_class, handler_class=_QuietHandler)
         except OSError as error:
             raise OptionError(f"cannot serve the page on {host}:{port}: {error.strerror or error}") from None
         self.host, self.token = host, token
@@ -193,7 +224,7 @@ class PageServer:
 
 
 def serve_page(checkpoint: str | CheckpointStore, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-               token: str | None = None) -> PageServer:
+               token: str | None = None, read_only: bool = False) -> PageServer:
     """Serve the page of ``checkpoint`` on ``http://HOST:PORT/`` until the returned server is
     closed.
 
@@ -208,6 +239,8 @@ def serve_page(checkpoint: str | CheckpointStore, host: str = "127.0.0.1", port:
         0 picks a free one (``server.port``).
     token : str, optional
         What every request must carry (``?token=`` once, then the page's cookie).
+    read_only : bool, default ``False``
+        Serve no controls (split, merge, scale, release), and refuse their POSTs with a 403.
 
     Raises
     ------
@@ -221,4 +254,4 @@ def serve_page(checkpoint: str | CheckpointStore, host: str = "127.0.0.1", port:
         raise OptionError("token must not be empty")
     if token is None and not is_loopback(host):
         token = secrets.token_urlsafe(24)
-    return PageServer(store, host, port, token)
+    return PageServer(store, host, port, token, read_only)

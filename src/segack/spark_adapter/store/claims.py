@@ -204,14 +204,20 @@ def acquire(store: CheckpointStore, run_id: str, timeout: float, *, handles_even
     return claim
 
 
-def force_release(store: CheckpointStore, by: str) -> Claim | None:
+def force_release(store: CheckpointStore, by: str, number: int | None = None) -> Claim | None:
     """Release the newest claim, live or not, for an operator who knows its owner is gone.
 
     A new claim number, released at once, fences the old owner should it come back; its
     progress stays mergeable by the next run. Returns the claim released (``None``: there was
-    none, or it was released already).
+    none, or it was released already). With ``number``, only claim ``number`` is released: an
+    operator who saw one owner gone never releases the run that took over since
+    (:class:`~segack.spark_adapter.CheckpointError`, nothing written).
     """
     latest = latest_claim(store)
+    if number is not None and (latest is None or latest.number != number):
+        now = "no claim" if latest is None else f"claim {latest.number}, {latest.owner()}'s"
+        raise CheckpointError(f"claim {number} is no longer the newest of checkpoint {store.location} (it is "
+                              f"{now}): nothing released")
     if latest is None or latest.released:
         return None
     released = replace(latest, number=latest.number + 1, extended_at=time.time(), released=True,

@@ -116,6 +116,17 @@ class Rescale:
     #: The live run that will apply the change (``None`` when it was applied at once).
     run: str | None = None
 
+    def describe(self) -> str:
+        """What happened, in the words ``segack split``, ``merge`` and ``scale`` and the page use."""
+        ids = ",".join(map(str, self.segments.ids))
+        if self.segments == self.before:
+            return f"the segments are {ids} already; nothing to do"
+        change = f"{len(self.before)} -> {len(self.segments)} segments ({ids})"
+        if self.applied:
+            return f"{change}; the next run starts over them"
+        return (f"asked {self.run} to change {change}; it applies them within seconds (a stream: at its next "
+                f"micro-batch)")
+
 
 def pending_change(store: CheckpointStore) -> SegmentChange | None:
     """The change of segments waiting for a run, or ``None``."""

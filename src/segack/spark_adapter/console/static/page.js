@@ -1,11 +1,15 @@
 // segack ui: asks /api/state every few seconds and redraws the page; rates come from the last
-// samples of the counts (the checkpoint holds counts, not rates).
+// samples of the counts (the checkpoint holds counts, not rates). Unless the page is read-only, its
+// controls POST to api/split, api/merge, api/scale and api/release with the page's CSRF token and
+// show the server's one-line answer.
 "use strict";
 
 const REFRESH_MS = 2000;
 // Seconds of samples a rate is measured over.
 const RATE_WINDOW = 15;
 const samples = [];
+// Absent on a read-only page, which has no controls.
+const CSRF = document.querySelector('meta[name="segack-csrf"]')?.content;
 
 const $ = (id) => document.getElementById(id);
 const number = (value) => value == null ? "?" : value.toLocaleString("en-US");
@@ -42,6 +46,36 @@ const STATES = {
   dead_letters_left: "not complete: dead letters left", complete: "complete",
 };
 
+// Asks the server for a control, shows its answer (or why it refused), then reads the state again.
+async function ask(action, body) {
+  const message = $("control-message");
+  message.hidden = false;
+  message.className = "";
+  message.textContent = `${action}: asking…`;
+  try {
+    const response = await fetch(`api/${action}`, {
+      method: "POST", cache: "no-store", body: JSON.stringify(body),
+      headers: {"Content-Type": "application/json", "X-Segack-CSRF": CSRF},
+    });
+    const said = (await response.text()).trim();
+    message.textContent = response.ok ? said : `refused (${response.status}): ${said}`;
+    message.className = response.ok ? "answered" : "refused";
+  } catch (error) {
+    message.textContent = `${action}: no answer: ${error.message}`;
+    message.className = "refused";
+  }
+  refresh();
+}
+
+function button(label, title, action) {
+  const element = document.createElement("button");
+  element.className = `control ${label}`;
+  element.textContent = label;
+  element.title = title;
+  element.addEventListener("click", action);
+  return element;
+}
+
 function drawHeader(state) {
   const line = $("state");
   line.textContent = `${state.kind}: ${STATES[state.state] || state.state}`;
@@ -51,6 +85,14 @@ function drawHeader(state) {
     : claim.live ? `held by ${claim.owner} since ${when(claim.claimed_at)}, extended ` +
       `${duration(state.at - claim.extended_at)} ago (timeout ${claim.timeout} s)`
     : `free: last held by ${claim.owner}` + (state.updated_at ? `, saved ${when(state.updated_at)}` : "");
+  if (CSRF) $("release").hidden = !claim || claim.released;
+  const requested = state.requested;
+  $("requested").hidden = !requested;
+  if (requested) {
+    $("requested").textContent = requested.segments == null ? requested.why
+      : `asked: ${requested.why} -> ${counted(requested.segments, "segment")}, ${when(requested.requested_at)} ` +
+        `by ${requested.by}; the run applies it within seconds`;
+  }
 }
 
 function drawEvents(state) {
@@ -104,6 +146,7 @@ function drawSegments(state) {
   const total = state.segments.reduce((sum, segment) => sum + (segment.load || 0), 0);
   state.segments.forEach((segment, index) => {
     const row = body.insertRow();
+    row.dataset.segment = segment.segment_id;
     cell(row, `#${segment.position}`);
     cell(row, segment.segment_id, "number");
     cell(row, segment.mask, "number");
@@ -131,6 +174,15 @@ function drawSegments(state) {
       strip.appendChild(square);
     }
     row.insertCell().appendChild(strip);
+    if (CSRF) {
+      const change = row.insertCell();
+      const id = segment.segment_id;
+      change.appendChild(button("split", `split segment ${id} in two`, () => ask("split", {segment_id: id})));
+      if (segment.mergeable) {
+        change.appendChild(button("merge", `merge segment ${id} with its sibling`,
+          () => ask("merge", {segment_id: id})));
+      }
+    }
   });
   const history = $("history");
   history.replaceChildren();
@@ -192,5 +244,22 @@ async function refresh() {
 }
 
 $("dead-filter").addEventListener("input", () => latest && draw(latest));
+if (CSRF) {
+  $("release").addEventListener("click", () => {
+    const claim = latest && latest.claim;
+    if (!claim) return;
+    const live = claim.live ? "It is live: release it only if that run is gone. " : "";
+    if (confirm(`Release the claim of ${claim.owner}? ${live}Should it come back, it is fenced.`)) {
+      ask("release", {claim: claim.number});
+    }
+  });
+  $("scale-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const to = $("scale-to").value.trim();
+    const segments = /^\d+$/.test(to) ? Number(to)
+      : /^\d+(\s*,\s*\d+)+$/.test(to) ? to.split(",").map(Number) : to;
+    ask("scale", {segments});
+  });
+}
 refresh();
 setInterval(refresh, REFRESH_MS);
