@@ -6,8 +6,10 @@ checkpoint that a real command changes without a reload, then steering a real re
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
+import random
 import re
 import socket
 import subprocess
@@ -21,7 +23,7 @@ import pytest
 
 from segack.cli import ExitCode, main
 from segack.kernel import SegmentSet
-from segack.spark_adapter.console.page import page_state, serve_page
+from segack.spark_adapter.console.page import hash_space_layout, page_state, serve_page
 from segack.spark_adapter.errors import OptionError
 from segack.spark_adapter.store.claims import acquire, latest_claim
 from tests.test_metrics import sample_value, scrape
@@ -84,6 +86,8 @@ def test_the_state_the_page_draws_is_the_checkpoints(tmp_path):
     # Siblings at mask 3 (ids 0 and 2) merge; id 1's sibling, 0 at mask 1, is split further.
     assert [s["mergeable"] for s in state["segments"]] == [True, False, True]
     assert state["requested"] is None
+    assert state["hottest_key_group"] == {"key_group": 0, "events": 7, "share": 1 / 16}  # all alike
+    assert state["history"][-1]["layout"] == [[0, 0.0, 0.25], [2, 0.25, 0.25], [1, 0.5, 0.5]]
     # The whole hash space has no sibling.
     [root] = page_state(_checkpoint(tmp_path / "root", SegmentSet.balanced(1)))["segments"]
     assert root["mask"] == 0 and not root["mergeable"]
@@ -114,6 +118,33 @@ def test_requests_from_elsewhere_or_without_the_token_are_refused_and_change_not
         assert "segack_token=s3cret" in headers["Set-Cookie"] and "HttpOnly" in headers["Set-Cookie"]
         assert _get(f"{base}/api/state", {"Cookie": "segack_token=s3cret"})[0] == 200
     assert _checksums(tmp_path / "checkpoint") == before
+
+
+def test_a_set_is_drawn_as_the_hash_space_cut_by_its_splits():
+    # Low bits read backwards: 0 (mask 7) and 4 (mask 7) share the first quarter, the children of
+    # segment 0 at mask 3.
+    assert hash_space_layout([0, 1, 2, 3, 4]) == [(0, 0.0, 0.125), (4, 0.125, 0.125), (2, 0.25, 0.25),
+                                                   (1, 0.5, 0.25), (3, 0.75, 0.25)]
+    assert hash_space_layout([0]) == [(0, 0.0, 1.0)]
+    segments, pick = SegmentSet.balanced(1), random.Random(5)
+    for _ in range(40):  # splits of random segments: each cuts its block in two, the blocks tile
+        member = pick.choice(list(segments))
+        before = {placed[0]: placed[1:] for placed in hash_space_layout(list(segments.ids))}
+        segments = segments.split(member)
+        after = {placed[0]: placed[1:] for placed in hash_space_layout(list(segments.ids))}
+        start, share = before[member.segment_id]
+        sibling = member.segment_id | (member.mask + 1)
+        assert after[member.segment_id] == (start, share / 2)
+        assert after[sibling] == (start + share / 2, share / 2)
+        ends = sorted(after.values())
+        assert ends[0][0] == 0 and all(a[0] + a[1] == b[0] for a, b in itertools.pairwise(ends))
+        assert sum(share for _, share in ends) == 1
+
+
+def test_the_busiest_key_group_bounds_every_segment_set(tmp_path):
+    store = _checkpoint(tmp_path, bits=4, counts=[*range(15), 3])
+    assert page_state(store)["hottest_key_group"] == {"key_group": 14, "events": 14, "share": 14 / 108}
+    assert page_state(_checkpoint(tmp_path / "uncounted"))["hottest_key_group"] is None
 
 
 def test_a_control_refused_answers_why_in_one_line_and_changes_nothing(tmp_path):
@@ -261,6 +292,9 @@ def test_the_page_in_a_browser_follows_a_split_without_a_reload(tmp_path):
             assert page.evaluate("window.loads") == 1  # redrawn, not reloaded
             assert page.locator("#history li").count() == 2
             assert "split" in page.inner_text("#history li >> nth=0")
+            blocks = [page.locator(f"#history li >> nth={n}").locator(".layout span").all_inner_texts()
+                      for n in (0, 1)]
+            assert blocks == [["0", "2", "1"], ["0", "1"]]
             # The scale form, refused then done: the answer on the page, the set redrawn.
             answered = "!document.querySelector('#control-message').textContent.endsWith('asking…')"
             page.fill("#scale-to", "many")

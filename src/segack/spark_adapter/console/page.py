@@ -33,7 +33,7 @@ from flask import Flask, Response, abort, jsonify, make_response, redirect, rend
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from segack.kernel import Segment
+from segack.kernel import Segment, SegmentSet
 from segack.spark_adapter.console.controls import controls
 from segack.spark_adapter.console.metrics import CheckpointCollector
 from segack.spark_adapter.console.snapshot import SegmentView, Snapshot, dead_letter_keys
@@ -54,6 +54,8 @@ DEFAULT_PORT = 8642
 TOKEN_COOKIE = "segack_token"
 #: Dead-letter keys the page lists at most (``segack dead-letters --top`` shows more).
 DEAD_LETTER_KEYS = 200
+#: Segment sets the page draws (the newest); it lists the others.
+HISTORY_DRAWN = 12
 
 
 def is_loopback(host: str) -> bool:
@@ -69,6 +71,40 @@ def is_loopback(host: str) -> bool:
 def _mergeable(view: SegmentView, live: set[tuple[int, int]]) -> bool:
     """Whether the page offers to merge ``view``: its sibling is live (not the root, not split further)."""
     return view.mask != 0 and (Segment(view.segment_id, view.mask).mergeable_segment_id(), view.mask) in live
+
+
+def hash_space_layout(ids: list[int]) -> list[tuple[int, float, float]]:
+    """Where each segment of the set ``ids`` lies when the hash space is drawn as its tree of
+    splits: ``(id, start, share)``, start and share as fractions of the whole.
+
+    A segment of mask ``2**w - 1`` holds the hashes whose low ``w`` bits are its id; reading those
+    bits backwards places it, so that a split divides its block in two, side by side, and a merge
+    joins two neighbours."""
+    layout = []
+    for member in SegmentSet.from_ids(ids):
+        width = member.mask.bit_length()
+        backwards = int(f"{member.segment_id:0{width}b}"[::-1], 2) if width else 0
+        layout.append((member.segment_id, backwards / 2 ** width, 1 / 2 ** width))
+    return sorted(layout, key=lambda placed: placed[1])
+
+
+def _history(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The segment sets, oldest first; the last :data:`HISTORY_DRAWN` with their layout."""
+    first_drawn = len(history) - HISTORY_DRAWN
+    return [{"at": entry["at"], "segments": len(entry["segments"]), "why": entry["why"],
+             "layout": hash_space_layout(entry["segments"]) if index >= first_drawn else None}
+            for index, entry in enumerate(history)]
+
+
+def _hottest_key_group(snapshot: Snapshot) -> dict[str, Any] | None:
+    """The key group with most events and its share of them, once the input is counted: a
+    segment holds whole key groups, so no set of segments makes one segment's share smaller."""
+    tokens = snapshot.state.tokens
+    if tokens is None or not tokens.counted or not tokens.total:
+        return None
+    group = int(tokens.count.argmax())
+    return {"key_group": group, "events": int(tokens.count[group]),
+            "share": float(tokens.count[group]) / tokens.total}
 
 
 def _requested(store: CheckpointStore) -> dict[str, Any] | None:
@@ -108,8 +144,8 @@ def page_state(store: CheckpointStore) -> dict[str, Any]:
         "requested": _requested(store),
         "strips": snapshot.segment_strips(),
         "key_group_bits": None if snapshot.state.tokens is None else snapshot.state.tokens.bits,
-        "history": [{"at": entry["at"], "segments": len(entry["segments"]), "why": entry["why"]}
-                    for entry in settings.get("segment_history", [])],
+        "history": _history(settings.get("segment_history", [])),
+        "hottest_key_group": _hottest_key_group(snapshot),
         "stream": None if not stream else {
             "completed_batch": stream.get("completed_batch", -1), "last_batch": stream.get("last_batch"),
             "in_progress": (stream.get("batch") or {}).get("id"), "group": stream.get("commit_offsets_to"),

@@ -176,6 +176,7 @@ function drawSegments(state) {
     row.insertCell().appendChild(strip);
     if (CSRF) {
       const change = row.insertCell();
+      change.className = "change";
       const id = segment.segment_id;
       change.appendChild(button("split", `split segment ${id} in two`, () => ask("split", {segment_id: id})));
       if (segment.mergeable) {
@@ -184,13 +185,38 @@ function drawSegments(state) {
       }
     }
   });
+  const hottest = state.hottest_key_group;
+  $("hottest").hidden = !hottest;
+  if (hottest) {
+    $("hottest").textContent = `The busiest key group (#${hottest.key_group}) holds ` +
+      `${number(hottest.events)} events, ${(100 * hottest.share).toFixed(1)}% of them: a segment holds whole ` +
+      "key groups, so no set of segments gives one a smaller share (segack plan measures the keys themselves).";
+  }
   const history = $("history");
   history.replaceChildren();
   for (const entry of state.history.slice().reverse()) {
     const item = document.createElement("li");
     item.textContent = `${when(entry.at)}: ${entry.segments} segments, ${entry.why}`;
+    if (entry.layout) item.appendChild(drawLayout(entry.layout));
     history.appendChild(item);
   }
+}
+
+// A segment set as the hash space cut by its splits: one block per segment, as wide as its share,
+// coloured by its id, so that a split shows as a block cut in two and a merge as two joined.
+function drawLayout(layout) {
+  const bar = document.createElement("div");
+  bar.className = "layout";
+  for (const [id, start, share] of layout) {
+    const block = document.createElement("span");
+    block.style.left = `${100 * start}%`;
+    block.style.width = `${100 * share}%`;
+    block.style.background = `hsl(${(id * 137.508) % 360}, 55%, 72%)`;
+    block.title = `segment ${id}: ${(100 * share).toFixed(share < 0.01 ? 3 : 1)}% of the hash space`;
+    if (share >= 0.04) block.textContent = id;
+    bar.appendChild(block);
+  }
+  return bar;
 }
 
 function drawDeadLetters(state) {
