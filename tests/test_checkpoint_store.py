@@ -25,6 +25,7 @@ from segack.spark_adapter.store.checkpoint import (
     Checkpoint,
     CheckpointError,
     CheckpointStore,
+    TaskLoad,
     resolve_location,
 )
 from segack.spark_adapter.store.driver_watch import DriverProcess
@@ -213,7 +214,7 @@ def test_the_size_is_the_state_file_and_the_progress_files(store, where):
 
 def test_progress_files_round_trip_with_their_tasks_load(store, where):
     updates = _updates([(0, 2, 1, 9, "k", 5), (3, 1, 0, 4, "z", 7)])
-    store.for_tasks("r", 0).write_progress("r1-s00000-a0", updates, in_flight=3, pending=12)
+    store.for_tasks("r", 0).write_progress("r1-s00000-a0", updates, TaskLoad(3, 12, retries=4))
     store.for_tasks("r", 0).write_progress("r1-s00001-a0", updates)
     store.for_tasks("r", 0).write_progress("r2-s00000-a0", updates)
     assert [path.rsplit("/", 1)[-1] for path in store.progress_files()] == [
@@ -224,21 +225,23 @@ def test_progress_files_round_trip_with_their_tasks_load(store, where):
     read = list(store.read_progress(paths))
     assert [path for path, _ in read] == paths
     assert all(table.equals(updates) for _, table in read)
-    assert [CheckpointStore.task_load(table) for _, table in read] == [(3, 12), (0, 0)]
+    assert [CheckpointStore.task_load(table) for _, table in read] == [TaskLoad(3, 12, 4), TaskLoad(0, 0, 0)]
+    assert TaskLoad(3, 12, 4) + TaskLoad(1, 2, 3) == TaskLoad(4, 14, 7)
     store.delete_progress(paths)
     assert store.progress_files() == [path for path in store.progress_files() if "r2-" in path]
     assert list(store.read_progress(paths)) == []  # gone since: skipped
 
 
 @pytest.mark.parametrize(("metadata", "load"), [
-    (None, (0, 0)),
-    ({b"segack.in_flight": b"7"}, (7, 0)),
-    ({b"segack.pending": b"8"}, (0, 8)),
-    ({b"segack.in_flight": b"x", b"segack.pending": b"-1"}, (0, 0)),
-    ({b"segack.in_flight": b"9" * 18, b"segack.pending": b"9" * 19}, (int("9" * 18), 0)),
+    (None, (0, 0, 0)),
+    ({b"segack.in_flight": b"7"}, (7, 0, 0)),
+    ({b"segack.pending": b"8"}, (0, 8, 0)),
+    ({b"segack.retries": b"5"}, (0, 0, 5)),
+    ({b"segack.in_flight": b"x", b"segack.pending": b"-1", b"segack.retries": b"2.5"}, (0, 0, 0)),
+    ({b"segack.in_flight": b"9" * 18, b"segack.pending": b"9" * 19}, (int("9" * 18), 0, 0)),
 ])
 def test_a_tasks_load_is_read_from_its_progress_files_metadata_and_nonsense_counts_nothing(metadata, load):
-    assert CheckpointStore.task_load(_updates([]).replace_schema_metadata(metadata)) == load
+    assert CheckpointStore.task_load(_updates([]).replace_schema_metadata(metadata)) == TaskLoad(*load)
 
 
 def test_progress_files_that_are_not_progress_are_skipped_or_refused(store, where):

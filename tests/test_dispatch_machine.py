@@ -312,6 +312,7 @@ def test_a_call_that_raises_is_retried_with_growing_delays_and_then_succeeds():
     _offer_all(dispatcher, _rows(10))
     assert dispatcher.failure is None and dispatcher.committed_rows == 10
     assert (calls[3], calls[5], calls[4]) == (3, 2, 1)
+    assert dispatcher.repeats == 3
     assert time.monotonic() - began >= 0.01 + 0.02  # row 3 waited 0.01 s, then 0.02 s
 
 
@@ -427,6 +428,7 @@ def _one_task(tmp_path, name, handling, parked, keys, failing, flaky):
     failure = result.column("failure")[0].as_py()
     return {"calls": handler.calls, "dead": dead, "handled": result.column("handled")[0].as_py(),
             "dead_letters": result.column("dead_letters")[0].as_py(),
+            "retries": result.column("retries")[0].as_py(),
             "failure": None if failure is None else str(pickle.loads(failure))}
 
 
@@ -457,6 +459,7 @@ def test_one_call_at_a_time_the_tasks_own_loop_does_what_the_dispatcher_does(
             outcome["dead"] = {row: why for row, why in outcome.pop("dead").items() if row < failed_at}
             del outcome["dead_letters"]
     assert mine == theirs
+    assert mine["retries"] == len(mine["calls"]) - len(set(mine["calls"]))  # calls after each event's first
 
 
 def _sleeps(monkeypatch):
@@ -491,7 +494,7 @@ def test_retries_wait_the_delay_then_twice_as_long_each_time_and_count_every_att
     dispatcher = Dispatcher(handler, lambda event: event["row"], concurrency=2, max_pending=2, retries=3,
                             retry_delay=0.25)
     _offer_all(dispatcher, _rows(1))
-    assert pauses == [0.25, 0.5, 1.0] and calls == [0, 0, 0, 0]
+    assert pauses == [0.25, 0.5, 1.0] and calls == [0, 0, 0, 0] and dispatcher.repeats == 3
     assert dispatcher.failure.attempts == 4 and dispatcher.failure.event == {"row": 0}
     assert "ConnectionError: down" in dispatcher.failure.traceback
 

@@ -4,7 +4,9 @@ goes on, and by :func:`~segack.spark_adapter.serve_metrics` for any checkpoint."
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -61,8 +63,8 @@ def test_a_run_serves_its_metrics_while_it_goes_on_and_they_add_up_to_its_input(
     command = [sys.executable, "-m", "segack", "replay", str(tmp_path / "events.parquet"), "--key", "user",
                "--order", "ts", "--handler", "tests.spark_handlers:slow_refusing_tenth", "--checkpoint",
                str(checkpoint), "--segments", "3", "--key-group-bits", "8", "--concurrency", "2",
-               "--on-error", "dead-letter", "--flush-interval", "0.2", "--claim-timeout", "45",
-               "--metrics-port", str(port)]
+               "--on-error", "dead-letter", "--retries", "2", "--flush-interval", "0.2",
+               "--claim-timeout", "45", "--metrics-port", str(port)]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=dict(os.environ, PYTHONPATH=str(ROOT)))
     scrapes = []
@@ -98,6 +100,9 @@ def test_a_run_serves_its_metrics_while_it_goes_on_and_they_add_up_to_its_input(
     assert sample_value(after, "segack_input_events") == total
     assert sample_value(after, "segack_dead_letters") == set_aside
     assert sample_value(after, "segack_events_handled_total") == total - set_aside
+    assert sample_value(after, "segack_handler_retries_total") == 2  # u1's tenth event, twice more
+    retries = [sample_value(samples, "segack_handler_retries_total") for samples in running]
+    assert retries == sorted(retries) and retries[-1] <= 2
     assert sample_value(after, "segack_handler_calls_in_flight") == 0
     assert sample_value(after, "segack_events_pending") == 0
     assert "segack_claim_age_seconds" not in after  # no run holds it
@@ -145,3 +150,31 @@ def test_a_place_with_no_checkpoint_serves_only_its_read_errors(tmp_path):
     with serve_metrics(str(tmp_path / "nothing"), 0) as server:
         samples = scrape(server.port)
     assert set(samples) == {"segack_checkpoint_read_errors_total"}
+
+
+def test_every_family_served_is_documented_and_has_a_grafana_panel(tmp_path):
+    """The families a replay's checkpoint and a live Kafka stream's serve, the operations guide's
+    table and the sample Grafana dashboard's queries name the same metrics."""
+    from segack.spark_adapter.store.claims import ClaimKeeper, acquire
+    from tests.test_rescale import _checkpoint
+
+    replay = _checkpoint(tmp_path / "replay", bits=4, counts=[5] * 16)
+    stream = _checkpoint(tmp_path / "stream", bits=4, counts=[5] * 16)
+    claim = acquire(stream, "r2", 60)
+    served = set()
+    with ClaimKeeper(stream, claim) as keeper:
+        state = stream.load()
+        state.settings.update(updated_at=time.time(), handler_retries=3, stream={
+            "completed_batch": 4, "last_batch": {"id": 4, "seconds": 1.5, "at": time.time()},
+            "partitions": [["accounts", 0, 120, 130], ["accounts", 1, 80, 80]]})
+        keeper.save(state)
+        for store in (replay, stream):
+            with serve_metrics(store, 0) as server:
+                served |= {name.removesuffix("_created") for name in scrape(server.port)}
+    rows = re.findall(r"^   \* - (``segack_.*)$", (ROOT / "docs" / "operations.rst").read_text(), re.M)
+    documented = {name for row in rows for name in re.findall(r"``(segack_\w+)", row)}
+    dashboard = json.loads((ROOT / "docs" / "grafana" / "segack.json").read_text())
+    queried = {name for panel in dashboard["panels"] for target in panel["targets"]
+               for name in re.findall(r"segack_\w+", target["expr"])}
+    assert served == documented == queried
+    assert len({panel["id"] for panel in dashboard["panels"]}) == len(dashboard["panels"])

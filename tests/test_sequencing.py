@@ -101,7 +101,7 @@ def test_a_list_that_fails_once_is_made_again_whole_not_narrowed(monkeypatch):
     slept = []
     monkeypatch.setattr("time.sleep", slept.append)
     calls = _Calls(flaky={2})
-    assert drive(call_plan(_items("abcd"), 0.5, _gives_up_after(2), narrow=True), calls) == Outcome()
+    assert drive(call_plan(_items("abcd"), 0.5, _gives_up_after(2), narrow=True), calls) == Outcome(repeats=1)
     assert calls.calls == [[0, 1, 2, 3], [0, 1, 2, 3]] and slept == [0.5]
 
 
@@ -110,7 +110,7 @@ def test_a_list_not_narrowed_fails_whole_after_its_retries_at_its_first_event(mo
     monkeypatch.setattr("time.sleep", slept.append)
     calls = _Calls(failing={2})
     outcome = drive(call_plan(_items("abcd"), 0.5, _gives_up_after(2), narrow=False), calls)
-    assert calls.calls == [[0, 1, 2, 3]] * 3 and slept == [0.5, 1.0]
+    assert calls.calls == [[0, 1, 2, 3]] * 3 and slept == [0.5, 1.0] and outcome.repeats == 2
     ((failure, value),) = outcome.failures
     assert (failure.row, failure.event, failure.attempts, failure.size) == (0, {"row": 0, "key": "a"}, 3, 4)
     assert value == "a"
@@ -132,6 +132,7 @@ def test_narrowing_sets_aside_only_the_failing_event_and_its_keys_later_ones(mon
     assert (failure.row, failure.attempts, failure.size, value) == (1, 2, 1, "b")
     assert outcome.behind == (items[4],)
     assert sorted(calls.succeeded) == [0, 2, 3, 5, 6, 7]
+    assert outcome.repeats == 8  # every call after the first: its retry, then the narrowed parts
 
 
 @given(keys=st.lists(st.sampled_from("abcd"), min_size=1, max_size=24),
@@ -149,6 +150,7 @@ def test_a_narrowed_list_handles_each_event_before_its_keys_first_failure_once(k
     assert sorted((failure.row, value) for failure, value in outcome.failures) == sorted(
         (row, key) for key, row in first_failure.items())
     assert all(failure.size == 1 and failure.attempts == retries + 1 for failure, _ in outcome.failures)
+    assert outcome.repeats == len(calls.calls) - 1
     assert sorted(row for row, _, _ in outcome.behind) == [
         row for row, key in enumerate(keys) if key in first_failure and row > first_failure[key]]
     assert sorted(calls.succeeded) == [

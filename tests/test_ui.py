@@ -78,7 +78,7 @@ def test_the_state_the_page_draws_is_the_checkpoints(tmp_path):
         samples = scrape(server.port)
     assert state["exists"] and state["kind"] == "replay" and state["state"] == "stopped"
     assert state["events"] == {"done": 0, "handled": 0, "dead_letters": 0, "total": 16 * 7,
-                               "in_flight": 0, "pending": 0}
+                               "in_flight": 0, "pending": 0, "retries": 0}
     # balanced(3) of 16 key groups: one segment of mask 1 (8 groups), two of mask 3 (4 each).
     assert [(s["segment_id"], s["mask"], s["key_groups"], s["load"]) for s in state["segments"]] == [
         (0, 3, 4, 28), (1, 1, 8, 56), (2, 3, 4, 28)]
@@ -209,8 +209,9 @@ def test_each_control_does_what_its_command_does(tmp_path):
         # A run that holds the checkpoint gets a request, as from the command.
         live = acquire(store, "r2", 60)
         status, said = _post(base, "split", {"segment_id": 0}, csrf)
-        assert status == 200 and said.startswith(f"split: asked run r2 (pid {os.getpid()}"), said
-        assert "4 -> 5 segments (0,1,2,3,4)" in said
+        owner = f"run r2 (pid {os.getpid()} on {socket.gethostname()})"
+        assert (status, said) == (200, f"split: asked {owner} to change 4 -> 5 segments (0,1,2,3,4); it "
+                                       "applies them within seconds (a stream: at its next micro-batch)\n")
         requested = json.loads(_get(f"{base}/api/state")[1])["requested"]
         assert requested["why"] == "split segment 0" and requested["segments"] == 5
         assert store.load().settings["segments"] == [0, 1, 2, 3]

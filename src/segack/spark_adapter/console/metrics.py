@@ -79,6 +79,9 @@ class CheckpointCollector(Collector):
         yield _counter("segack_events_handled", "Events the handler has handled.",
                        max(done - snapshot.dead_letters, 0))
         yield _gauge("segack_dead_letters", "Events set aside as dead letters now.", snapshot.dead_letters)
+        yield _counter("segack_handler_retries", "Handler calls made again after a call raised (retries, "
+                       "and the parts of a list narrowed to find its failing event), as of the last merge.",
+                       snapshot.retries)
         if snapshot.input_events is not None:
             yield _gauge("segack_input_events", "Events in the replay's input, once a run has counted them.",
                          snapshot.input_events)

@@ -139,7 +139,7 @@ def page_state(store: CheckpointStore) -> dict[str, Any]:
         "events": {"done": snapshot.events_done, "dead_letters": snapshot.dead_letters,
                    "handled": max(snapshot.events_done - snapshot.dead_letters, 0),
                    "total": snapshot.input_events, "in_flight": snapshot.in_flight,
-                   "pending": snapshot.pending},
+                   "pending": snapshot.pending, "retries": snapshot.retries},
         "segments": [dict(vars(view), mergeable=_mergeable(view, live)) for view in segments],
         "requested": _requested(store),
         "strips": snapshot.segment_strips(),

@@ -19,6 +19,7 @@ from segack.spark_adapter.store.checkpoint import (
     DEAD_POSITION,
     Checkpoint,
     CheckpointStore,
+    TaskLoad,
 )
 from segack.spark_adapter.store.claims import Claim, latest_claim, unmerged_progress
 
@@ -89,21 +90,26 @@ class Snapshot:
         if state is None:
             return None
         claim = latest_claim(store)
-        in_flight = pending = 0
+        load = TaskLoad()
         now = time.time()
         live = claim is not None and claim.live(now)
         for _, updates in store.read_progress(unmerged_progress(store)):
             if state.tokens is not None:
                 state.tokens.apply(updates)
             if live:  # a dead run's last report is not work under way
-                calls, rows = CheckpointStore.task_load(updates)
-                in_flight, pending = in_flight + calls, pending + rows
-        return cls(state, claim, store.count_dead_letters(), in_flight, pending, now)
+                load += CheckpointStore.task_load(updates)
+        return cls(state, claim, store.count_dead_letters(), load.in_flight, load.pending, now)
 
     @property
     def live(self) -> bool:
         """Whether a run holds the checkpoint now."""
         return self.claim is not None and self.claim.live(self.at)
+
+    @property
+    def retries(self) -> int:
+        """Handler calls made again after a call raised, over the checkpoint's runs, as of the live
+        run's last merge (its driver's, every flush interval)."""
+        return int(self.state.settings.get("handler_retries", 0))
 
     @property
     def stream(self) -> dict[str, Any] | None:

@@ -22,7 +22,7 @@ from segack.kernel import SegmentSet
 from segack.spark_adapter.errors import HandlerFailedError, ReplayError, TokenError
 from segack.spark_adapter.results import Progress
 from segack.spark_adapter.spark.executors import task_failure
-from segack.spark_adapter.store.checkpoint import CheckpointStore
+from segack.spark_adapter.store.checkpoint import CheckpointStore, TaskLoad
 from segack.spark_adapter.store.periodic import Periodic
 from segack.spark_adapter.store.rescale import RequestWatcher, SegmentChange
 from segack.spark_adapter.store.tokens import decode_updates
@@ -54,33 +54,36 @@ class ProgressMerger(Periodic):
         self.run, self.job_id, self.segments = run, job_id, segments
         self._lock = threading.Lock()
         self.error: BaseException | None = None
+        # The checkpoint's retries before this job; the job's own come from its tasks.
+        self.retries_before = int(run.state.settings.get("handler_retries", 0))
 
-    def merge(self, results: Sequence[pa.Table] | None = None) -> None:
-        """Fold this job's progress files (and, once the job has ended, its results) into the
-        checkpoint, and save it."""
+    def merge(self, results: Sequence[pa.Table] | None = None, retries: int = 0) -> None:
+        """Fold this job's progress files (and, once the job has ended, its results and its
+        tasks' ``retries``) into the checkpoint, and save it."""
         run = self.run
         with self._lock:
             tokens = run.tokens
-            in_flight = pending = 0
+            load = TaskLoad()
             for _, updates in run.store.read_progress(run.store.progress_files(self.job_id)):
                 tokens.apply(updates)
-                calls, rows = CheckpointStore.task_load(updates)
-                in_flight, pending = in_flight + calls, pending + rows
+                load += CheckpointStore.task_load(updates)
             if results is not None:
-                in_flight = pending = 0  # the job has ended
+                # The job has ended: nothing is in flight; a task Spark ran again reported twice.
+                load = TaskLoad(retries=max(load.retries, retries))
                 for updates in results:
                     tokens.apply(updates)
-            run.state.settings["updated_at"] = time.time()
+            run.state.settings.update(updated_at=time.time(),
+                                      handler_retries=self.retries_before + load.retries)
             run.keeper.save(run.state)
-            self.report(in_flight, pending)
+            self.report(load)
 
-    def report(self, in_flight: int, pending: int) -> None:
+    def report(self, load: TaskLoad) -> None:
         run = self.run
         if run.progress is not None:
             done = run.tokens.done
             run.progress(Progress(done=done, handled=done - run.already_done, total=run.tokens.total,
                                   segments=self.segments, seconds=time.monotonic() - run.began,
-                                  in_flight=in_flight, pending=pending))
+                                  in_flight=load.in_flight, pending=load.pending))
 
     def tick(self) -> bool:
         try:
@@ -115,6 +118,7 @@ class _Ending:
     updates: list[pa.Table] = field(default_factory=list)
     peak_pending: int = 0
     dead_letters: int = 0
+    retries: int = 0
     job_error: BaseException | None = None
     merge_error: BaseException | None = None
 
@@ -187,6 +191,7 @@ class Job:
                            if blob is not None]
         ending.peak_pending = max(results.column("peak_pending").to_pylist(), default=0)
         ending.dead_letters = sum(results.column("dead_letters").to_pylist())
+        ending.retries = sum(results.column("retries").to_pylist())
         try:
             ending.updates = [decode_updates(blob, "a task's result")
                               for blob in results.column("updates").to_pylist() if blob is not None]
@@ -196,7 +201,7 @@ class Job:
     def _save(self, merger: ProgressMerger, ending: _Ending, change: SegmentChange | None) -> None:
         run, tokens = self.run, self.run.tokens
         try:
-            merger.merge(ending.updates)
+            merger.merge(ending.updates, ending.retries)
         except Exception as error:
             ending.merge_error = ending.merge_error or error
         if ending.finished and change is None and not tokens.counted:

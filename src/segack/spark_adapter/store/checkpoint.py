@@ -51,7 +51,7 @@ from segack.spark_adapter.store.driver_watch import DriverProcess
 from segack.spark_adapter.store.storage import Files, LocalFiles, open_files
 from segack.spark_adapter.store.tokens import KeyGroupTokens, decode_updates, encode_updates
 
-__all__ = ["Checkpoint", "CheckpointError", "CheckpointStore", "TaskStore", "resolve_location"]
+__all__ = ["Checkpoint", "CheckpointError", "CheckpointStore", "TaskLoad", "TaskStore", "resolve_location"]
 
 FORMAT = "segack-checkpoint"
 VERSION = 2
@@ -77,9 +77,24 @@ DEAD_ERROR = "__segack_error"
 DEAD_ATTEMPTS = "__segack_attempts"
 DEAD_KEY_GROUP = "__segack_key_group"
 DEAD_POSITION = "__segack_position"
-# A progress file's schema metadata: its task's calls in flight and rows pending, as decimal text.
-_IN_FLIGHT = b"segack.in_flight"
-_PENDING = b"segack.pending"
+# A progress file's schema metadata: its task's load (TaskLoad's fields), as decimal text.
+_LOAD_METADATA = {"in_flight": b"segack.in_flight", "pending": b"segack.pending",
+                  "retries": b"segack.retries"}
+
+
+@dataclass(frozen=True)
+class TaskLoad:
+    """What a task's progress file reports beside its updates, for the progress line and the
+    metrics: its handler calls running, its rows read but not committed, and the handler calls it
+    made again after a call raised (retries and a list's narrowed parts), since it began."""
+
+    in_flight: int = 0
+    pending: int = 0
+    retries: int = 0
+
+    def __add__(self, other: TaskLoad) -> TaskLoad:
+        return TaskLoad(self.in_flight + other.in_flight, self.pending + other.pending,
+                        self.retries + other.retries)
 
 
 def resolve_location(location: str) -> str:
@@ -450,14 +465,14 @@ class CheckpointStore:
         return _read_progress(self.files, paths)
 
     @staticmethod
-    def task_load(updates: pa.Table) -> tuple[int, int]:
-        """The calls in flight and rows pending a progress file reported (0, 0 if it did not)."""
+    def task_load(updates: pa.Table) -> TaskLoad:
+        """The load a progress file reported (0 for a count it did not report, or not as one)."""
         metadata = updates.schema.metadata or {}
-        counts = []
-        for name in (_IN_FLIGHT, _PENDING):
+        counts = {}
+        for field_name, name in _LOAD_METADATA.items():
             text = metadata.get(name, b"0")
-            counts.append(int(text) if text.isdigit() and len(text) < 19 else 0)
-        return counts[0], counts[1]
+            counts[field_name] = int(text) if text.isdigit() and len(text) < 19 else 0
+        return TaskLoad(**counts)
 
     def delete_progress(self, paths: list[str]) -> None:
         """Remove progress files already merged into a durable checkpoint."""
@@ -510,12 +525,13 @@ class TaskStore:
         """The progress file name of one task attempt."""
         return f"{self.run_id}-s{segment:05d}-a{attempt}"
 
-    def write_progress(self, name: str, updates: pa.Table, in_flight: int = 0, pending: int = 0) -> None:
+    def write_progress(self, name: str, updates: pa.Table, load: TaskLoad = TaskLoad()) -> None:
         """Record, atomically, what one task attempt has finished so far (its update table), and
-        how many of its calls run now and rows wait uncommitted (for the progress line)."""
-        load = {_IN_FLIGHT: str(in_flight).encode("ascii"), _PENDING: str(pending).encode("ascii")}
+        its load (for the progress line and the metrics)."""
+        metadata = {name: str(getattr(load, field_name)).encode("ascii")
+                    for field_name, name in _LOAD_METADATA.items()}
         self.files.write(self.files.path(PROGRESS_DIR, f"{name}{PROGRESS_SUFFIX}"),
-                         encode_updates(updates.replace_schema_metadata(load)))
+                         encode_updates(updates.replace_schema_metadata(metadata)))
 
     def earlier_attempts(self, segment: int) -> Iterator[pa.Table]:
         """The updates that earlier attempts of ``segment`` in this run recorded."""

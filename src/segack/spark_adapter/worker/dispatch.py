@@ -51,6 +51,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Collection, Generator, Hashable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from segack._shared import SEQUENCING_POLICIES
@@ -164,6 +165,8 @@ class Dispatcher:
         self.failure: Failure | None = None
         #: The most rows ever read but not committed at once.
         self.peak_pending = 0
+        #: Handler calls made again after a call raised (retries and narrowed parts), so far.
+        self.repeats = 0
         # Plain calls running, with when they started, for the watchdog of timeouts; once one is
         # past its timeout the run fails and the dispatcher stops waiting for the calls left.
         self._running: dict[int, tuple[float, dict[str, Any]]] = {}
@@ -393,11 +396,13 @@ class Dispatcher:
     async def _call_async(self, items: list[Item]) -> None:
         """Drive the call's plan on the loop: each of its calls awaited, within the timeout."""
         plan = self._plan(items)
+        calls = 0
         try:
             delay, part = next(plan)
             while True:
                 if delay:
                     await asyncio.sleep(delay)
+                calls += 1
                 try:
                     await self._await_handler(part)
                 except Exception as error:
@@ -406,7 +411,7 @@ class Dispatcher:
                     reply = None
                 delay, part = plan.send(reply)
         except StopIteration as done:
-            self._finished(items, done.value)
+            self._finished(items, replace(done.value, repeats=calls - 1))
 
     async def _await_handler(self, items: list[Item]) -> None:
         if self.timeout is None:
@@ -425,6 +430,7 @@ class Dispatcher:
             # the task waiting for a call that has ended.
             try:
                 self._in_flight -= 1
+                self.repeats += outcome.repeats
                 self._running.pop(items[0][0], None)
                 stops = False
                 for failure, key in outcome.failures:

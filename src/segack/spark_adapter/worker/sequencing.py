@@ -36,7 +36,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable, Collection, Generator, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from segack.spark_adapter.options import Handling, OnError, Policy
@@ -92,6 +92,9 @@ class Outcome:
     failures: tuple[tuple[Failure, Hashable], ...] = ()
     #: Events never called because an earlier event of their value failed in the same list.
     behind: tuple[Item, ...] = ()
+    #: Calls made after the call's first (its retries, and its narrowed parts): what the run
+    #: reports as retries. Set by whatever drives the plan.
+    repeats: int = 0
 
 
 def sequencing_value(policy: str, row: int, key: Hashable) -> Hashable:
@@ -154,7 +157,9 @@ def call_plan(items: list[Item], retry_delay: float, gives_up: Callable[[int], b
 def drive(plan: Generator[Attempt, Reply, Outcome], call: Callable[[list[Item]], Any],
           raised: tuple[Exception, str] | None = None) -> Outcome:
     """Run ``plan`` in this thread: wait, ``call(items)``, tell the plan how it went, until it is
-    done. ``raised``: the plan's first call was made already and raised this."""
+    done; the outcome counts the calls after the first. ``raised``: the plan's first call was made
+    already and raised this."""
+    calls = 0 if raised is None else 1
     try:
         delay, items = next(plan)
         if raised is not None:
@@ -162,6 +167,7 @@ def drive(plan: Generator[Attempt, Reply, Outcome], call: Callable[[list[Item]],
         while True:
             if delay:
                 time.sleep(delay)
+            calls += 1
             try:
                 call(items)
             except Exception as error:
@@ -170,19 +176,21 @@ def drive(plan: Generator[Attempt, Reply, Outcome], call: Callable[[list[Item]],
                 reply = None
             delay, items = plan.send(reply)
     except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+        outcome: Outcome = done.value
+        return replace(outcome, repeats=calls - 1)
 
 
 def retry_after_failure(
     handler: Callable[[dict[str, Any]], Any], row: int, event: dict[str, Any], error: Exception,
     retry_delay: float, gives_up: Callable[[int], bool],
-) -> Failure | None:
+) -> tuple[Failure | None, int]:
     """Call ``handler(event)`` again after its first call raised ``error`` (being handled now),
     the n-th retry after ``retry_delay * 2**(n - 1)`` seconds (rule 2), until a call succeeds
-    (``None``) or ``gives_up(attempts made)``: then the last attempt's :class:`Failure`."""
+    (``None``) or ``gives_up(attempts made)``: then the last attempt's :class:`Failure`. With it,
+    the retries made."""
     plan = call_plan([(row, None, event)], retry_delay, gives_up, narrow=False)
     outcome = drive(plan, lambda items: handler(items[0][2]), (error, traceback.format_exc()))
-    return outcome.failures[0][0] if outcome.failures else None
+    return (outcome.failures[0][0] if outcome.failures else None), outcome.repeats
 
 
 class Rules:

@@ -54,6 +54,7 @@ from segack.spark_adapter.store.checkpoint import (
     DEAD_ERROR,
     DEAD_KEY_GROUP,
     DEAD_POSITION,
+    TaskLoad,
     TaskStore,
 )
 from segack.spark_adapter.store.driver_watch import watching_driver
@@ -114,7 +115,7 @@ class TaskPlan:
 #: What each task returns: one row, its updates sealed as bytes (their types are the data's).
 RESULT_SCHEMA = pa.schema([("segment", pa.int32()), ("updates", pa.binary()), ("handled", pa.int64()),
                            ("failure", pa.binary()), ("peak_pending", pa.int64()),
-                           ("dead_letters", pa.int64())])
+                           ("dead_letters", pa.int64()), ("retries", pa.int64())])
 
 
 def _same(first: Any, second: Any) -> bool:
@@ -160,6 +161,8 @@ class _SegmentTask:
         self.dead_pending: list[pa.Table] = []
         self.dead_letters = 0
         self.dead_files = 0
+        # Retries made in the task's own thread (the dispatcher counts its own).
+        self.repeats = 0
         # One call at a time, in the task's thread: the rules that set events aside (parked keys,
         # keys stopped by a failure here), whether any may now, and the dead letters not yet held
         # for a flush.
@@ -296,8 +299,9 @@ class _SegmentTask:
         set the event aside and stop its key (``None``), or return the run's failure."""
         handling = self.handling
         number = self.rows_seen + row
-        failure = retry_after_failure(self.handler, number, event, error, handling.retry_delay,
-                                      lambda attempt: attempt > handling.retries)
+        failure, repeats = retry_after_failure(self.handler, number, event, error, handling.retry_delay,
+                                               lambda attempt: attempt > handling.retries)
+        self.repeats += repeats
         if failure is None:
             return None
         outcome = self.rules.failed(failure, self.rules.value(number, event))
@@ -486,13 +490,18 @@ class _SegmentTask:
         self.write_dead_letters()  # 2
         updates = self._updates()  # 3
         if updates is not None:
-            dispatcher = self.dispatcher
-            self.plan.store.write_progress(self.name, updates, *(
-                (0, 0) if dispatcher is None else (dispatcher.in_flight, dispatcher.pending)))
+            self.plan.store.write_progress(self.name, updates, self._load())
         self.rows_at_flush = rows_seen
         self.last_flush = time.monotonic()
         if self.plan.store.stop_requested():  # 4
             self.stopped = True
+
+    def _load(self) -> TaskLoad:
+        """The task's calls in flight, rows pending and retries made, as its progress reports them."""
+        dispatcher = self.dispatcher
+        if dispatcher is None:
+            return TaskLoad(retries=self.repeats)
+        return TaskLoad(dispatcher.in_flight, dispatcher.pending, self.repeats + dispatcher.repeats)
 
     def result(self, failure: HandlerFailedError | None) -> pa.RecordBatch:
         """The task's one result row, in :data:`RESULT_SCHEMA`."""
@@ -504,6 +513,7 @@ class _SegmentTask:
             "failure": [None if failure is None else pickle.dumps(failure)],
             "peak_pending": [0 if self.dispatcher is None else self.dispatcher.peak_pending],
             "dead_letters": [self.dead_letters],
+            "retries": [self._load().retries],
         }, schema=RESULT_SCHEMA)
 
 

@@ -113,6 +113,7 @@ function drawEvents(state) {
   if (state.claim && state.claim.live) {
     parts.push(`${number(events.in_flight)} handler calls in flight, ${number(events.pending)} events pending`);
   }
+  if (events.retries) parts.push(`${counted(events.retries, "call")} made again after raising`);
   $("rate").textContent = parts.join("; ");
 }
 
