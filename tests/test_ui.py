@@ -142,8 +142,15 @@ def test_a_set_is_drawn_as_the_hash_space_cut_by_its_splits():
 
 
 def test_the_busiest_key_group_bounds_every_segment_set(tmp_path):
-    store = _checkpoint(tmp_path, bits=4, counts=[*range(15), 3])
-    assert page_state(store)["hottest_key_group"] == {"key_group": 14, "events": 14, "share": 14 / 108}
+    counts = [*range(15), 3]
+    store = _checkpoint(tmp_path, bits=4, counts=counts)
+    state = page_state(store)
+    assert state["hottest_key_group"] == {"key_group": 14, "events": 14, "share": 14 / 108}
+    owners = SegmentSet.balanced(2).key_group_owners(4)
+    mine = [[count for count, owner in zip(counts, owners, strict=True) if owner == position]
+            for position in (0, 1)]
+    assert [segment["busiest"] for segment in state["segments"]] == [max(counts) for counts in mine]
+    assert max(segment["busiest"] for segment in state["segments"]) == 14
     assert page_state(_checkpoint(tmp_path / "uncounted"))["hottest_key_group"] is None
 
 
@@ -340,7 +347,7 @@ def _page_segments(page) -> list[tuple[int, int, int, int]]:
     """The page's segment rows: (id, mask, events done, key groups)."""
     rows = page.eval_on_selector_all(
         "#segments tbody tr", "rows => rows.map(row => [...row.cells].map(cell => cell.textContent))")
-    return [(int(row[1]), int(row[2]), int(row[6].replace(",", "")), int(row[3].replace(",", "")))
+    return [(int(row[1]), int(row[2]), int(row[7].replace(",", "")), int(row[3].replace(",", "")))
             for row in rows]
 
 

@@ -38,6 +38,8 @@ class SegmentView:
     done: int
     #: Events of its key groups in the input, once counted.
     load: int | None
+    #: Events of its busiest key group, once counted: no split makes the segment lighter.
+    busiest: int | None = None
 
 
 @dataclass(frozen=True)
@@ -154,9 +156,11 @@ class Snapshot:
         views = []
         for position, member in enumerate(SegmentSet.from_ids(ids)):
             mine = owners == position
+            counted = tokens.count[mine] if tokens.counted else None
             views.append(SegmentView(position, member.segment_id, member.mask, int(mine.sum()),
                                      int(per_group[mine].sum()),
-                                     int(tokens.count[mine].sum()) if tokens.counted else None))
+                                     None if counted is None else int(counted.sum()),
+                                     None if counted is None else int(counted.max(initial=0))))
         return views
 
     def segment_strips(self, most: int = 64) -> list[list[tuple[int, int | None]]]:

@@ -154,6 +154,7 @@ function drawSegments(state) {
     cell(row, number(segment.key_groups), "number");
     cell(row, number(segment.load), "number");
     cell(row, segment.load == null ? "?" : `${(100 * segment.load / Math.max(total, 1)).toFixed(1)}%`, "number");
+    cell(row, segment.busiest == null ? "?" : number(segment.busiest), "number");
     cell(row, number(segment.done), "number");
     const perSecond = running ? rate((s) => {
       const same = s.segments.find((other) => other.segment_id === segment.segment_id && other.mask === segment.mask);
