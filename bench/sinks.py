@@ -156,11 +156,11 @@ def _sinks(rows: list[dict[str, Any]], server: str) -> None:
         ("per-event handler, one transaction per event (concurrency 1)",
          lambda connect: segack(OneTransactionPerEvent(connect))),
         ("SqlSink as the README writes it: apply per event, no flags (lists of its preferred "
-         "1,000, concurrency 1)", lambda connect: segack(SqlSink(connect, apply))),
-        (f"SqlSink, apply per event, batch_size={BATCH}, concurrency 4",
+         "1,000, pipelined, concurrency 1)", lambda connect: segack(SqlSink(connect, apply))),
+        ("SqlSink as the README writes it, pipeline=False (the default before 0.2)",
+         lambda connect: segack(SqlSink(connect, apply, pipeline=False))),
+        (f"SqlSink, apply per event, batch_size={BATCH}, concurrency 4 (pipelined)",
          lambda connect: segack(SqlSink(connect, apply), batch_size=BATCH, concurrency=4)),
-        (f"SqlSink, apply per event, pipeline=True, batch_size={BATCH}, concurrency 4",
-         lambda connect: segack(SqlSink(connect, apply, pipeline=True), batch_size=BATCH, concurrency=4)),
         (f"SqlSink, apply_many (executemany), batch_size={BATCH}, concurrency 4",
          lambda connect: segack(SqlSink(connect, apply_many=apply_many), batch_size=BATCH, concurrency=4)),
         (f"by hand: foreachPartition, executemany in {BATCH:,}-row transactions, no order, no dedupe, "

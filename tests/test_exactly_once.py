@@ -23,6 +23,7 @@ from segack.demo import generate_events
 from segack.sinks import SqlSink
 from segack.spark_adapter import EventIdentity, foreach_batch, replay, with_identity
 from segack.spark_adapter.store.checkpoint import CheckpointStore
+from segack.spark_adapter.store.claims import latest_claim
 from tests.spark_handlers import (
     DSN_ENV,
     SQLITE_LEDGER,
@@ -280,18 +281,37 @@ def test_a_paused_run_taken_over_then_woken_applies_nothing_twice(tmp_path, pg_d
     options = ["--claim-timeout", "3", "--flush-interval", "1"]
     stale = _start(tmp_path, pg_database, 2, options)
     _wait_for(lambda: _ledger_size(pg_database) > 2000, 300, "the first run to apply events")
+    store = CheckpointStore(str(tmp_path / "checkpoint"))
+    stale_sessions = f"segack:{store.load().settings['checkpoint_id']}:{latest_claim(store).number}"
     paused = _process_tree(stale.pid)
-    _signal_tree(paused, signal.SIGSTOP)
+    # Paused in the middle of a list: a pipelined transaction holding rows, which no timeout ends.
+    for _ in range(20):
+        _signal_tree(paused, signal.SIGSTOP)
+        if _sessions_in_a_transaction(pg_database, stale_sessions):
+            break
+        _signal_tree(paused, signal.SIGCONT)
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the run was never paused in a transaction: the test proves nothing")
     try:
         time.sleep(4)  # past the claim's timeout
+        assert _sessions_in_a_transaction(pg_database, stale_sessions)  # still holding its locks
         taker = _start(tmp_path, pg_database, 3, options)
-        _, err = taker.communicate(timeout=600)
+        # It ends the paused run's sessions, so it never waits for their locks.
+        _, err = taker.communicate(timeout=240)
         assert taker.returncode == 0, err
+        assert _sessions_in_a_transaction(pg_database, stale_sessions) == 0
     finally:
         _signal_tree(paused, signal.SIGCONT)
     _, err = stale.communicate(timeout=300)
     assert stale.returncode == 1 and "lost its claim" in err, err
     _assert_exactly_once(*_pg_state(pg_database), table)
+
+
+def _sessions_in_a_transaction(dsn, name):
+    with psycopg.connect(dsn, autocommit=True) as db:
+        return db.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND "
+                          "xact_start IS NOT NULL", (name,)).fetchone()[0]
 
 
 @pytest.mark.command

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import pickle
 import sqlite3
 import threading
+import time
 
 import psycopg
 import pytest
@@ -25,8 +27,8 @@ from tests.spark_handlers import (
 CHECKPOINT_ID = "0123456789abcdef"
 
 
-def _run(policy=Policy.PER_KEY, claim_timeout=30.0):
-    return RunContext("/tmp/checkpoint", CHECKPOINT_ID, "user", "seq", policy, claim_timeout, None)
+def _run(policy=Policy.PER_KEY, claim_timeout=30.0, claim=1):
+    return RunContext("/tmp/checkpoint", CHECKPOINT_ID, "user", "seq", policy, claim_timeout, None, claim)
 
 
 def _events(pairs):
@@ -173,6 +175,12 @@ def test_a_sink_made_wrong_is_refused(arguments, error, match):
         SqlSink(*arguments, **keywords)
 
 
+@pytest.mark.parametrize("pipeline", ["yes", 1, 0.0])
+def test_pipeline_is_true_false_or_none(pipeline):
+    with pytest.raises(SegackTypeError, match=f"pipeline must be True, False or None, not {pipeline!r}"):
+        SqlSink(sqlite3.connect, print, pipeline=pipeline)
+
+
 @pytest.mark.parametrize("table", ["", "1st", "a-b", "x" * 31, "t; DROP TABLE ledger", 5])
 def test_a_table_name_that_is_not_a_plain_name_is_refused(table):
     with pytest.raises(SegackValueError, match="plain name"):
@@ -258,6 +266,7 @@ def test_postgres_sink_applies_once_and_sets_the_idle_transaction_timeout(pg_dat
     sink(*_events([("a", 1), ("a", 2), ("b", 0)]))
     connection, _ = sink._connection()
     assert connection.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("4500ms",)
+    assert connection.execute("SHOW application_name").fetchone() == (f"segack:{CHECKPOINT_ID}:1",)
     sink.close()
     with psycopg.connect(pg_database) as db:
         assert db.execute("SELECT user_id, seq FROM ledger ORDER BY id").fetchall() == [
@@ -308,7 +317,7 @@ def test_postgres_two_runs_racing_on_a_key_apply_it_once(pg_database):
     assert all(isinstance(error, psycopg.errors.UniqueViolation) for error in errors)
 
 
-def test_postgres_a_paused_transaction_does_not_block_the_next_run_past_the_timeout(pg_database):
+def test_postgres_a_paused_unpipelined_transaction_does_not_block_the_next_run_past_the_timeout(pg_database):
     sink = SqlSink(PostgresConnect(pg_database), LedgerApply("%s"))
     sink.prepare(_run(claim_timeout=1.0))
     sink(*_events([("a", 0)]))
@@ -320,7 +329,7 @@ def test_postgres_a_paused_transaction_does_not_block_the_next_run_past_the_time
         paused.set()
         carry_on.wait(10)  # the process was stopped mid-transaction, holding the row of "a"
 
-    stuck = SqlSink(PostgresConnect(pg_database), pausing_apply)
+    stuck = SqlSink(PostgresConnect(pg_database), pausing_apply, pipeline=False)
     stuck.prepare(_run(claim_timeout=1.0))
     outcome = []
 
@@ -342,6 +351,104 @@ def test_postgres_a_paused_transaction_does_not_block_the_next_run_past_the_time
     sink.close()
     with psycopg.connect(pg_database) as db:
         assert db.execute("SELECT seq FROM ledger ORDER BY id").fetchall() == [(0,), (1,), (2,)]
+
+
+def _pausing_sink(pg_database, claim, pipeline=None):
+    """A sink of run ``claim`` whose apply stops, as a SIGSTOPped process would, after the first
+    event's statements reached the server (its balance row locked), until ``carry_on`` is set; its
+    call's error, if any, goes to ``outcome``."""
+    paused, carry_on, outcome = threading.Event(), threading.Event(), []
+
+    def pausing_apply(cursor, event):
+        LedgerApply("%s")(cursor, event)
+        if event["seq"] == 1:
+            paused.set()
+            carry_on.wait(30)
+
+    sink = SqlSink(PostgresConnect(pg_database), pausing_apply, pipeline=pipeline)
+    sink.prepare(_run(claim_timeout=600.0, claim=claim))  # no timeout ends its transaction
+
+    def call():
+        try:
+            sink(*_events([("a", 1), ("a", 2)]))
+        except psycopg.Error as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    assert paused.wait(10)
+    return sink, thread, carry_on, outcome
+
+
+def _sessions(pg_database, claim):
+    with psycopg.connect(pg_database, autocommit=True) as db:
+        return db.execute("SELECT state FROM pg_stat_activity WHERE application_name = %s",
+                          (f"segack:{CHECKPOINT_ID}:{claim}",)).fetchall()
+
+
+def test_postgres_a_run_that_takes_over_ends_the_pipelined_transaction_of_the_run_it_fenced(pg_database):
+    first = SqlSink(PostgresConnect(pg_database), LedgerApply("%s"))
+    first.prepare(_run(claim=1))
+    first(*_events([("a", 0)]))
+    first.close()
+    stuck, thread, carry_on, outcome = _pausing_sink(pg_database, claim=2)
+    try:
+        # Pipelined: the transaction holds the balance row of "a" and is never idle.
+        assert _sessions(pg_database, 2) == [("active",)]
+        taker = SqlSink(PostgresConnect(pg_database), LedgerApply("%s"))
+        taker.prepare(_run(claim=3))  # ends run 2's session before any call
+        assert _sessions(pg_database, 2) == []
+        began = time.monotonic()
+        taker(*_events([("a", 1), ("a", 2), ("a", 3)]))
+        assert time.monotonic() - began < 5  # it did not wait for the fenced run's locks
+        taker.close()
+    finally:
+        carry_on.set()
+        thread.join()
+    stuck.close()
+    # The fenced run's transaction was rolled back: its effects are not applied.
+    assert len(outcome) == 1
+    with psycopg.connect(pg_database) as db:
+        assert db.execute("SELECT seq FROM ledger ORDER BY id").fetchall() == [(0,), (1,), (2,), (3,)]
+
+
+def test_postgres_a_run_never_ends_the_sessions_of_a_newer_run_or_another_checkpoint(pg_database):
+    stuck, thread, carry_on, outcome = _pausing_sink(pg_database, claim=5)
+    try:
+        older = SqlSink(PostgresConnect(pg_database), LedgerApply("%s"))
+        older.prepare(_run(claim=4))
+        other = SqlSink(PostgresConnect(pg_database), LedgerApply("%s"))
+        other.prepare(RunContext("/tmp/other", "0" * 32, "user", "seq", Policy.PER_KEY, 30.0, None, 9))
+        assert _sessions(pg_database, 5) == [("active",)]
+    finally:
+        carry_on.set()
+        thread.join()
+    stuck.close()
+    assert outcome == []
+
+
+def test_postgres_without_the_right_to_end_a_session_the_run_warns_and_goes_on(pg_database, caplog):
+    with psycopg.connect(pg_database, autocommit=True) as db:
+        db.execute("DROP ROLE IF EXISTS segack_other")
+        db.execute("CREATE ROLE segack_other LOGIN")
+        db.execute("GRANT ALL ON ALL TABLES IN SCHEMA public TO segack_other")
+        db.execute("GRANT CREATE ON SCHEMA public TO segack_other")
+    stuck, thread, carry_on, outcome = _pausing_sink(pg_database, claim=1)
+    try:
+        taker = SqlSink(PostgresConnect(pg_database.replace("user=postgres", "user=segack_other")),
+                        LedgerApply("%s"))
+        with caplog.at_level(logging.WARNING, logger="segack.sinks"):
+            taker.prepare(_run(claim=2))
+        [warning] = [record.getMessage() for record in caplog.records]
+        assert warning.startswith("SqlSink could not end the sessions of a run this one took the checkpoint "
+                                  "over from (session "), warning
+        assert "if that run was paused in a transaction, this one waits for its locks" in warning
+        assert _sessions(pg_database, 1) == [("active",)]
+    finally:
+        carry_on.set()
+        thread.join()
+    stuck.close()
+    assert outcome == []
 
 
 def test_the_demos_apply_is_strict_and_its_sink_skips_what_it_applied(tmp_path, monkeypatch):

@@ -28,13 +28,16 @@ from segack.spark_adapter.errors import SinkError, one_line
 from segack.spark_adapter.handlers import EventIdentity, RunContext, Sink
 from segack.spark_adapter.options import Policy
 
-__all__ = ["Sink", "SqlSink"]
+__all__ = ["SESSION_PREFIX", "Sink", "SqlSink"]
 
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,29}")
 # Keys per SELECT: well below every database's limit on parameters in one statement.
 _KEYS_PER_QUERY = 500
+#: How a sink's PostgreSQL sessions are named: this, the checkpoint's id, ``:`` and the run's claim
+#: number (``application_name``, 63 bytes at most: 7 + 32 + 1 + up to 12 digits).
+SESSION_PREFIX = "segack:"
 
 
 def _placeholders(paramstyle: str, count: int) -> list[str]:
@@ -125,6 +128,38 @@ class _Postgres(_Dialect):
                            f"SELECT * FROM unnest(%s::text[], %s::bigint[])",
                            (added, [lasts[key] for key in added]))
 
+    @staticmethod
+    def start_session(cursor: Any, name: str | None, idle_timeout: float | None) -> None:
+        """Name the session (``application_name``, so that a later run can find it) and bound
+        how long it may sit idle inside a transaction."""
+        if name is not None:
+            cursor.execute("SELECT set_config('application_name', %s, false)", (name,))
+        if idle_timeout is not None:
+            cursor.execute(f"SET idle_in_transaction_session_timeout = {max(1, int(idle_timeout * 1000))}")
+
+    @staticmethod
+    def end_older_sessions(cursor: Any, checkpoint_id: str, claim: int) -> tuple[list[int], list[str]]:
+        """End the sessions of this checkpoint's runs whose claim is older than ``claim``: they
+        were fenced, and one paused in a transaction would hold its row locks (a pipelined one is
+        not idle, so no timeout ends it). Returns the sessions ended, and why others could not be
+        (``pg_terminate_backend`` needs the same role, or ``pg_signal_backend``)."""
+        prefix = f"{SESSION_PREFIX}{checkpoint_id}:"
+        cursor.execute("SELECT pid, application_name FROM pg_stat_activity "
+                       "WHERE starts_with(application_name, %s) AND pid <> pg_backend_pid()", (prefix,))
+        ended, refused = [], []
+        for pid, name in cursor.fetchall():
+            number = name[len(prefix):]
+            if not number.isdigit() or int(number) >= claim:
+                continue
+            try:
+                cursor.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                if cursor.fetchone()[0]:
+                    ended.append(pid)
+            except Exception as error:
+                cursor.connection.rollback()
+                refused.append(f"session {pid}: {one_line(error)}")
+        return ended, refused
+
     def positions(self, cursor: Any, table: str, keys: Sequence[str]) -> dict[str, int]:
         cursor.execute(f"SELECT key_json, last_position FROM {table} WHERE key_json = ANY(%s) "
                        f"ORDER BY key_json FOR UPDATE", (list(keys),))
@@ -168,12 +203,13 @@ class SqlSink(Sink):
         The start of the name of the table that records the positions: the sink adds the
         checkpoint's id, so that runs of several checkpoints can share a database. It makes the
         table if it is missing. At most 30 letters, digits and underscores.
-    pipeline : bool
+    pipeline : bool or None, default ``None``
         Run ``apply`` in psycopg 3's pipeline mode: its statements go to the server without waiting
-        for each one's answer, several times faster for an ``apply`` that executes per event. The
-        cost: PostgreSQL ends an idle transaction only once its statements were synced, so a run
-        paused in the middle of a list keeps its locks (and the run that took over waits) until it
-        runs again or dies. Off by default; ``apply_many`` with ``executemany`` is as fast.
+        for each one's answer, several times faster for an ``apply`` that executes per event.
+        ``None``: on with psycopg 3 connections, off with others; ``True`` refuses a run whose
+        connection is not psycopg 3's. A pipelined transaction is never idle, so no timeout ends
+        one whose run was paused in the middle of a list; the run that takes the checkpoint over
+        ends it instead (see the notes).
     preferred_batch_size : int or None, default ``1000``
         The events per call (one transaction) when the run sets no ``batch_size``: a transaction's
         commit costs as much as many events' statements, so one event per call is several times
@@ -193,14 +229,21 @@ class SqlSink(Sink):
     when ``connect`` fails, when the table cannot be made, or under ``policy="concurrent"`` (a key's
     events could then be applied out of order, and its recorded position would skip some).
 
-    On PostgreSQL the sink sets ``idle_in_transaction_session_timeout`` to the run's claim
-    timeout: a run paused in the middle of a transaction loses it (and its row locks) before
-    another run may take the checkpoint over.
+    On PostgreSQL a run's sessions are named ``segack:CHECKPOINT_ID:CLAIM`` (``application_name``,
+    replacing any the connection set), and when a run takes a checkpoint over, its sink ends the
+    sessions of the runs it fenced (``pg_terminate_backend``) before any of its tasks starts: a run
+    paused in the middle of a transaction would otherwise hold its row locks, and the new run would
+    wait for them. Their transactions roll back, so nothing a fenced run had not committed is
+    applied. Ending another session needs the same database role (a run's sessions all use the
+    role ``connect`` logs in as, so this holds unless runs log in as different roles), or
+    membership in ``pg_signal_backend``; without it the sink logs a warning, and the sessions end
+    when the paused run's process does, or (not pipelined) after ``idle_in_transaction_session_timeout``,
+    which the sink sets to the run's claim timeout.
     """
 
     def __init__(self, connect: Callable[[], Any], apply: Callable[[Any, dict[str, Any]], Any] | None = None,
                  *, apply_many: Callable[[Any, list[dict[str, Any]]], Any] | None = None,
-                 table: str = "segack_applied", pipeline: bool = False,
+                 table: str = "segack_applied", pipeline: bool | None = None,
                  preferred_batch_size: int | None = 1000) -> None:
         if not callable(connect):
             raise SegackTypeError("SqlSink: connect must be callable (it returns a DB-API 2 connection)")
@@ -218,9 +261,13 @@ class SqlSink(Sink):
                                    f"{preferred_batch_size!r}")
         self.connect, self.apply, self.apply_many, self.table = connect, apply, apply_many, table
         self.preferred_batch_size = preferred_batch_size
-        self.pipeline = bool(pipeline)
+        if pipeline is not None and not isinstance(pipeline, bool):
+            raise SegackTypeError(f"SqlSink: pipeline must be True, False or None, not {pipeline!r}")
+        self.pipeline = pipeline
         #: Seconds a PostgreSQL session may sit idle inside a transaction (the claim timeout).
         self.idle_timeout: float | None = None
+        #: The ``application_name`` of the run's PostgreSQL sessions (:data:`SESSION_PREFIX`).
+        self.session_name: str | None = None
         self._opened()
 
     def _opened(self) -> None:
@@ -250,6 +297,7 @@ class SqlSink(Sink):
             raise SinkError("SqlSink needs each key's events in order; policy 'concurrent' does not keep "
                             "that (use 'per-key' or 'sequential')")
         self.idle_timeout = run.claim_timeout
+        self.session_name = f"{SESSION_PREFIX}{run.checkpoint_id}:{run.claim}"
         name = self.table_for(run.checkpoint_id)
         try:
             connection = self.connect()
@@ -264,6 +312,8 @@ class SqlSink(Sink):
             cursor.execute(f"CREATE TABLE IF NOT EXISTS {name} "
                            f"(key_json TEXT PRIMARY KEY, last_position BIGINT NOT NULL)")
             connection.commit()
+            if isinstance(dialect, _Postgres):
+                self._end_fenced_sessions(cursor, run)
         except SinkError:
             raise
         except Exception as error:
@@ -273,6 +323,18 @@ class SqlSink(Sink):
                 connection.close()
         log.info("SqlSink records positions in %s (%s)", name, dialect.driver)
 
+    def _end_fenced_sessions(self, cursor: Any, run: RunContext) -> None:
+        """End the sessions of the runs ``run`` fenced (see the notes)."""
+        ended, refused = _Postgres.end_older_sessions(cursor, run.checkpoint_id, run.claim)
+        cursor.connection.commit()
+        if ended:
+            log.info("SqlSink ended %d session(s) of runs this one took the checkpoint over from: %s",
+                     len(ended), ", ".join(map(str, ended)))
+        if refused:
+            log.warning("SqlSink could not end the sessions of a run this one took the checkpoint over "
+                        "from (%s): if that run was paused in a transaction, this one waits for its "
+                        "locks until it ends", "; ".join(refused))
+
     # ------------------------------------------------------------------ the tasks
 
     def _connection(self) -> tuple[Any, _Dialect]:
@@ -281,9 +343,8 @@ class SqlSink(Sink):
         if opened is None:
             connection = self.connect()
             dialect = _Dialect.of(connection)
-            if dialect.postgres and self.idle_timeout is not None:
-                connection.cursor().execute(
-                    f"SET idle_in_transaction_session_timeout = {max(1, int(self.idle_timeout * 1000))}")
+            if isinstance(dialect, _Postgres):
+                dialect.start_session(connection.cursor(), self.session_name, self.idle_timeout)
                 connection.commit()
             opened = self._local.opened = (connection, dialect)
             with self._lock:
@@ -370,7 +431,8 @@ class SqlSink(Sink):
         """Step 3; with ``pipeline``, in psycopg 3's pipeline mode."""
         if not events:
             return
-        pipeline = connection.pipeline() if self.pipeline else contextlib.nullcontext()
+        pipelined = self.pipeline if self.pipeline is not None else hasattr(connection, "pipeline")
+        pipeline = connection.pipeline() if pipelined else contextlib.nullcontext()
         with pipeline:
             if self.apply_many is not None:
                 self.apply_many(cursor, events)

@@ -66,6 +66,9 @@ class RunContext:
     claim_timeout: float
     #: Events per call (``None``: one).
     batch_size: int | None
+    #: The run's claim number: a run that takes the checkpoint over has a higher one, and every
+    #: run with a lower one is fenced.
+    claim: int = 0
 
 
 class Sink:

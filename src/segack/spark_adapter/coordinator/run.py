@@ -199,7 +199,8 @@ class Run(RunState):
         """Step 0."""
         prepare_handler(self.handler, RunContext(
             self.store.location, self.checkpoint_id, self.events.key, self.events.order,
-            self.options.handling.policy, self.options.claim_timeout, self.options.handling.batch_size))
+            self.options.handling.policy, self.options.claim_timeout, self.options.handling.batch_size,
+            self.keeper.claim.number))
 
     def _merge_leftovers(self) -> list[str]:
         """Step 1; returns the progress files found (all of them go once the state is saved)."""
