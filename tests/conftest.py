@@ -53,6 +53,7 @@ AREAS = {
     "test_exactly_once.py": ("sinks",),
     "test_executors.py": ("clusters",),
     "test_fingerprint.py": ("checkpoint",),
+    "test_footers.py": ("checkpoint",),
     "test_hashes.py": ("kernel",),
     "test_hashes_jvm.py": ("kernel",),
     "test_kafka.py": ("streams",),

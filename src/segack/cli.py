@@ -475,7 +475,7 @@ def _status(args: argparse.Namespace) -> int:
             print(f"{'events':<15} {int(settings['stream'].get('events', 0)):,} in its complete "
                   f"micro-batches{aside}")
         else:
-            print(f"{'events':<15} {_events_line(tokens.done, tokens.total, letters)}")
+            print(f"{'events':<15} {_events_line(tokens.done, state.input_events, letters)}")
         if unmerged and claim is not None:
             when = "the run merges them" if claim.live(time.time()) else "the next run merges them"
             print(f"{'':<15} (counting {counted(len(unmerged), 'progress file')} of run {claim.progress_run} "

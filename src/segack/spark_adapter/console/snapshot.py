@@ -142,9 +142,8 @@ class Snapshot:
 
     @property
     def input_events(self) -> int | None:
-        """A replay's input, once a run has counted it."""
-        tokens = self.state.tokens
-        return None if tokens is None or self.stream else tokens.total
+        """A replay's input, once a run has counted it or its Parquet footers have."""
+        return None if self.stream else self.state.input_events
 
     def segments(self) -> list[SegmentView]:
         """The live segment set (``[]`` before a run recorded one)."""

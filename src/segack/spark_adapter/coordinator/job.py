@@ -81,7 +81,7 @@ class ProgressMerger(Periodic):
         run = self.run
         if run.progress is not None:
             done = run.tokens.done
-            run.progress(Progress(done=done, handled=done - run.already_done, total=run.tokens.total,
+            run.progress(Progress(done=done, handled=done - run.already_done, total=run.state.input_events,
                                   segments=self.segments, seconds=time.monotonic() - run.began,
                                   in_flight=load.in_flight, pending=load.pending))
 

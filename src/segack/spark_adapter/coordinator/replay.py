@@ -58,10 +58,11 @@ from segack.spark_adapter.errors import HandlerFailedError, OptionError, ReplayE
 from segack.spark_adapter.options import RunOptions, takes_options
 from segack.spark_adapter.results import Progress, ReplayResult
 from segack.spark_adapter.sources.fingerprint import input_fingerprint
+from segack.spark_adapter.sources.footers import footer_facts
 from segack.spark_adapter.spark.events import EventInput, check_same_setup
 from segack.spark_adapter.spark.executors import check_executors
 from segack.spark_adapter.spark.session import default_segment_count
-from segack.spark_adapter.store.checkpoint import Checkpoint, CheckpointStore
+from segack.spark_adapter.store.checkpoint import FOOTER_TOTAL, Checkpoint, CheckpointStore
 from segack.spark_adapter.store.rescale import pending_change, record_segments
 from segack.spark_adapter.store.tokens import KeyGroupTokens
 
@@ -204,8 +205,10 @@ def replay(
     chosen = run_options.segments if isinstance(run_options.segments, SegmentSet) else None
     setup = _Setup(df, store, key, order, run_options, chosen)  # refuses bad input
     fingerprint = input_fingerprint(df)
+    footers = footer_facts(df, order)
     if fingerprint is None or fingerprint != setup.state.settings.get("input_fingerprint"):
-        setup.events.check_order_values()  # else the run that recorded the fingerprint checked them
+        # Else the run that recorded the fingerprint checked them.
+        setup.events.check_order_values(None if footers is None else footers.order_nulls)
     if planned:
         chosen = plan(df, key=key, hash=run_options.hash, workers=default_segment_count(spark),
                       key_group_bits=setup.bits, method=run_options.method).segments
@@ -223,6 +226,10 @@ def replay(
         if run_options.source is not None:
             settings["source"] = run_options.source
         settings.update(runs=int(settings.get("runs", 0)) + 1, run_id=run_id, started_at=time.time())
+        if footers is None:
+            settings.pop(FOOTER_TOTAL, None)  # a total from other files would mislead
+        else:
+            settings[FOOTER_TOTAL] = footers.rows
         record_segments(state, setup.segments, f"start of run {run_id}" if applied is None else
                         f"{applied.why} (by {applied.by}), at the start of run {run_id}")
         counts = Run(setup.events, state, keeper, run_options, handler, progress).execute(

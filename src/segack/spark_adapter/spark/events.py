@@ -90,21 +90,25 @@ class EventInput:
             return F.to_json(F.col(name))
         return F.col(name)
 
-    def check_order_values(self) -> None:
+    def check_order_values(self, known_nulls: int | None = None) -> None:
         """Refuse (:class:`~segack.spark_adapter.InputError`) events whose order is null, or NaN: they
-        have no place among their key's events. One Spark job, unless the schema rules both out;
-        Parquet's statistics let it skip the row groups without nulls."""
+        have no place among their key's events. One Spark job, unless the schema rules both out, or
+        ``known_nulls`` (the input's Parquet footers' count) answers for a column that cannot be NaN;
+        in the job, Parquet's statistics let Spark skip the row groups without nulls."""
         from pyspark.sql import functions as F
 
         nullable = self.df.schema[self.order].nullable
         floats = _has_floats(self.order_type.simpleString())
         if not nullable and not floats:
             return
-        order = F.col(self.order)
-        missing = order.isNull() if nullable else F.lit(False)
-        if floats:
-            missing = missing | F.isnan(order)
-        found = self.df.where(missing).count()
+        if known_nulls is not None and not floats:
+            found = known_nulls
+        else:
+            order = F.col(self.order)
+            missing = order.isNull() if nullable else F.lit(False)
+            if floats:
+                missing = missing | F.isnan(order)
+            found = self.df.where(missing).count()
         if found:
             what = "null or NaN" if floats else "null"
             events = f"{found:,} event{'' if found == 1 else 's'}"

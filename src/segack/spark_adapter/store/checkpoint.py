@@ -73,6 +73,8 @@ CLAIMS_DIR = "claims"
 SEGMENTS_REQUEST = "segments-request.json"
 #: Spark's own checkpoint of a query segack runs (:func:`segack.spark_adapter.stream`).
 STREAM_DIR = "stream"
+#: The setting in which a replay records its input's events as its Parquet footers count them.
+FOOTER_TOTAL = "footer_total"
 DEAD_ERROR = "__segack_error"
 DEAD_ATTEMPTS = "__segack_attempts"
 DEAD_KEY_GROUP = "__segack_key_group"
@@ -119,6 +121,16 @@ class Checkpoint:
 
     settings: dict[str, Any] = field(default_factory=dict)
     tokens: KeyGroupTokens | None = None
+
+    @property
+    def input_events(self) -> int | None:
+        """Events in the replay's input: counted, once a run has read it all; before that, what its
+        Parquet footers said at the run's start (:mod:`~segack.spark_adapter.sources.footers`), if
+        they were read; else ``None``."""
+        if self.tokens is not None and self.tokens.counted:
+            return self.tokens.total
+        rows = self.settings.get(FOOTER_TOTAL)
+        return rows if isinstance(rows, int) and not isinstance(rows, bool) else None
 
     def to_bytes(self) -> bytes:
         tokens = None if self.tokens is None else base64.b64encode(self.tokens.to_bytes()).decode("ascii")

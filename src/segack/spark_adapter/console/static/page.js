@@ -145,6 +145,8 @@ function drawSegments(state) {
   const body = $("segments").tBodies[0];
   body.replaceChildren();
   const total = state.segments.reduce((sum, segment) => sum + (segment.load || 0), 0);
+  // The busiest cell is full height: a cell's height is its load, its shade its progress.
+  const busiest = Math.max(1, ...state.strips.flat().map(([done, count]) => count == null ? done : count));
   state.segments.forEach((segment, index) => {
     const row = body.insertRow();
     row.dataset.segment = segment.segment_id;
@@ -171,6 +173,7 @@ function drawSegments(state) {
       } else {
         const share = count ? done / count : done > 0 ? 1 : 0;
         square.style.opacity = (0.15 + 0.85 * share).toFixed(2);
+        square.style.height = `${Math.max(3, Math.round(14 * (count == null ? done : count) / busiest))}px`;
         square.title = `${number(done)} done` + (count != null ? ` of ${number(count)}` : "");
       }
       strip.appendChild(square);
