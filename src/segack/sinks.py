@@ -266,7 +266,7 @@ class SqlSink(Sink):
         self.pipeline = pipeline
         #: Seconds a PostgreSQL session may sit idle inside a transaction (the claim timeout).
         self.idle_timeout: float | None = None
-        #: The ``application_name`` of the run's PostgreSQL sessions (:data:`SESSION_PREFIX`).
+        #: The ``application_name`` of the run's PostgreSQL sessions: ``segack:CHECKPOINT_ID:CLAIM``.
         self.session_name: str | None = None
         self._opened()
 
