@@ -25,7 +25,7 @@ OUT = ROOT / "docs" / "images" / "segack-ui-running.png"
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory() as work:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
         events, checkpoint, log = f"{work}/events.parquet", f"{work}/ckpt", f"{work}/log.jsonl"
         pq.write_table(generate_events(40_000, seed=41), events)
         replay = subprocess.Popen(
@@ -51,6 +51,7 @@ def main() -> None:
                 browser.close()
         finally:
             replay.kill()
+            replay.wait()
     print(f"wrote {OUT}")
 
 
