@@ -47,6 +47,7 @@ AREAS = {
     "test_conformance_and_cli.py": ("kernel", "smoke"),
     "test_delta.py": ("streams",),
     "test_dispatch_machine.py": ("handlers",),
+    "test_doc_examples.py": ("command",),
     "test_durations_check.py": (),
     "test_driver_watch.py": ("claims",),
     "test_errors.py": ("command",),
