@@ -526,3 +526,40 @@ def test_stream_reads_new_files_each_time_and_status_says_what_it_did(tmp_path, 
     status = capsys.readouterr().out
     assert "up to date: every event of its micro-batches handled" in status
     assert "3,000 in its complete micro-batches" in status and "micro-batch 1 the last complete" in status
+
+
+def _on_a_terminal(command, cwd, environment):
+    """What ``command`` writes to a terminal (a pseudo-terminal it has for stdout and stderr)."""
+    import pty
+
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(command, cwd=cwd, env=environment, stdout=follower, stderr=follower)
+    os.close(follower)
+    written = b""
+    with contextlib.suppress(OSError):  # the terminal closes once the process has ended
+        while chunk := os.read(leader, 65536):
+            written += chunk
+    os.close(leader)
+    return process.wait(120), written.decode()
+
+
+def test_on_a_terminal_each_start_up_phase_shows_as_it_begins_then_the_progress(tmp_path):
+    pq.write_table(generate_events(4_000, seed=21), tmp_path / "events.parquet")
+    command = [sys.executable, "-m", "segack", "replay", str(tmp_path / "events.parquet"), "--key", "user",
+               "--order", "ts", "--handler", "tests.spark_handlers:discard", "--checkpoint",
+               str(tmp_path / "checkpoint"), "--segments", "2", "--master", "local[2]"]
+    code, written = _on_a_terminal(command, ROOT, dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert code == ExitCode.OK, written
+    shown = [part for part in re.split(r"\x1b\[K|[\r\n]+", written) if part.strip()]  # each line drawn
+    phases = [line for line in shown if line.startswith("segack: ")]
+    assert phases == [
+        "segack: starting Spark (local[2])", f"segack: reading {tmp_path / 'events.parquet'}",
+        f"segack: reading {tmp_path / 'events.parquet'}: 4,000 events, as their Parquet footers count them",
+        "segack: checking the order column 'ts' for nulls",
+        "segack: checking that the executors import segack", f"segack: claiming {tmp_path / 'checkpoint'}",
+        "segack: handling the events over 2 segments"], shown
+    # Then the progress on the same line, with the total from the start, and the result.
+    after = shown[shown.index(phases[-1]) + 1:]
+    assert after[0].startswith("0 of 4,000 events done") or after[0].startswith(
+        "4,000 of 4,000 events done"), after
+    assert after[-1].startswith("segack replay: 4,000 events handled"), after

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import logging
 import os
 import shutil
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 from segack.cli import ExitCode, counted, percent, run_keywords
@@ -24,7 +26,7 @@ from segack.spark_adapter.errors import (
     OptionError,
     ReplayError,
 )
-from segack.spark_adapter.results import BatchReport, StreamResult
+from segack.spark_adapter.results import STARTUP, BatchReport, StreamResult
 from segack.spark_adapter.sources.files import check_input_files, read_input
 from segack.spark_adapter.store.checkpoint import CheckpointError, CheckpointStore
 
@@ -74,6 +76,36 @@ class ProgressPrinter:
             parts.append(f"{counted(progress.in_flight, 'call')} in flight, "
                          f"{counted(progress.pending, 'row')} pending")
         return ", ".join(parts)
+
+    def phase(self, text: str) -> None:
+        """A start-up phase beginning, on a terminal's status line until the next replaces it (a log
+        has them with ``--verbose``)."""
+        if self.terminal:
+            self.stream.write(f"\rsegack: {text}\033[K")
+            self.stream.flush()
+
+    @contextlib.contextmanager
+    def phases(self, verbose: bool) -> Iterator[None]:
+        """Show the run's start-up phases (:data:`~segack.spark_adapter.results.STARTUP`) while the
+        block runs; with ``verbose`` they are log lines already."""
+        printer = self
+
+        class Phases(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                printer.phase(record.getMessage())
+
+        handler = Phases()
+        level = STARTUP.level
+        if not verbose:
+            STARTUP.addHandler(handler)
+            STARTUP.setLevel(logging.INFO)
+            STARTUP.propagate = False
+        try:
+            yield
+        finally:
+            STARTUP.removeHandler(handler)
+            STARTUP.setLevel(level)
+            STARTUP.propagate = True
 
     def __call__(self, progress: Progress) -> None:
         line = self.line(progress)
@@ -186,12 +218,14 @@ def replay_command(args: argparse.Namespace) -> int:
     printer = ProgressPrinter()
     spark = None
     try:
-        spark = _start_session(args, py_files)
-        events = read_input(spark, args.input, args.format, dict(args.option), args.table)
-        source = args.input if args.table is None else f"table {args.table}"
-        result = replay(events, key=args.key, order=args.order, handler=handler, checkpoint=store,
-                        progress=printer, source=source, metrics_port=args.metrics_port,
-                        **run_keywords(args))
+        with printer.phases(args.verbose):
+            STARTUP.info("starting Spark (%s)", "Spark Connect" if args.remote else _master(args))
+            spark = _start_session(args, py_files)
+            events = read_input(spark, args.input, args.format, dict(args.option), args.table)
+            source = args.input if args.table is None else f"table {args.table}"
+            result = replay(events, key=args.key, order=args.order, handler=handler, checkpoint=store,
+                            progress=printer, source=source, metrics_port=args.metrics_port,
+                            **run_keywords(args))
     except Exception as error:
         printer.close()
         return _failure_code(args, error)

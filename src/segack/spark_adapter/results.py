@@ -4,9 +4,15 @@ for a stream, a :class:`BatchReport` after each micro-batch and a :class:`Stream
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 
-__all__ = ["BatchReport", "Progress", "ReplayResult", "StreamResult"]
+__all__ = ["STARTUP", "BatchReport", "Progress", "ReplayResult", "StreamResult"]
+
+#: A run's start-up phases, one INFO record each as it begins (reading the input, checking its
+#: order values, planning, claiming, checking the events done, the first job): what a run does
+#: before its first :class:`Progress`. ``segack replay`` shows each on a terminal's status line.
+STARTUP = logging.getLogger("segack.startup")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from segack.kernel import SegmentSet
 from segack.spark_adapter.errors import HandlerFailedError, ReplayError, TokenError
-from segack.spark_adapter.results import Progress
+from segack.spark_adapter.results import STARTUP, Progress
 from segack.spark_adapter.spark.executors import task_failure
 from segack.spark_adapter.store.checkpoint import CheckpointStore, TaskLoad
 from segack.spark_adapter.store.periodic import Periodic
@@ -154,6 +154,7 @@ class Job:
         watcher = RequestWatcher(run.store, self.segments, lambda change: run.store.request_stop(
             self.job_id, f"segments change: {change.why}")) if watch_requests else None
         log.info("%s: job %s started over %d segments", run.store.location, self.job_id, len(self.segments))
+        STARTUP.info("handling the events over %d segments", len(self.segments))
         ending = _Ending()
         results: pa.Table | None = None
         run.spark.addTag(run_tag(run.run_id))

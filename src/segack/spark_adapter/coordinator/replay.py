@@ -56,7 +56,7 @@ from segack.spark_adapter.coordinator.run import (
 )
 from segack.spark_adapter.errors import HandlerFailedError, OptionError, ReplayError, one_line, worker_error
 from segack.spark_adapter.options import RunOptions, takes_options
-from segack.spark_adapter.results import Progress, ReplayResult
+from segack.spark_adapter.results import STARTUP, Progress, ReplayResult
 from segack.spark_adapter.sources.fingerprint import input_fingerprint
 from segack.spark_adapter.sources.footers import footer_facts
 from segack.spark_adapter.spark.events import EventInput, check_same_setup
@@ -204,16 +204,25 @@ def replay(
     planned = run_options.segments == "auto"
     chosen = run_options.segments if isinstance(run_options.segments, SegmentSet) else None
     setup = _Setup(df, store, key, order, run_options, chosen)  # refuses bad input
+    source = run_options.source or "the events"
+    STARTUP.info("reading %s", source)
     fingerprint = input_fingerprint(df)
     footers = footer_facts(df, order)
+    if footers is not None:
+        STARTUP.info("reading %s: %s events, as their Parquet footers count them", source,
+                     f"{footers.rows:,}")
     if fingerprint is None or fingerprint != setup.state.settings.get("input_fingerprint"):
         # Else the run that recorded the fingerprint checked them.
+        STARTUP.info("checking the order column %r for nulls", order)
         setup.events.check_order_values(None if footers is None else footers.order_nulls)
     if planned:
+        STARTUP.info("planning the segments from each key group's load (a Spark job)")
         chosen = plan(df, key=key, hash=run_options.hash, workers=default_segment_count(spark),
                       key_group_bits=setup.bits, method=run_options.method).segments
+    STARTUP.info("checking that the executors import segack")
     check_executors(spark)  # the last refusal: the only one that asks the executors
     run_id = new_run_id()
+    STARTUP.info("claiming %s", store.location)
     with metrics_served(store, metrics_port), claimed(spark, store, run_id, run_options) as keeper:
         # A change of segments asked of an earlier run that ended first is this run's to apply,
         # unless it names its own segments.

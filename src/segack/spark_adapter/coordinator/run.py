@@ -34,6 +34,7 @@ from segack.spark_adapter.errors import (
 )
 from segack.spark_adapter.handlers import RunContext, prepare_handler
 from segack.spark_adapter.options import RunOptions, Verify, check_key_group_bits
+from segack.spark_adapter.results import STARTUP
 from segack.spark_adapter.spark.session import executors_share_local_disk, setting
 from segack.spark_adapter.store.checkpoint import CheckpointStore
 from segack.spark_adapter.store.claims import ClaimKeeper, acquire, previous_run
@@ -225,6 +226,7 @@ class Run(RunState):
         unchanged = self.options.verify == Verify.AUTO and fingerprint is not None and recorded == fingerprint
         checked = tokens.has_progress and not unchanged
         if checked:
+            STARTUP.info("checking the %s events done against the input (a Spark job)", f"{tokens.done:,}")
             counts = self.events.verify(tokens, f"checkpoint {self.store.location}")
             try:
                 tokens.set_counts(counts)
