@@ -160,14 +160,14 @@ def sdist(session: nox.Session) -> None:
 
 @nox.session
 def fuzz(session: nox.Session) -> None:
-    """Fuzz every decoder of untrusted bytes with atheris, ``-- SECONDS`` per target (default 20).
+    """Fuzz every decoder of untrusted bytes with atheris, ``-- SECONDS`` per target (default 15).
 
     The checked-in corpus under ``fuzz/corpus/`` seeds each target; what a run adds goes to a
     scratch copy. A crash (a kernel/spec difference, or an error that is not a SegackError)
     fails the session and leaves the input as ``crash-*`` in the session's scratch directory.
     """
     install_segack(session, "", "atheris")
-    seconds = session.posargs[0] if session.posargs else "20"
+    seconds = session.posargs[0] if session.posargs else "15"
     scratch = Path(session.create_tmp())
     for target in FUZZ_TARGETS:
         grown = scratch / "corpus" / target

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 from playwright.sync_api import sync_playwright
-from tests.spark_handlers import LOG_ENV, read_log
+from tests.spark_handlers import LOG_ENV, REFUSED_ENV, read_log
 
 from segack.demo import generate_events
 from segack.spark_adapter.console.page import serve_page
@@ -32,7 +32,8 @@ def main() -> None:
             [sys.executable, "-m", "segack", "replay", events, "--key", "user", "--order", "ts", "--handler",
              "tests.spark_handlers:record_with_task_refusing_tenth", "--checkpoint", checkpoint,
              "--segments", "3", "--concurrency", "2", "--flush-interval", "0.5", "--on-error", "dead-letter"],
-            cwd=ROOT, env=dict(os.environ, **{LOG_ENV: log}), stdout=subprocess.DEVNULL,
+            cwd=ROOT, env=dict(os.environ, **{LOG_ENV: log, REFUSED_ENV: "user-000429,user-000009"}),
+            stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL)
         try:
             while len(read_log(log)) < 3_000:

@@ -404,3 +404,18 @@ def test_only_an_empty_directory_is_removed(tmp_path, kind):
         files.remove_empty_directory(files.path(name))
     assert sorted(path.name for path in tmp_path.iterdir()) == ["a-file", "full"]
     assert (tmp_path / "full" / "kept").read_bytes() == b"x" and (tmp_path / "a-file").read_bytes() == b"y"
+
+
+@pytest.mark.parametrize(("footers", "counts", "expected"), [
+    (None, None, None),  # a first run, no footers read: not known yet
+    (64, None, 64),  # the Parquet footers counted it
+    (64, [3, 4, 5, 6], 18),  # a run has counted it: its count wins
+    (True, None, None), ("64", None, None), (6.5, None, None),  # a setting that is not a count
+])
+def test_the_input_events_are_the_count_else_what_the_footers_said(footers, counts, expected):
+    tokens = KeyGroupTokens.empty(2, pa.int64(), pa.string())
+    if counts is not None:
+        tokens.set_counts(np.asarray(counts, dtype=np.int64))
+    settings = {} if footers is None else {"footer_total": footers}
+    assert Checkpoint(settings, tokens).input_events == expected
+    assert Checkpoint(settings).input_events == (expected if counts is None else footers)

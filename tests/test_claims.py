@@ -304,6 +304,23 @@ def test_a_forced_release_is_dated_now_and_refused_if_someone_claimed_meanwhile(
         force_release(store, "an operator")
 
 
+def test_a_forced_release_of_a_named_claim_releases_only_that_one(store):
+    with pytest.raises(CheckpointError, match=exactly(
+            f"claim 1 is no longer the newest of checkpoint {store.location} (it is no claim): nothing "
+            f"released")):
+        force_release(store, "the page", 1)
+    assert store.claim_numbers() == []
+    owner = acquire(store, "owner", 3600)
+    with pytest.raises(CheckpointError, match=exactly(
+            f"claim 2 is no longer the newest of checkpoint {store.location} (it is claim 1, "
+            f"{owner.owner()}'s): nothing released")):
+        force_release(store, "the page", 2)
+    assert latest_claim(store) == owner
+    assert force_release(store, "the page", 1) == owner
+    assert latest_claim(store).released and latest_claim(store).released_by == "the page"
+    assert force_release(store, "the page", 2) is None  # released already: nothing to do
+
+
 @pytest.mark.parametrize("value", [0.5, 1, 1e-3])
 def test_a_claim_timeout_below_a_second_is_fine(value):
     assert check_claim_timeout(value) == value

@@ -275,7 +275,7 @@ def test_runs_killed_resumed_over_other_segments_and_split_apply_each_event_once
 @pytest.mark.claims
 @pytest.mark.command
 def test_a_paused_run_taken_over_then_woken_applies_nothing_twice(tmp_path, pg_database):
-    total = 12_000
+    total = 8_000
     table = generate_events(total, seed=57)
     pq.write_table(table, tmp_path / "events.parquet")
     options = ["--claim-timeout", "3", "--flush-interval", "1"]
