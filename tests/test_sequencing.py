@@ -17,6 +17,7 @@ from segack.spark_adapter.worker.sequencing import (
     Rules,
     call_plan,
     drive,
+    retry_after_failure,
     sequencing_value,
 )
 
@@ -158,3 +159,15 @@ def test_a_narrowed_list_handles_each_event_before_its_keys_first_failure_once(k
     for rows in calls.calls[1:]:
         assert not [row for row in rows if keys[row] in first_failure and row > first_failure[keys[row]]
                     and first_failure[keys[row]] not in rows]
+
+
+def test_one_event_retried_after_its_first_call_says_how_it_ended_and_the_calls_made_again(monkeypatch):
+    monkeypatch.setattr("time.sleep", lambda seconds: None)
+    event = {"row": 4, "key": "a"}
+    for handler, outcome in ((_Calls(), (None, 1)), (_Calls(flaky={4}), (None, 2))):
+        assert retry_after_failure(lambda one, handler=handler: handler([(4, "a", one)]), 4, event,
+                                   ValueError("first"), 0.1, _gives_up_after(2)) == outcome
+    failing = _Calls(failing={4})
+    failure, repeats = retry_after_failure(lambda one: failing([(4, "a", one)]), 4, event,
+                                           ValueError("first"), 0.1, _gives_up_after(2))
+    assert repeats == 2 and failure.attempts == 3 and failure.event == event
