@@ -560,6 +560,5 @@ def test_on_a_terminal_each_start_up_phase_shows_as_it_begins_then_the_progress(
         "segack: handling the events over 2 segments"], shown
     # Then the progress on the same line, with the total from the start, and the result.
     after = shown[shown.index(phases[-1]) + 1:]
-    assert after[0].startswith("0 of 4,000 events done") or after[0].startswith(
-        "4,000 of 4,000 events done"), after
+    assert re.match(r"[\d,]+ of 4,000 events done", after[0]), after
     assert after[-1].startswith("segack replay: 4,000 events handled"), after
