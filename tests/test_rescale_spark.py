@@ -31,8 +31,23 @@ def _wait_for(condition, seconds, what, process=None):
         if process is not None and process.poll() is not None:
             raise AssertionError(f"the process ended while waiting for {what}: {process.communicate()}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"waited {seconds} s for {what}")
+            raise AssertionError(f"waited {seconds} s for {what}{_last_words(process)}")
         time.sleep(0.1)
+
+
+def _last_words(process):
+    """What a process still running printed, read after killing it (and its group, if it leads one)."""
+    if process is None:
+        return ""
+    if os.getpgid(process.pid) == process.pid:
+        os.killpg(process.pid, signal.SIGKILL)
+    else:
+        process.kill()
+    try:
+        _, err = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        return "; it printed nothing in 30 s after being killed"
+    return f"; its last output: {err[-3000:]}"
 
 
 def _history(checkpoint):
@@ -118,10 +133,15 @@ def test_a_stream_scaled_while_it_runs_and_killed_once_keeps_each_keys_order_and
 
     def add(numbers):
         for number in numbers:
-            path = source / f"part-{number:02d}.parquet"
-            pq.write_table(table.slice(number * size, size), path)
+            # Written under a hidden name, then renamed: the file source must never list a file
+            # half written, or before its time is set. A file it lists with today's time makes
+            # every later file (with older times) older than its maxFileAge, never read: the test
+            # waited for every event in vain once in CI.
+            hidden, path = source / f".part-{number:02d}.parquet", source / f"part-{number:02d}.parquet"
+            pq.write_table(table.slice(number * size, size), hidden)
             # The file source takes files oldest first; make "oldest" unambiguous.
-            os.utime(path, (1_700_000_000 + number * 100,) * 2)
+            os.utime(hidden, (1_700_000_000 + number * 100,) * 2)
+            os.replace(hidden, path)
 
     log, checkpoint = str(tmp_path / "log.jsonl"), str(tmp_path / "checkpoint")
     add(range(2))
