@@ -273,6 +273,26 @@ def test_postgres_sink_applies_once_and_sets_the_idle_transaction_timeout(pg_dat
             ("a", 0), ("b", 0), ("a", 1), ("a", 2)]
 
 
+def test_postgres_fresh_calls_read_no_positions_and_a_call_with_applied_events_does(pg_database, caplog):
+    """A call none of whose events was applied records their positions in the pipeline that
+    applies them, and commits; only one with some applied already rolls back and reads them."""
+    sink = SqlSink(PostgresConnect(pg_database), LedgerApply("%s"))
+    sink.prepare(_run())
+    with caplog.at_level(logging.DEBUG, logger="segack.sinks"):
+        sink(*_events([("a", 0), ("b", 0), ("a", 1)]))
+        sink(*_events([("a", 2), ("c", 0)]))
+        assert "reads positions" not in caplog.text
+        # A new key beside one whose event 2 was applied; then an applied key alone.
+        sink(*_events([("d", 0), ("a", 2), ("a", 3)]))
+        assert caplog.text.count("SqlSink reads positions: some of a call's events were applied") == 1
+        sink(*_events([("c", 0)]))
+        assert caplog.text.count("SqlSink reads positions: some of a call's events were applied") == 2
+    sink.close()
+    with psycopg.connect(pg_database) as db:
+        assert db.execute("SELECT user_id, seq FROM ledger ORDER BY id").fetchall() == [
+            ("a", 0), ("b", 0), ("a", 1), ("a", 2), ("c", 0), ("d", 0), ("a", 3)]
+
+
 def test_postgres_pipeline_mode_applies_once_too(pg_database, tmp_path):
     sink = SqlSink(PostgresConnect(pg_database), LedgerApply("%s"), pipeline=True)
     sink.prepare(_run())

@@ -108,25 +108,38 @@ class _Dialect:
 
 
 class _Postgres(_Dialect):
-    """PostgreSQL: each step in one statement, the keys and positions passed as arrays; and first,
-    optimistically, no positions read at all (:meth:`record_fresh`)."""
+    """PostgreSQL: each step in one statement, the keys and positions passed as arrays (in binary
+    with psycopg 3: no text to quote); and first, optimistically, no positions read at all
+    (:meth:`record_fresh`)."""
 
-    def record_fresh(self, cursor: Any, table: str, firsts: dict[str, int], lasts: dict[str, int]) -> None:
-        """Record each key's ``lasts`` position if none of its events from ``firsts`` on was applied
-        (its row is below, or missing); otherwise raise, and the caller rolls back. The update locks
-        the rows it moves and checks them again once a racing run commits; a racing insert of a new
-        key fails on the primary key."""
-        cursor.execute(f"UPDATE {table} SET last_position = new.last "
-                       f"FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) AS new(key, first, last) "
-                       f"WHERE {table}.key_json = new.key AND {table}.last_position < new.first "
-                       f"RETURNING {table}.key_json",
-                       (list(lasts), [firsts[key] for key in lasts], list(lasts.values())))
-        moved = {key for (key,) in cursor.fetchall()}
-        added = [key for key in lasts if key not in moved]
-        if added:
-            cursor.execute(f"INSERT INTO {table} (key_json, last_position) "
-                           f"SELECT * FROM unnest(%s::text[], %s::bigint[])",
-                           (added, [lasts[key] for key in added]))
+    def __init__(self, connection: Any) -> None:
+        super().__init__(connection)
+        self.array = "%b" if self.driver == "psycopg" else "%s"
+
+    def record_fresh(self, connection: Any, table: str, firsts: dict[str, int],
+                     lasts: dict[str, int]) -> Callable[[], bool]:
+        """Send the statement that records each key's ``lasts`` position if none of its events
+        from ``firsts`` on was applied (its row is below, or missing), without waiting for its
+        answer: in a pipeline it goes with the effects. Returns what says, once it ran, whether
+        every key was fresh; if not, the caller rolls back. The update locks the rows it moves and
+        checks them again once a racing run commits; the insert adds the keys the update did not
+        move, and leaves one that has a row (a stale key, or one a racing run added: it waits for
+        that run's commit)."""
+        array = self.array
+        cursor = connection.cursor()
+        cursor.execute(
+            f"WITH new AS (SELECT * FROM unnest({array}::text[], {array}::bigint[], {array}::bigint[]) "
+            f"AS new(key, first, last)), "
+            f"moved AS (UPDATE {table} SET last_position = new.last FROM new "
+            f"WHERE {table}.key_json = new.key AND {table}.last_position < new.first "
+            f"RETURNING {table}.key_json), "
+            f"added AS (INSERT INTO {table} (key_json, last_position) SELECT new.key, new.last FROM new "
+            f"WHERE NOT EXISTS (SELECT FROM moved WHERE moved.key_json = new.key) "
+            f"ON CONFLICT (key_json) DO NOTHING RETURNING key_json) "
+            f"SELECT (SELECT count(*) FROM moved) + (SELECT count(*) FROM added)",
+            (list(lasts), [firsts[key] for key in lasts], list(lasts.values())))
+        # A key is moved or added, or neither: some of its events were applied already.
+        return lambda: cursor.fetchone()[0] == len(lasts)
 
     @staticmethod
     def start_session(cursor: Any, name: str | None, idle_timeout: float | None) -> None:
@@ -368,12 +381,13 @@ class SqlSink(Sink):
         try:
             if isinstance(dialect, _Postgres):
                 try:
-                    self._all_fresh(connection, dialect, events, identities)
-                    return
+                    if self._all_fresh(connection, dialect, events, identities):
+                        return
+                    log.debug("SqlSink reads positions: some of a call's events were applied already")
                 except Exception as error:
-                    # Some events were applied already (or apply raised on one): read the positions.
+                    # apply raised on an event: the next step raises it again, or skips it.
                     log.debug("SqlSink reads positions after %s: %s", type(error).__name__, error)
-                    connection.rollback()
+                connection.rollback()
             self._transaction(connection, dialect, events, identities)
         except BaseException:
             try:
@@ -406,41 +420,51 @@ class SqlSink(Sink):
             if identity.position > applied.get(key, -1):
                 fresh.append(event)
                 newest[key] = identity.position
-        self._apply(connection, cursor, fresh)  # 3
+        with self._pipeline(connection):
+            self._apply(cursor, fresh)  # 3
         moved = {key: position for key, position in newest.items() if key in applied}  # 4
         dialect.record(cursor, table, moved, {key: position for key, position in newest.items()
                                               if key not in applied})
         connection.commit()  # 5
 
     def _all_fresh(self, connection: Any, dialect: _Postgres, events: list[dict[str, Any]],
-                   identities: list[EventIdentity]) -> None:
+                   identities: list[EventIdentity]) -> bool:
         """The call when none of its events was applied, as after any crash all but a few calls
-        are: :meth:`_transaction` without step 1 and 2, step 4 checking what they would have read."""
-        cursor = connection.cursor()
-        self._apply(connection, cursor, events)
+        are: :meth:`_transaction` without steps 1 and 2, step 4 checking what they would have read,
+        sent in the pipeline that applies the events. Commits and returns ``True``, or returns
+        ``False`` (uncommitted) if some key's events were applied already."""
         firsts: dict[str, int] = {}
         lasts: dict[str, int] = {}
         for identity in identities:
             key = _key_text(identity.key)
             firsts.setdefault(key, identity.position)
             lasts[key] = identity.position
-        dialect.record_fresh(cursor, self.table_for(identities[0].checkpoint_id), firsts, lasts)
-        connection.commit()
+        with self._pipeline(connection):
+            self._apply(connection.cursor(), events)  # 3
+            fresh = dialect.record_fresh(connection, self.table_for(identities[0].checkpoint_id),
+                                         firsts, lasts)  # 4
+        if not fresh():
+            return False
+        connection.commit()  # 5
+        return True
 
-    def _apply(self, connection: Any, cursor: Any, events: list[dict[str, Any]]) -> None:
-        """Step 3; with ``pipeline``, in psycopg 3's pipeline mode."""
+    def _pipeline(self, connection: Any) -> contextlib.AbstractContextManager[Any]:
+        """psycopg 3's pipeline mode if ``pipeline`` says so (see the parameter); it ends, and
+        raises what its statements raised, when the block does."""
+        pipelined = self.pipeline if self.pipeline is not None else hasattr(connection, "pipeline")
+        return connection.pipeline() if pipelined else contextlib.nullcontext()
+
+    def _apply(self, cursor: Any, events: list[dict[str, Any]]) -> None:
+        """Step 3: ``apply_many`` once, or ``apply`` per event."""
         if not events:
             return
-        pipelined = self.pipeline if self.pipeline is not None else hasattr(connection, "pipeline")
-        pipeline = connection.pipeline() if pipelined else contextlib.nullcontext()
-        with pipeline:
-            if self.apply_many is not None:
-                self.apply_many(cursor, events)
-            else:
-                apply = self.apply
-                assert apply is not None
-                for event in events:
-                    apply(cursor, event)
+        if self.apply_many is not None:
+            self.apply_many(cursor, events)
+        else:
+            apply = self.apply
+            assert apply is not None
+            for event in events:
+                apply(cursor, event)
 
     def close(self) -> None:
         """Close every connection this copy of the sink opened."""
