@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.server
 import json
 import re
+import shlex
 import sqlite3
 import textwrap
 import threading
@@ -122,8 +123,11 @@ def _balances(sandbox: Sandbox) -> dict[str, int]:
 # ----------------------------------------------------------------------------- each example
 
 def run_readme_sink(sandbox: Sandbox, code: str, request: Any) -> None:
-    """The README's sink: ``tests/test_readme.py`` runs it through ``segack replay``."""
-    assert "SqlSink(connect=lambda: psycopg.connect(\"dbname=bank\"), apply=apply)" in code
+    """The README's sink: ``tests/test_readme.py`` runs it through ``segack replay``; this is the block
+    it picks."""
+    from tests.test_readme import _blocks
+
+    assert [block for block in _blocks("python") if "SqlSink(" in block] == [code]
 
 
 def run_readme_segments(sandbox: Sandbox, code: str, request: Any) -> None:
@@ -250,7 +254,7 @@ def run_cluster_driver(sandbox: Sandbox, code: str, request: Any) -> None:
 
 #: Each example by a line of its own, and what runs it.
 RUNNERS: dict[str, Callable[[Sandbox, str, Any], None]] = {
-    "sink = SqlSink(connect=lambda: psycopg.connect(\"dbname=bank\"), apply=apply)   #": run_readme_sink,
+    "sink = SqlSink(connect=lambda: psycopg.connect(\"dbname=bank\"), apply_many=apply_many)": run_readme_sink,
     "segments = segack.SegmentSet.balanced(6)": run_readme_segments,
     "def handle(event: dict) -> None:": run_handler_shape,
     "spark = local_session()                       # or your own session": run_first_replay,
@@ -282,3 +286,44 @@ def test_every_example_is_run():
 def test_the_example_runs(where, code, sandbox, request):
     [line] = _runner(code)
     RUNNERS[line](sandbox, code, request)
+
+
+def commands() -> list[tuple[str, list[str]]]:
+    """``(where, words)`` of every ``segack`` command in a shell block of the README or the docs:
+    its lines joined where they end in ``\\``; in a block with ``$`` prompts, the prompted lines."""
+    blocks = []
+    readme = (ROOT / "README.md").read_text()
+    for match in re.finditer(r"^```sh\n(.*?)^```$", readme, re.M | re.S):
+        blocks.append((f"README.md:{readme[:match.start()].count(chr(10)) + 1}", match.group(1)))
+    for page in sorted((ROOT / "docs").glob("*.rst")):
+        text = page.read_text()
+        shell = r"^( *)\.\. code-block:: (?:sh|console)\n((?:\1   .*\n|[ \t]*\n)+)"
+        for match in re.finditer(shell, text, re.M):
+            blocks.append((f"docs/{page.name}:{text[:match.start()].count(chr(10)) + 1}",
+                           textwrap.dedent(match.group(2))))
+    found = []
+    for where, block in blocks:
+        lines = [line.strip() for line in re.sub(r"\\\n\s*", " ", block).splitlines()]
+        # A block with prompts shows output too: only its prompted lines are commands.
+        if any(line.startswith("$ ") for line in lines):
+            lines = [line[2:] for line in lines if line.startswith("$ ")]
+        found.extend((where, shlex.split(line, comments=True))
+                     for line in lines if line.startswith("segack "))
+    return found
+
+
+@pytest.mark.parametrize(("where", "words"), [pytest.param(where, words, id=f"{where} {words[1]}")
+                                              for where, words in commands()])
+def test_every_segack_command_shown_parses(where, words, capsys):
+    """Each command a page shows is one the command line takes: its flags exist, its values parse."""
+    from segack.cli import build_parser
+
+    try:
+        build_parser().parse_args(words[1:])
+    except SystemExit:
+        pytest.fail(f"{where}: {shlex.join(words)}: {capsys.readouterr().err}")
+
+
+def test_the_shell_blocks_show_the_commands_a_user_runs():
+    shown = {words[1] for _, words in commands()}
+    assert {"replay", "stream", "status", "plan", "split", "merge", "scale"} <= shown, shown
