@@ -70,6 +70,7 @@ AREAS = {
     "test_readme.py": ("sinks",),
     "test_replay_cli.py": ("command",),
     "test_rescale.py": ("rescale",),
+    "test_rows.py": ("handlers",),
     "test_rescale_spark.py": ("rescale",),
     "test_segment_machine.py": ("kernel",),
     "test_segments.py": ("kernel",),

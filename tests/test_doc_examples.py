@@ -254,7 +254,7 @@ def run_cluster_driver(sandbox: Sandbox, code: str, request: Any) -> None:
 
 #: Each example by a line of its own, and what runs it.
 RUNNERS: dict[str, Callable[[Sandbox, str, Any], None]] = {
-    "sink = SqlSink(connect=lambda: psycopg.connect(\"dbname=bank\"), apply_many=apply_many)": run_readme_sink,
+    "psycopg.connect(\"dbname=bank\"), apply_many=apply_many)": run_readme_sink,
     "segments = segack.SegmentSet.balanced(6)": run_readme_segments,
     "def handle(event: dict) -> None:": run_handler_shape,
     "spark = local_session()                       # or your own session": run_first_replay,

@@ -32,6 +32,7 @@ from segack.spark_adapter.store.checkpoint import (
 )
 from segack.spark_adapter.store.driver_watch import watching_driver
 from segack.spark_adapter.worker.dispatch import Dispatcher
+from segack.spark_adapter.worker.rows import as_events
 
 __all__ = ["RETRY_FIELDS", "RETRY_RESULT_SCHEMA", "RetryPlan", "read_files", "retry_file_prefix",
            "retry_task"]
@@ -95,7 +96,7 @@ class _RetryTask:
 
     def handle(self, batch: pa.RecordBatch) -> None:
         self.open.append((self.rows, batch))
-        events = batch.select(list(self.plan.columns)).to_pylist()
+        events = as_events(batch, self.plan.columns)
         if self.identified:
             events = identified_events(events, self.plan.key, batch.column(DEAD_KEY_GROUP).to_numpy(),
                                        batch.column(DEAD_POSITION).to_numpy(), self.plan.checkpoint_id)

@@ -60,6 +60,7 @@ from segack.spark_adapter.store.checkpoint import (
 from segack.spark_adapter.store.driver_watch import watching_driver
 from segack.spark_adapter.store.tokens import KeyGroupTokens, encode_updates, update_schema
 from segack.spark_adapter.worker.dispatch import Dispatcher
+from segack.spark_adapter.worker.rows import as_events
 from segack.spark_adapter.worker.sequencing import DeadLetter, Failure, Rules, retry_after_failure
 
 __all__ = ["KG", "RESULT_SCHEMA", "TIE", "TaskPlan", "TaskStart", "run_task"]
@@ -252,7 +253,7 @@ class _SegmentTask:
         ties = batch.column(TIE).to_numpy(zero_copy_only=False)
         run_starts = self._run_starts(batch, ties, positions)
         skip = self._done(groups, positions)
-        events = batch.select(list(self.plan.columns)).to_pylist()
+        events = as_events(batch, self.plan.columns)
         if self.identified:
             events = identified_events(events, self.plan.key, groups, positions, self.plan.checkpoint_id)
         current = _Batch(batch, groups, positions, ties, run_starts, skip, self.rows_seen)
