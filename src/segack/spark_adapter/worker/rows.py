@@ -42,7 +42,7 @@ def as_events(batch: pa.RecordBatch, columns: Sequence[str]) -> list[dict[str, A
             selected = selected.set_column(index, field.name,
                                            selected.column(index).cast(pa.timestamp(field.type.unit)))
             zoned.append((field.name, zone))
-    rows = selected.to_pylist()
+    rows: list[dict[str, Any]] = selected.to_pylist()
     utc = dt.UTC
     for name, zone in zoned:
         for row in rows:
