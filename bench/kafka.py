@@ -57,7 +57,7 @@ ACCOUNTS = 20_000
 #: Records per micro-batch, for both contenders.
 BOUND = 100_000
 SCHEMA = "account STRING, seq BIGINT, amount BIGINT"
-ROUNDS = 2
+ROUNDS = 3
 #: The steady producer: records a second, for how long, and the seconds left out at its start.
 STEADY_RATE = 2_000
 STEADY_SECONDS = 60
