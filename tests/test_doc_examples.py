@@ -27,18 +27,25 @@ EVENTS = 60
 ACCOUNTS = 7
 
 
-def examples() -> list[tuple[str, str]]:
-    """``(where, code)`` of every Python block: the README's fenced ones, the docs' code-blocks."""
+def code_blocks(languages: str) -> list[tuple[str, str]]:
+    """``(where, text)`` of every code block in one of ``languages`` (``"sh|console"``): the README's
+    fenced ones, then the docs' code-blocks, dedented."""
     found = []
     readme = (ROOT / "README.md").read_text()
-    for match in re.finditer(r"^```python\n(.*?)^```$", readme, re.M | re.S):
+    for match in re.finditer(rf"^```(?:{languages})\n(.*?)^```$", readme, re.M | re.S):
         found.append((f"README.md:{readme[:match.start()].count(chr(10)) + 1}", match.group(1)))
+    directive = rf"^( *)\.\. code-block:: (?:{languages})\n((?:\1   .*\n|[ \t]*\n)+)"
     for page in sorted((ROOT / "docs").glob("*.rst")):
         text = page.read_text()
-        for match in re.finditer(r"^( *)\.\. code-block:: python\n((?:\1   .*\n|[ \t]*\n)+)", text, re.M):
-            where = f"docs/{page.name}:{text[:match.start()].count(chr(10)) + 1}"
-            found.append((where, textwrap.dedent(match.group(2)).strip() + "\n"))
+        for match in re.finditer(directive, text, re.M):
+            found.append((f"docs/{page.name}:{text[:match.start()].count(chr(10)) + 1}",
+                          textwrap.dedent(match.group(2))))
     return found
+
+
+def examples() -> list[tuple[str, str]]:
+    """``(where, code)`` of every Python block, as a user copies it."""
+    return [(where, code.strip() + "\n") for where, code in code_blocks("python")]
 
 
 def _nothing(*_: Any) -> None:
@@ -291,18 +298,8 @@ def test_the_example_runs(where, code, sandbox, request):
 def commands() -> list[tuple[str, list[str]]]:
     """``(where, words)`` of every ``segack`` command in a shell block of the README or the docs:
     its lines joined where they end in ``\\``; in a block with ``$`` prompts, the prompted lines."""
-    blocks = []
-    readme = (ROOT / "README.md").read_text()
-    for match in re.finditer(r"^```sh\n(.*?)^```$", readme, re.M | re.S):
-        blocks.append((f"README.md:{readme[:match.start()].count(chr(10)) + 1}", match.group(1)))
-    for page in sorted((ROOT / "docs").glob("*.rst")):
-        text = page.read_text()
-        shell = r"^( *)\.\. code-block:: (?:sh|console)\n((?:\1   .*\n|[ \t]*\n)+)"
-        for match in re.finditer(shell, text, re.M):
-            blocks.append((f"docs/{page.name}:{text[:match.start()].count(chr(10)) + 1}",
-                           textwrap.dedent(match.group(2))))
     found = []
-    for where, block in blocks:
+    for where, block in code_blocks("sh|console"):
         lines = [line.strip() for line in re.sub(r"\\\n\s*", " ", block).splitlines()]
         # A block with prompts shows output too: only its prompted lines are commands.
         if any(line.startswith("$ ") for line in lines):
