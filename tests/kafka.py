@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tests import maven
-from tests.ports import ends_with_its_parent, free_port
+from tests.ports import ends_with_its_parent, free_ports
 
 _PROPERTIES = """process.roles=broker,controller
 node.id=1
@@ -44,7 +44,8 @@ class KafkaBroker:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.port, self.controller = free_port(), free_port()
+        # Two ports bound at once: one after the other, a broker was once given the same port twice.
+        self.port, self.controller = free_ports(2)
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.classpath = os.pathsep.join(map(str, maven.kafka_broker()))
         self.properties = directory / "server.properties"

@@ -27,7 +27,7 @@ from segack.cli import ExitCode
 from segack.demo import generate_events
 from segack.spark_adapter.store.checkpoint import CheckpointStore
 from tests import expected, jvm
-from tests.ports import free_port
+from tests.ports import free_port, free_ports
 
 pytestmark = [
     pytest.mark.spark,
@@ -152,7 +152,7 @@ def standalone_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     logs = tmp_path_factory.mktemp("standalone")
     environment = _environment()
     environment["SPARK_MASTER_OPTS"] = "-Dspark.master.rest.enabled=false"
-    port, master_ui, worker_ui = free_port(), free_port(), free_port()
+    port, master_ui, worker_ui = free_ports(3)
     spark_class = os.path.join(_spark_home(), "bin", "spark-class")
     started = []
     try:
