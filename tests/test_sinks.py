@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 import sqlite3
@@ -10,9 +11,11 @@ import time
 
 import psycopg
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from segack.errors import SegackTypeError, SegackValueError
-from segack.sinks import SqlSink
+from segack.sinks import SqlSink, _key_text
 from segack.spark_adapter import EventIdentity, RunContext, Sink, SinkError, with_identity
 from segack.spark_adapter.handlers import identified_events, with_identities_passed
 from segack.spark_adapter.options import Policy
@@ -107,6 +110,17 @@ def test_keys_of_other_types_and_null_keep_their_own_positions(tmp_path):
     sink([{"k": key} for key in keys], [EventIdentity(key, 0, 5, CHECKPOINT_ID) for key in keys])
     assert applied == keys
     sink.close()
+
+
+def _json(key):
+    """A key's text as the sink's table documents it."""
+    return json.dumps(key, default=str, ensure_ascii=False, separators=(",", ":"))
+
+
+@given(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(), st.dates(),
+                 st.decimals(), st.binary(), st.lists(st.text(max_size=3), max_size=3)))
+def test_a_keys_text_is_its_json(key):
+    assert _key_text(key) == _json(key)
 
 
 def test_apply_many_gets_the_fresh_events_in_one_call(sqlite_sink, tmp_path):
@@ -291,6 +305,31 @@ def test_postgres_fresh_calls_read_no_positions_and_a_call_with_applied_events_d
     with psycopg.connect(pg_database) as db:
         assert db.execute("SELECT user_id, seq FROM ledger ORDER BY id").fetchall() == [
             ("a", 0), ("b", 0), ("a", 1), ("a", 2), ("c", 0), ("d", 0), ("a", 3)]
+
+
+def test_postgres_records_keys_whatever_their_text_in_the_fresh_path(pg_database, caplog):
+    """The fresh path sends a call's keys as one text: separators, quotes and control characters
+    in keys take nothing apart."""
+    keys = ["a,b", 'q"uote', "back\\slash", "unit\x1fseparator", "new\nline", "", "ünï", "{}", None, 1,
+            "1", "null", 2.5]
+    with psycopg.connect(pg_database) as db:
+        db.execute("CREATE TABLE effects (id SERIAL PRIMARY KEY, key_json TEXT NOT NULL)")
+    sink = SqlSink(PostgresConnect(pg_database), lambda cursor, event: cursor.execute(
+        "INSERT INTO effects (key_json) VALUES (%s)", (_json(event["k"]),)))
+    sink.prepare(_run())
+    events = [{"k": key} for key in keys for _ in range(2)]
+    identities = [EventIdentity(key, 0, position, CHECKPOINT_ID) for key in keys for position in (4, 5)]
+    with caplog.at_level(logging.DEBUG, logger="segack.sinks"):
+        sink(events, identities)
+        assert "reads positions" not in caplog.text
+        sink(events, identities)
+        assert "reads positions" in caplog.text
+    sink.close()
+    with psycopg.connect(pg_database) as db:
+        applied = [key for (key,) in db.execute("SELECT key_json FROM effects ORDER BY id")]
+        recorded = dict(db.execute(f"SELECT key_json, last_position FROM {sink.table_for(CHECKPOINT_ID)}"))
+    assert applied == [_json(key) for key in keys for _ in range(2)]
+    assert recorded == {_json(key): 5 for key in keys}
 
 
 def test_postgres_pipeline_mode_applies_once_too(pg_database, tmp_path):
