@@ -562,6 +562,8 @@ def percent(part: int, whole: int) -> str:
 
 def _print_key_groups(tokens: KeyGroupTokens, segment_ids: list[int] | None) -> None:
     """The key groups' progress, and each segment's load and progress."""
+    from segack.spark_adapter.console.snapshot import segment_views
+
     per_group = tokens.done_per_key_group()
     if tokens.counted:
         finished = int(((per_group == tokens.count) & (tokens.count > 0)).sum())
@@ -572,20 +574,16 @@ def _print_key_groups(tokens: KeyGroupTokens, segment_ids: list[int] | None) -> 
               f"{int((per_group > 0).sum()):,} with events done")
     if not segment_ids:
         return
-    segments = SegmentSet.from_ids(segment_ids)
-    owners = segments.key_group_owners(tokens.bits)
-    print(f"{'segments':<15} {len(segments)} now (done counts events handled and set aside)")
+    views = segment_views(tokens, segment_ids)
+    print(f"{'segments':<15} {len(views)} now (done counts events handled and set aside)")
     width = len(f"{int(max(tokens.count.max(initial=0), per_group.max(initial=0))):,}")
-    for position, member in enumerate(segments):
-        mine = owners == position
-        load = int(tokens.count[mine].sum())
+    for view in views:
         # A segment's share of the events is its share of the run's time: the largest
         # holds the run back (`segack plan` proposes a set that evens them out).
-        events = (f"{load:>{width},} events {load / max(tokens.total or 0, 1):6.1%}" if tokens.counted
-                  else f"{'?':>{width}} events {'':6}")
-        print(f"  #{position:<3} id {member.segment_id:<6} mask {member.mask:<6} "
-              f"{events}  {int(per_group[mine].sum()):>{width},} done  "
-              f"{int(mine.sum()):,} key groups")
+        events = (f"{view.load:>{width},} events {view.load / max(tokens.total or 0, 1):6.1%}"
+                  if view.load is not None else f"{'?':>{width}} events {'':6}")
+        print(f"  #{view.position:<3} id {view.segment_id:<6} mask {view.mask:<6} "
+              f"{events}  {view.done:>{width},} done  {view.key_groups:,} key groups")
 
 
 def _input_line(fingerprint: str | None) -> str:

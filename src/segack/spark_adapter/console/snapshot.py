@@ -22,8 +22,9 @@ from segack.spark_adapter.store.checkpoint import (
     TaskLoad,
 )
 from segack.spark_adapter.store.claims import Claim, latest_claim, unmerged_progress
+from segack.spark_adapter.store.tokens import KeyGroupTokens
 
-__all__ = ["DeadLetterKey", "SegmentView", "Snapshot", "dead_letter_keys"]
+__all__ = ["DeadLetterKey", "SegmentView", "Snapshot", "dead_letter_keys", "segment_views"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,22 @@ class SegmentView:
     load: int | None
     #: Events of its busiest key group, once counted: no split makes the segment lighter.
     busiest: int | None = None
+
+
+def segment_views(tokens: KeyGroupTokens, segment_ids: list[int]) -> list[SegmentView]:
+    """Each segment of ``segment_ids`` with its key groups' progress and load in ``tokens``."""
+    segments = SegmentSet.from_ids(segment_ids)
+    owners = segments.key_group_owners(tokens.bits)
+    per_group = tokens.done_per_key_group()
+    views = []
+    for position, member in enumerate(segments):
+        mine = owners == position
+        counted = tokens.count[mine] if tokens.counted else None
+        views.append(SegmentView(position, member.segment_id, member.mask, int(mine.sum()),
+                                 int(per_group[mine].sum()),
+                                 None if counted is None else int(counted.sum()),
+                                 None if counted is None else int(counted.max(initial=0))))
+    return views
 
 
 @dataclass(frozen=True)
@@ -148,19 +165,7 @@ class Snapshot:
     def segments(self) -> list[SegmentView]:
         """The live segment set (``[]`` before a run recorded one)."""
         tokens, ids = self.state.tokens, self.state.settings.get("segments")
-        if tokens is None or not ids:
-            return []
-        owners = SegmentSet.from_ids(ids).key_group_owners(tokens.bits)
-        per_group = tokens.done_per_key_group()
-        views = []
-        for position, member in enumerate(SegmentSet.from_ids(ids)):
-            mine = owners == position
-            counted = tokens.count[mine] if tokens.counted else None
-            views.append(SegmentView(position, member.segment_id, member.mask, int(mine.sum()),
-                                     int(per_group[mine].sum()),
-                                     None if counted is None else int(counted.sum()),
-                                     None if counted is None else int(counted.max(initial=0))))
-        return views
+        return [] if tokens is None or not ids else segment_views(tokens, ids)
 
     def segment_strips(self, most: int = 64) -> list[list[tuple[int, int | None]]]:
         """For each live segment (in :meth:`segments`' order), its key groups' progress in at most
