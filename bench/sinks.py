@@ -23,12 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import print_table, save
+from bench.cpu import KINDS, CpuSampler
 
 EVENTS = 200_000
 ACCOUNTS = 8_000
 SEGMENTS = 4
 #: Rows per transaction for the batched pipelines.
 BATCH = 1_000
+#: CPU seconds each part spent while the ledger was written (first row to last), and their sum.
+CPU_COLUMN = "CPU-s in its window: " + " / ".join(KINDS)
 LEDGER = ("CREATE TABLE ledger (account TEXT NOT NULL, amount BIGINT NOT NULL, "
           "at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())")
 BALANCES = "CREATE TABLE balances (account TEXT PRIMARY KEY, balance BIGINT NOT NULL)"
@@ -121,17 +124,23 @@ def fresh_database(server: str, name: str) -> str:
     return dsn
 
 
-def ledger_rate(dsn: str, events: int = EVENTS) -> float:
-    """Ledger rows per second by the database's clock, first row to last; every one of ``events``
-    must be there, once."""
+def ledger_window(dsn: str, events: int = EVENTS) -> tuple[float, float]:
+    """When the ledger's first row and its last were written, by the database's clock (seconds
+    since the epoch); every one of ``events`` must be there, once."""
     import psycopg
 
     with psycopg.connect(dsn) as db:
-        count, seconds = db.execute(
-            "SELECT count(*), extract(epoch FROM max(at) - min(at)) FROM ledger").fetchone()
+        count, first, last = db.execute("SELECT count(*), extract(epoch FROM min(at)), "
+                                        "extract(epoch FROM max(at)) FROM ledger").fetchone()
     if count != events:
         raise RuntimeError(f"{count} ledger rows for {events} events")
-    return float(count) / float(seconds)
+    return float(first), float(last)
+
+
+def ledger_rate(dsn: str, events: int = EVENTS) -> float:
+    """Ledger rows per second by the database's clock, first row to last (:func:`ledger_window`)."""
+    first, last = ledger_window(dsn, events)
+    return events / (last - first)
 
 
 def _sinks(rows: list[dict[str, Any]], server: str) -> None:
@@ -172,18 +181,23 @@ def _sinks(rows: list[dict[str, Any]], server: str) -> None:
         (f"by hand: foreachPartition, executemany in {BATCH:,}-row transactions, no order, no dedupe, "
          f"no checkpoint", lambda connect: frame.foreachPartition(functools.partial(by_hand, connect))),
     ]
-    rates = {}
-    for number, (name, run) in enumerate(pipelines):
-        dsn = fresh_database(server, f"bench_{number}")
-        run(Connect(dsn))
-        rates[name] = ledger_rate(dsn)
-        print(f"  {name}: {rates[name]:,.0f} events/s", flush=True)
+    rates, used = {}, {}
+    with CpuSampler() as cpu:
+        for number, (name, run) in enumerate(pipelines):
+            dsn = fresh_database(server, f"bench_{number}")
+            run(Connect(dsn))
+            first, last = ledger_window(dsn)
+            rates[name] = EVENTS / (last - first)
+            used[name] = cpu.within(first, last)
+            print(f"  {name}: {rates[name]:,.0f} events/s", flush=True)
     spark.stop()
     per_event, in_order, hand = (rates[pipelines[number][0]] for number in (0, -2, -1))
     for name, rate in rates.items():
         rows.append({"pipeline": name, "events/s": f"{rate:,.0f}",
                      "vs per-event handler": f"{rate / per_event:.1f}x", "vs by hand": f"{rate / hand:.2f}x",
-                     "vs by hand in order": f"{rate / in_order:.2f}x"})
+                     "vs by hand in order": f"{rate / in_order:.2f}x",
+                     CPU_COLUMN: " / ".join(f"{used[name][kind]:.1f}" for kind in KINDS)
+                     + f" ({sum(used[name].values()):.1f})"})
 
 
 def _lists(rows: list[dict[str, Any]], workdir: str) -> None:
