@@ -388,17 +388,25 @@ def test_bad_settings_are_refused(arguments):
 
 
 class _Scripted:
-    """A handler that records each call and raises on chosen rows: always (``failing``) or on its
-    first attempt only (``flaky``)."""
+    """A handler that records each call (its events' rows) and raises on chosen rows: always
+    (``failing``) or on their first call only (``flaky``); a list raises for its first such row."""
 
     def __init__(self, failing, flaky):
         self.failing, self.flaky = failing, flaky
         self.calls = []
+        self.times: dict[int, int] = {}
 
-    def __call__(self, event):
-        self.calls.append(event["ts"])
-        if event["ts"] in self.failing or (event["ts"] in self.flaky and self.calls.count(event["ts"]) == 1):
-            raise RuntimeError(f"row {event['ts']} fails")
+    def __call__(self, argument):
+        events = argument if isinstance(argument, list) else [argument]
+        self.calls.append(tuple(event["ts"] for event in events))
+        failed = None
+        for event in events:
+            row = event["ts"]
+            self.times[row] = self.times.get(row, 0) + 1
+            if failed is None and (row in self.failing or (row in self.flaky and self.times[row] == 1)):
+                failed = row
+        if failed is not None:
+            raise RuntimeError(f"row {failed} fails")
 
 
 def _one_task(tmp_path, name, handling, parked, keys, failing, flaky):
@@ -426,10 +434,13 @@ def _one_task(tmp_path, name, handling, parked, keys, failing, flaky):
         letters.column("__segack_error").to_pylist(), letters.column("__segack_attempts").to_pylist(),
         strict=True), strict=True))
     failure = result.column("failure")[0].as_py()
+    error = None if failure is None else pickle.loads(failure)
     return {"calls": handler.calls, "dead": dead, "handled": result.column("handled")[0].as_py(),
+            "peak_pending": result.column("peak_pending")[0].as_py(),
             "dead_letters": result.column("dead_letters")[0].as_py(),
             "retries": result.column("retries")[0].as_py(),
-            "failure": None if failure is None else str(pickle.loads(failure))}
+            "failure": None if error is None else str(error),
+            "failed_at": None if error is None else error.order}
 
 
 @settings(max_examples=40, deadline=None)
@@ -454,12 +465,58 @@ def test_one_call_at_a_time_the_tasks_own_loop_does_what_the_dispatcher_does(
     if mine["failure"] is not None:
         # The run stops at the failing row. The dispatcher may have read a little further and
         # set a parked key's events aside there (a resume sets them aside again); nothing else.
-        failed_at = mine["calls"][-1]
+        failed_at = mine["calls"][-1][0]
         for outcome in (mine, theirs):
             outcome["dead"] = {row: why for row, why in outcome.pop("dead").items() if row < failed_at}
             del outcome["dead_letters"]
+    del mine["peak_pending"], theirs["peak_pending"]  # the dispatcher's thread reads on meanwhile
     assert mine == theirs
     assert mine["retries"] == len(mine["calls"]) - len(set(mine["calls"]))  # calls after each event's first
+
+
+def _dispatcher_alone(handling, parked, keys, failing, flaky):
+    """``keys`` (one event per row) offered to a dispatcher that calls inline, one call at a
+    time, in the two halves :func:`_one_task` gives its task (each half's end a ``send_partial``);
+    what it did, as :func:`_one_task` reports it."""
+    handler = _Scripted(failing, flaky)
+    dispatcher = Dispatcher(handler, lambda event: event["user"], handling, parked=parked)
+    events = [{"user": key, "ts": row} for row, key in enumerate(keys)]
+    for half in (events[:len(keys) // 2], events[len(keys) // 2:]):
+        for event in half:
+            assert dispatcher.offer(event) or dispatcher.failure is not None  # calls inline: room
+            if dispatcher.failure is not None:
+                break
+        dispatcher.send_partial()
+    dispatcher.close()
+    failure = dispatcher.failure
+    return {"calls": handler.calls, "handled": dispatcher.committed_rows,
+            "dead": {letter.event["ts"]: (letter.error, letter.attempts)
+                     for letter in dispatcher.take_dead_letters()},
+            "retries": dispatcher.repeats, "peak_pending": dispatcher.peak_pending,
+            "failed_at": None if failure is None else failure.event["ts"]}
+
+
+@settings(max_examples=60, deadline=None)
+@given(keys=st.lists(st.sampled_from("abcd"), min_size=2, max_size=30), data=st.data(),
+       policy=st.sampled_from(POLICIES), on_error=st.sampled_from(ON_ERROR), retries=st.integers(0, 1),
+       parked=st.sets(st.sampled_from("abcd"), max_size=2), batch_size=st.integers(1, 5),
+       max_pending=st.sampled_from([None, 1, 2, 4]))
+def test_lists_one_call_at_a_time_the_tasks_own_loop_does_what_the_dispatcher_does(
+        tmp_path_factory, keys, data, policy, on_error, retries, parked, batch_size, max_pending):
+    """With lists at concurrency 1 the task calls the handler itself too: the same lists (cut where
+    the dispatcher starts them: full, at the pending bound, at a batch's end), the same narrowing
+    and retries, dead letters, failure and rows held back as a dispatcher calling inline."""
+    from segack.spark_adapter.worker.dispatch import Handling
+
+    rows = range(len(keys))
+    failing = data.draw(st.sets(st.sampled_from(rows), max_size=3))
+    flaky = data.draw(st.sets(st.sampled_from(rows), max_size=3))
+    handling = Handling(policy=policy, retries=retries, retry_delay=0, on_error=on_error,
+                        batch_size=batch_size, max_pending=max_pending)
+    assert not handling.dispatched
+    mine = _one_task(tmp_path_factory.mktemp("lists"), "loop", handling, parked, keys, failing, flaky)
+    del mine["failure"], mine["dead_letters"]  # the error's text and the dead letters' count
+    assert mine == _dispatcher_alone(handling, frozenset(parked), keys, failing, flaky)
 
 
 def _sleeps(monkeypatch):

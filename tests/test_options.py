@@ -88,8 +88,10 @@ def test_keywords_go_to_their_place_and_choices_become_enums():
     assert RunOptions.from_keywords({"segments": "auto"}).segments == "auto"
     assert RunOptions(segments=1).segments == SegmentSet.balanced(1)
     assert not Handling().dispatched and Handling(timeout=1).dispatched and Handling().pending_bound == 4
-    # A batch handler goes through the dispatcher, whose read-ahead holds four lists per call in flight.
+    # Lists one call at a time are the task's own loop; with calls in flight, the dispatcher's, whose
+    # read-ahead holds four lists per call in flight.
     lists = Handling(batch_size=100, concurrency=2)
+    assert not Handling(batch_size=100).dispatched
     assert lists.dispatched and lists.pending_bound == 800
     assert Handling(batch_size=7, max_pending=9).pending_bound == 9
 

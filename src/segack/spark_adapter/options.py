@@ -191,10 +191,10 @@ class Handling:
     @property
     def dispatched(self) -> bool:
         """Whether calls go through a :class:`~segack.spark_adapter.worker.dispatch.Dispatcher`: more than
-        one at a time, a timeout (a watchdog thread), or lists of events. Otherwise the task calls
-        the handler itself, one event after the other, with the same retries, dead letters and
-        parked keys."""
-        return self.concurrency > 1 or self.timeout is not None or self.batch_size is not None
+        one at a time, or a timeout (a watchdog thread). Otherwise the task calls the handler
+        itself, one call (an event, or a list) after the other, with the same lists, retries, dead
+        letters and parked keys."""
+        return self.concurrency > 1 or self.timeout is not None
 
 
 def _segment_set(segments: Any) -> SegmentSet | str | None:

@@ -432,27 +432,21 @@ class Dispatcher:
                 self._in_flight -= 1
                 self.repeats += outcome.repeats
                 self._running.pop(items[0][0], None)
-                stops = False
-                for failure, key in outcome.failures:
-                    result = self.rules.failed(failure, key)
-                    if isinstance(result, DeadLetter):
-                        self._dead_letter(result)
-                    else:
-                        stops = True
-                        self.failure = self.failure or result
-                if not stops:
-                    self._settle(items, outcome)
+                letters, failure = self.rules.resolve(outcome)
+                if failure is not None:
+                    self.failure = self.failure or failure
+                else:
+                    self._settle(items, letters)
                 self._start_ready()
             finally:
                 self._lock.notify_all()
 
-    def _settle(self, items: list[Item], outcome: Outcome) -> None:
-        """A call that did not stop the run: its events done or set aside, its keys' next events
-        ready, or (a key that failed) set aside too (the lock is held)."""
-        unhandled = {failure.row for failure, _ in outcome.failures}
-        for row, key, event in outcome.behind:
-            unhandled.add(row)
-            self._dead_letter(DeadLetter(row, event, self.rules.poisoned[key], 0))
+    def _settle(self, items: list[Item], letters: list[DeadLetter]) -> None:
+        """A call that did not stop the run: its events done or set aside (``letters``), its keys'
+        next events ready, or (a key that failed) set aside too (the lock is held)."""
+        for letter in letters:
+            self._dead_letter(letter)
+        unhandled = {letter.row for letter in letters}
         for row, _, _ in items:
             if row not in unhandled:
                 self._acker.ack(row)

@@ -1,7 +1,7 @@
 """The rules a segment's task keeps, however it calls the handler: order, retries, dead letters.
 
-Written once, for both ways a task calls the handler: in its own thread, one event after the
-other (concurrency 1, the fastest way), and through the
+Written once, for both ways a task calls the handler: in its own thread, one call (an event, or
+a list) after the other (concurrency 1, the fastest way), and through the
 :class:`~segack.spark_adapter.worker.dispatch.Dispatcher` (many calls in flight, a timeout, or an
 ``async def`` handler).
 
@@ -238,3 +238,17 @@ class Rules:
             self.poisoned[value] = reason
             return DeadLetter(failure.row, failure.event, reason, failure.attempts)
         return failure
+
+    def resolve(self, outcome: Outcome) -> tuple[list[DeadLetter], Failure | None]:
+        """What a call's ``outcome`` makes of its events (rules 3 and 5): the dead letters (its
+        failures under ``on_error="dead-letter"``, then the events behind them), or the run's
+        failure; every other event of the call was handled."""
+        letters: list[DeadLetter] = []
+        for failure, value in outcome.failures:
+            result = self.failed(failure, value)
+            if not isinstance(result, DeadLetter):
+                return [], result
+            letters.append(result)
+        letters.extend(DeadLetter(row, event, self.poisoned[value], 0)
+                       for row, value, event in outcome.behind)
+        return letters, None

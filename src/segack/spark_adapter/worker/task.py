@@ -32,6 +32,7 @@ import math
 import operator
 import pickle
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ from segack.spark_adapter.handlers import (
     wants_identity,
     with_identities_passed,
 )
-from segack.spark_adapter.options import RunOptions
+from segack.spark_adapter.options import OnError, RunOptions
 from segack.spark_adapter.store.checkpoint import (
     DEAD_ATTEMPTS,
     DEAD_ERROR,
@@ -61,7 +62,15 @@ from segack.spark_adapter.store.driver_watch import watching_driver
 from segack.spark_adapter.store.tokens import KeyGroupTokens, encode_updates, update_schema
 from segack.spark_adapter.worker.dispatch import Dispatcher
 from segack.spark_adapter.worker.rows import as_events
-from segack.spark_adapter.worker.sequencing import DeadLetter, Failure, Rules, retry_after_failure
+from segack.spark_adapter.worker.sequencing import (
+    DeadLetter,
+    Failure,
+    Item,
+    Rules,
+    call_plan,
+    drive,
+    retry_after_failure,
+)
 
 __all__ = ["KG", "RESULT_SCHEMA", "TIE", "TaskPlan", "TaskStart", "run_task"]
 
@@ -170,6 +179,8 @@ class _SegmentTask:
         self.rules = Rules(self.handling, operator.itemgetter(plan.key), plan.parked)
         self.watch_keys = self.rules.may_set_aside
         self.letters: list[DeadLetter] = []
+        # With lists: the rows read and not yet committed, now and at most.
+        self.rows_held = self.peak_pending = 0
         # An async handler always goes through the dispatcher: its calls must be awaited on a loop.
         if self.handling.dispatched or is_async(self.handler):
             self.dispatcher = Dispatcher(self.handler, operator.itemgetter(plan.key), self.handling,
@@ -259,6 +270,8 @@ class _SegmentTask:
         current = _Batch(batch, groups, positions, ties, run_starts, skip, self.rows_seen)
         if self.dispatcher is not None:
             return self._dispatch(current, events)
+        if self.handling.batch_size is not None:
+            return self._handle_in_lists(current, events)
         handler = self.handler
         for row, event in enumerate(events):
             if skip is not None and skip[row]:
@@ -311,6 +324,72 @@ class _SegmentTask:
             self.letters.append(outcome)
             return None
         return self._handler_failed(outcome, current, row)
+
+    def _handle_in_lists(self, current: _Batch, events: list[dict[str, Any]]) -> HandlerFailedError | None:
+        """The task's own loop with lists. One call at a time leaves every key free between calls,
+        so a list is the next events in row order; it starts as the dispatcher would start it at
+        concurrency 1: once it holds ``batch_size`` events, once the rows it holds back (skipped
+        and set-aside ones among them) reach the pending bound, and at the end of the batch."""
+        size, bound = self.handling.batch_size, self.handling.pending_bound
+        assert size is not None
+        base = self.rows_seen
+        items: list[Item] = []
+        for row, event in enumerate(events):
+            number = base + row
+            if current.skip is None or not current.skip[row]:
+                # Read, and held until it is handled or set aside (an event a run did already is not).
+                self.peak_pending = max(self.peak_pending, number + 1 - (items[0][0] if items else number))
+                if not (self.watch_keys and self._set_aside(row, event)):
+                    items.append((number, self.rules.value(number, event), event))
+            self.rows_held = number + 1 - items[0][0] if items else 0
+            if items and (len(items) == size or self.rows_held >= bound):
+                failure = self._call_list(current, items)
+                if failure is not None:
+                    return failure
+                items, self.rows_held = [], 0
+            if row % _CHECK_EVERY == _CHECK_EVERY - 1 and self._due(number + 1):
+                done = row + 1 - self.rows_held
+                self._commit_in_order(current, done)
+                self._flush(base + done)
+                if self.stopped:
+                    return None
+        if items:
+            failure = self._call_list(current, items)
+            if failure is not None:
+                return failure
+            self.rows_held = 0
+        self._commit_in_order(current, len(events))
+        self.rows_seen += len(events)
+        if self._due(self.rows_seen):
+            self._flush(self.rows_seen)
+        return None
+
+    def _call_list(self, current: _Batch, items: list[Item]) -> HandlerFailedError | None:
+        """Call the handler with ``items``' events; if it raises, the retries and narrowing of
+        their plan (:func:`~segack.spark_adapter.worker.sequencing.call_plan`), after which the
+        events that still fail are dead letters with their keys' later ones, or the run's failure
+        (its rows before the list committed)."""
+        handler = self.handler
+        try:
+            handler([event for _, _, event in items])
+            return None
+        except Exception as error:
+            handling = self.handling
+            plan = call_plan(items, handling.retry_delay, lambda attempt: attempt > handling.retries,
+                             narrow=handling.on_error == OnError.DEAD_LETTER)
+            outcome = drive(plan, lambda part: handler([event for _, _, event in part]),
+                            (error, traceback.format_exc()))
+        self.repeats += outcome.repeats
+        letters, failure = self.rules.resolve(outcome)
+        if failure is not None:
+            stopped = self._handler_failed(failure, current, failure.row - self.rows_seen)
+            first = items[0][0] - self.rows_seen
+            self._commit_in_order(current, first)
+            self.rows_seen += first
+            return stopped
+        self.letters = sorted([*self.letters, *letters], key=operator.attrgetter("row"))
+        self.watch_keys = self.rules.may_set_aside
+        return None
 
     def _handler_failed(self, failure: Failure, batch: _Batch, row: int) -> HandlerFailedError:
         """The run's error for ``failure``, the call for ``row`` of ``batch``."""
@@ -501,7 +580,7 @@ class _SegmentTask:
         """The task's calls in flight, rows pending and retries made, as its progress reports them."""
         dispatcher = self.dispatcher
         if dispatcher is None:
-            return TaskLoad(retries=self.repeats)
+            return TaskLoad(pending=self.rows_held, retries=self.repeats)
         return TaskLoad(dispatcher.in_flight, dispatcher.pending, self.repeats + dispatcher.repeats)
 
     def result(self, failure: HandlerFailedError | None) -> pa.RecordBatch:
@@ -512,7 +591,7 @@ class _SegmentTask:
             "updates": [None if updates is None else encode_updates(updates)],
             "handled": [self.handled],
             "failure": [None if failure is None else pickle.dumps(failure)],
-            "peak_pending": [0 if self.dispatcher is None else self.dispatcher.peak_pending],
+            "peak_pending": [self.peak_pending if self.dispatcher is None else self.dispatcher.peak_pending],
             "dead_letters": [self.dead_letters],
             "retries": [self._load().retries],
         }, schema=RESULT_SCHEMA)
