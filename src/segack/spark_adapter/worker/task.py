@@ -28,7 +28,6 @@ with the number of events.
 
 from __future__ import annotations
 
-import math
 import operator
 import pickle
 import time
@@ -61,6 +60,7 @@ from segack.spark_adapter.store.checkpoint import (
 from segack.spark_adapter.store.driver_watch import watching_driver
 from segack.spark_adapter.store.tokens import KeyGroupTokens, encode_updates, update_schema
 from segack.spark_adapter.worker.dispatch import Dispatcher
+from segack.spark_adapter.worker.numbering import RowNumbering
 from segack.spark_adapter.worker.rows import as_events
 from segack.spark_adapter.worker.sequencing import (
     DeadLetter,
@@ -128,15 +128,6 @@ RESULT_SCHEMA = pa.schema([("segment", pa.int32()), ("updates", pa.binary()), ("
                            ("dead_letters", pa.int64()), ("retries", pa.int64())])
 
 
-def _same(first: Any, second: Any) -> bool:
-    """Equality as Spark's sort sees it: nulls equal nulls, NaN equals NaN."""
-    if first is None or second is None:
-        return first is None and second is None
-    if isinstance(first, float) and isinstance(second, float) and math.isnan(first) and math.isnan(second):
-        return True
-    return bool(first == second)
-
-
 class _SegmentTask:
     def __init__(self, plan: TaskPlan, partition: int, attempt: int) -> None:
         self.plan = plan
@@ -150,7 +141,7 @@ class _SegmentTask:
         self.committed = start.committed.copy()
         self.done_xor = start.done_xor.copy()
         self.done_sum = start.done_sum.copy()
-        self.next_position = start.first_positions.copy()
+        self.numbering = RowNumbering(start.first_positions, plan.order, plan.key)
         # The update table's types are the data's; the first batch tells them.
         self.schema: pa.Schema | None = None
         self.sent: pa.Table | None = None
@@ -162,9 +153,6 @@ class _SegmentTask:
         self.stopped = False
         #: Another run took the checkpoint over: this task writes nothing more.
         self.fenced = False
-        # The last row of the previous batch: its sort key and the position its run started at.
-        self.last_key: tuple[Any, Any, int] | None = None
-        self.last_run_start = 0
         # With concurrency: the calls in flight, and the batches not yet wholly committed.
         self.dispatcher: Dispatcher | None = None
         self.open_batches: deque[_Batch] = deque()
@@ -203,47 +191,6 @@ class _SegmentTask:
 
     # ------------------------------------------------------------ batches
 
-    def _positions(self, groups: np.ndarray) -> np.ndarray:
-        """Each row's position in its key group, continuing from earlier batches."""
-        order = np.argsort(groups, kind="stable")
-        ordered = groups[order]
-        starts = np.empty(len(ordered), dtype=bool)
-        starts[:1] = True
-        np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
-        index = np.arange(len(ordered))
-        rank = index - np.maximum.accumulate(np.where(starts, index, 0))
-        positions = np.empty(len(groups), dtype=np.int64)
-        positions[order] = self.next_position[ordered] + rank
-        self.next_position += np.bincount(groups, minlength=len(self.next_position))
-        return positions
-
-    def _run_starts(self, batch: pa.RecordBatch, ties: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Each row's ``run_start``: the position of the first event with its sort key.
-
-        Rows with equal sort keys are adjacent (the batch is sorted). Equal ties
-        are rare, so only those rows are compared in full.
-        """
-        count = len(ties)
-        equal = np.zeros(count, dtype=bool)
-        np.equal(ties[1:], ties[:-1], out=equal[1:])
-        if self.last_key is not None:
-            equal[0] = ties[0] == self.last_key[2]
-        candidates = np.flatnonzero(equal)
-        if candidates.size:
-            orders = batch.column(self.plan.order)
-            keys = batch.column(self.plan.key)
-            for row in candidates.tolist():
-                before = (orders[row - 1].as_py(), keys[row - 1].as_py()) if row else self.last_key[:2]  # type: ignore[index]
-                equal[row] = _same(orders[row].as_py(), before[0]) and _same(keys[row].as_py(), before[1])
-        index = np.arange(count)
-        start = np.maximum.accumulate(np.where(equal, -1, index))
-        run_starts = np.where(start >= 0, positions[np.maximum(start, 0)], self.last_run_start)
-        if count:
-            self.last_key = (batch.column(self.plan.order)[count - 1].as_py(),
-                             batch.column(self.plan.key)[count - 1].as_py(), int(ties[-1]))
-            self.last_run_start = int(run_starts[-1])
-        return run_starts
-
     def _done(self, groups: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
         """Rows already done (by an earlier run or attempt); ``None`` when there are none."""
         done = positions < self.committed[groups]
@@ -260,9 +207,9 @@ class _SegmentTask:
             self.schema = update_schema(batch.schema.field(self.plan.order).type,
                                         batch.schema.field(self.plan.key).type)
         groups = batch.column(KG).to_numpy(zero_copy_only=False)
-        positions = self._positions(groups)
+        positions = self.numbering.positions(groups)
         ties = batch.column(TIE).to_numpy(zero_copy_only=False)
-        run_starts = self._run_starts(batch, ties, positions)
+        run_starts = self.numbering.run_starts(batch, ties, positions)
         skip = self._done(groups, positions)
         events = as_events(batch, self.plan.columns)
         if self.identified:
