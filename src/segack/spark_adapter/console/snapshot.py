@@ -72,7 +72,7 @@ class DeadLetterKey:
 
 def dead_letter_keys(store: CheckpointStore, key: str) -> tuple[int, list[DeadLetterKey]]:
     """The events set aside in all, and each key that has some, most first (then by key)."""
-    letters = store.read_dead_letters()
+    letters = store.read_dead_letters([key, DEAD_ERROR, DEAD_ATTEMPTS])
     if letters is None:
         return 0, []
     first: dict[Any, tuple[int, str, int]] = {}

@@ -373,11 +373,14 @@ class CheckpointStore:
         schema: pa.Schema | None = _dead_letter_file(self.files, path, None, schema_only=True)
         return schema
 
-    def read_dead_letters(self) -> pa.Table | None:
+    def read_dead_letters(self, columns: list[str] | None = None) -> pa.Table | None:
         """Every dead letter recorded, one row per event (an event written again, by a retried
-        task attempt or an interrupted retry, counts once), or ``None`` when there are none."""
-        tables = [table for table in map(self.read_dead_letter_file, self.dead_letter_files())
-                  if table is not None]
+        task attempt or an interrupted retry, counts once), or ``None`` when there are none.
+        ``columns``: read only these (and the event's key group and position, which tell the
+        events apart), not the events' other columns."""
+        wanted = None if columns is None else list(dict.fromkeys([*columns, DEAD_KEY_GROUP, DEAD_POSITION]))
+        tables = [table for table in (self.read_dead_letter_file(path, wanted)
+                                      for path in self.dead_letter_files()) if table is not None]
         if not tables:
             return None
         letters = pa.concat_tables(tables, promote_options="permissive")
