@@ -267,7 +267,7 @@ RUNNERS: dict[str, Callable[[Sandbox, str, Any], None]] = {
     "spark = local_session()                       # or your own session": run_first_replay,
     "print(result.peak_pending)": run_concurrent_replay,
     "def write_to_db(events):": run_list_handler,
-    "checkpoint=\"/data/ckpt\", concurrency=4)   # lists of 1,000": run_guide_sink,
+    "checkpoint=\"/data/ckpt\", concurrency=4)   # lists of 5,000": run_guide_sink,
     "class Payments(Sink):": run_payments_sink,
     ".foreachBatch(foreach_batch(handle,": run_foreach_batch,
     "records = kafka_stream(spark,": run_kafka_stream,

@@ -243,7 +243,7 @@ def test_a_handler_without_a_batch_size_gets_the_size_it_prefers_and_an_explicit
     assert RunOptions.from_keywords({"batch_size": 3}, handler=_Batched()).handling.batch_size == 3
     assert RunOptions.from_keywords({}, handler=lambda event: None).handling.batch_size is None
     sink = SqlSink(connect=lambda: sqlite3.connect(":memory:"), apply=lambda cursor, event: None)
-    assert RunOptions.from_keywords({}, handler=sink).handling.batch_size == 1000
+    assert RunOptions.from_keywords({}, handler=sink).handling.batch_size == 5000
     one = SqlSink(connect=lambda: sqlite3.connect(":memory:"), apply=lambda cursor, event: None,
                   preferred_batch_size=None)
     assert RunOptions.from_keywords({}, handler=one).handling.batch_size is None

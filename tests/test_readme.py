@@ -61,7 +61,7 @@ def test_the_readme_sink_and_its_tables_apply_each_event_once_with_no_batch_size
     assert ledger == (3_000, sum(amounts))
     assert balances == expected
     assert len(positions) == 1
-    # The sink's preferred lists were used: the status shows calls of up to 1,000 events.
+    # The sink's preferred lists were used: the status shows calls of up to 5,000 events.
     from segack.spark_adapter.store.checkpoint import CheckpointStore
 
-    assert CheckpointStore(str(tmp_path / "ckpt")).load().settings["batch_size"] == 1000
+    assert CheckpointStore(str(tmp_path / "ckpt")).load().settings["batch_size"] == 5000

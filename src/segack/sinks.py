@@ -230,10 +230,12 @@ class SqlSink(Sink):
         connection is not psycopg 3's. A pipelined transaction is never idle, so no timeout ends
         one whose run was paused in the middle of a list; the run that takes the checkpoint over
         ends it instead (see the notes).
-    preferred_batch_size : int or None, default ``1000``
+    preferred_batch_size : int or None, default ``5000``
         The events per call (one transaction) when the run sets no ``batch_size``: a transaction's
         commit costs as much as many events' statements, so one event per call is several times
-        slower. ``None``: one event per call unless the run says otherwise.
+        slower; and a key with several events in a call has its position recorded once, so larger
+        calls record fewer rows per event. ``None``: one event per call unless the run says
+        otherwise.
 
     Raises
     ------
@@ -264,7 +266,7 @@ class SqlSink(Sink):
     def __init__(self, connect: Callable[[], Any], apply: Callable[[Any, dict[str, Any]], Any] | None = None,
                  *, apply_many: Callable[[Any, list[dict[str, Any]]], Any] | None = None,
                  table: str = "segack_applied", pipeline: bool | None = None,
-                 preferred_batch_size: int | None = 1000) -> None:
+                 preferred_batch_size: int | None = 5000) -> None:
         if not callable(connect):
             raise SegackTypeError("SqlSink: connect must be callable (it returns a DB-API 2 connection)")
         if (apply is None) == (apply_many is None):
