@@ -26,6 +26,7 @@ from typing import Any
 
 from bench.common import print_table, save
 from bench.cpu import KINDS, CpuSampler
+from segack.spark_adapter import Sink
 
 EVENTS = 200_000
 ACCOUNTS = 8_000
@@ -89,6 +90,34 @@ class OneTransactionPerEvent:
             connection = self._local.connection = self.connect()
         with connection.transaction():
             apply(connection.cursor(), event)
+
+
+class WithoutRecord(Sink):
+    """For measurement only, not exactly once: a sink's call without its record. It takes the
+    sink's lists, with their identities, and applies them as :class:`~segack.sinks.SqlSink` does on
+    psycopg 3 (``apply_many`` in a pipeline, one transaction), but records no position, so the
+    price of the record is the difference between the two."""
+
+    def __init__(self, connect: Connect, preferred_batch_size: int | None) -> None:
+        self.connect, self.preferred_batch_size = connect, preferred_batch_size
+        self._local: threading.local | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"connect": self.connect, "preferred_batch_size": self.preferred_batch_size}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = None
+
+    def __call__(self, events: list[dict[str, Any]], identities: list[Any]) -> None:
+        if self._local is None:
+            self._local = threading.local()
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = self._local.connection = self.connect()
+        with connection.pipeline():
+            apply_many(connection.cursor(), events)
+        connection.commit()
 
 
 def by_hand(connect: Connect, rows: Iterator[Any], rows_per_transaction: int = BATCH) -> None:
@@ -180,6 +209,8 @@ def _sinks(rows: list[dict[str, Any]], server: str) -> None:
          lambda connect: segack(SqlSink(connect, apply), batch_size=BATCH, concurrency=4)),
         (f"SqlSink, apply_many, batch_size={BATCH}, concurrency 4",
          lambda connect: segack(SqlSink(connect, apply_many=apply_many), batch_size=BATCH, concurrency=4)),
+        ("the README's form without its record (measurement only: not exactly once)",
+         lambda connect: segack(WithoutRecord(connect, preferred))),
         (f"by hand, as below in {preferred:,}-row transactions (the sink's lists)",
          lambda connect: frame.foreachPartition(functools.partial(by_hand, connect,
                                                                   rows_per_transaction=preferred))),
