@@ -214,12 +214,18 @@ def test_a_micro_batch_delivered_twice_applies_nothing_twice(spark, tmp_path):
 # ---------------------------------------------------------------------- the command, on PostgreSQL
 
 
-def _start(tmp_path, dsn, segments, extra=()):
+#: Calls as a run with many in flight makes them: lists through the dispatcher.
+DISPATCHED = ("--batch-size", "200", "--concurrency", "8")
+
+
+def _start(tmp_path, dsn, segments, extra=(), calls=DISPATCHED):
+    """``segack replay`` of the ledger sink; ``calls=()``: the defaults (one call at a time, in the
+    task's own loop, lists of the sink's preferred size)."""
     environment = dict(os.environ, **{DSN_ENV: dsn})
     command = [sys.executable, "-m", "segack", "replay", str(tmp_path / "events.parquet"),
                "--key", "user", "--order", "ts", "--handler", "tests.spark_handlers:ledger_sink",
                "--checkpoint", str(tmp_path / "checkpoint"), "--segments", str(segments),
-               "--batch-size", "200", "--concurrency", "8", *extra]
+               *calls, *extra]
     return subprocess.Popen(command, cwd=ROOT, env=environment, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -275,11 +281,13 @@ def test_runs_killed_resumed_over_other_segments_and_split_apply_each_event_once
 @pytest.mark.claims
 @pytest.mark.command
 def test_a_paused_run_taken_over_then_woken_applies_nothing_twice(tmp_path, pg_database):
-    total = 8_000
+    # With the defaults: one call at a time, lists of the sink's preferred 5,000 (each a few
+    # seconds' transaction at the sink's half a millisecond an event), so a pause lands in one.
+    total = 24_000
     table = generate_events(total, seed=57)
     pq.write_table(table, tmp_path / "events.parquet")
     options = ["--claim-timeout", "3", "--flush-interval", "1"]
-    stale = _start(tmp_path, pg_database, 2, options)
+    stale = _start(tmp_path, pg_database, 2, options, calls=())
     _wait_for(lambda: _ledger_size(pg_database) > 2000, 300, "the first run to apply events")
     store = CheckpointStore(str(tmp_path / "checkpoint"))
     stale_sessions = f"segack:{store.load().settings['checkpoint_id']}:{latest_claim(store).number}"
@@ -296,7 +304,7 @@ def test_a_paused_run_taken_over_then_woken_applies_nothing_twice(tmp_path, pg_d
     try:
         time.sleep(4)  # past the claim's timeout
         assert _sessions_in_a_transaction(pg_database, stale_sessions)  # still holding its locks
-        taker = _start(tmp_path, pg_database, 3, options)
+        taker = _start(tmp_path, pg_database, 3, options, calls=())
         # It ends the paused run's sessions, so it never waits for their locks.
         _, err = taker.communicate(timeout=240)
         assert taker.returncode == 0, err
