@@ -427,6 +427,18 @@ def test_the_progress_line_gives_the_recent_rate_the_share_the_time_left_and_plu
                                  pending=40))
     assert line == ("2,999 of 3,000 events done (99.9%), 45/s, about 1 s left, 2 segments, "
                     "7 calls in flight, 40 rows pending")
+    # Reports before any event was handled (the tasks starting) count for none of the rate, and it
+    # shows once events have flowed for 3 s; then a report without progress (a stall) counts.
+    starting = ProgressPrinter(io.StringIO(), window=10.0)
+    for seconds in (10.0, 12.0, 14.0):
+        assert "/s" not in starting.line(Progress(done=100, handled=0, total=10_100, segments=2,
+                                                  seconds=seconds))
+    assert starting.line(Progress(done=600, handled=500, total=10_100, segments=2, seconds=15.0)) == (
+        "600 of 10,100 events done (5.9%), 2 segments")
+    assert starting.line(Progress(done=2100, handled=2000, total=10_100, segments=2, seconds=18.0)) == (
+        "2,100 of 10,100 events done (20.7%), 500/s, about 16 s left, 2 segments")
+    assert ", 400/s," in starting.line(Progress(done=2100, handled=2000, total=10_100, segments=2,
+                                                seconds=19.0))
     # Before the total is counted: no share, no time left.
     assert ProgressPrinter(io.StringIO()).line(Progress(done=1, handled=1, total=None, segments=2,
                                                         seconds=1.0)) == "1 event done, 2 segments"

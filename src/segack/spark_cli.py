@@ -35,6 +35,11 @@ __all__ = ["ProgressPrinter", "demo_command", "plan_command", "replay_command", 
 log = logging.getLogger("segack.cli")
 
 
+#: Seconds of events flowing before the progress line gives a rate: the tasks' first calls (their
+#: workers starting, the first lists filling) would make a shorter one say too little.
+SHORTEST_WINDOW = 3.0
+
+
 class ProgressPrinter:
     """Progress on one rewritten line on a terminal, plain log lines elsewhere: events done (with
     the total, once counted, their share and the time left), the rate over the last ``window``
@@ -49,13 +54,17 @@ class ProgressPrinter:
         self._samples: collections.deque[tuple[float, int]] = collections.deque()
 
     def rate(self, progress: Progress) -> float | None:
-        """Events handled per second since the oldest report of the window (``None`` at the
-        first report: the time before it went to Spark's start, not to events)."""
+        """Events handled per second since the oldest report of the window; ``None`` until the
+        window holds :data:`SHORTEST_WINDOW` seconds of events flowing. Until the first events are
+        handled, a report replaces the one before: that time went to Spark's start and the tasks'
+        (a resume's first reports), not to events, and a rate over it would say too little."""
+        if len(self._samples) == 1 and self._samples[0][1] == progress.handled:
+            self._samples.clear()
         self._samples.append((progress.seconds, progress.handled))
         while len(self._samples) > 2 and progress.seconds - self._samples[1][0] >= self.window:
             self._samples.popleft()
         seconds, handled = self._samples[0]
-        if progress.seconds <= seconds:
+        if progress.seconds - seconds < SHORTEST_WINDOW:
             return None
         return (progress.handled - handled) / (progress.seconds - seconds)
 
