@@ -69,8 +69,9 @@ def apply_many(cursor: Any, events: list[dict[str, Any]]) -> None:
     cursor.executemany(UPSERT, [(event["account"], event["amount"]) for event in events])
 
 
-class OneTransactionPerEvent:
-    """The per-event handler a user writes today: a connection per thread, a commit per event."""
+class ThreadConnections:
+    """A connection per task thread, opened on first use: what a handler pickled into Spark's tasks
+    keeps (its copy opens its own)."""
 
     def __init__(self, connect: Connect) -> None:
         self.connect = connect
@@ -82,12 +83,23 @@ class OneTransactionPerEvent:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.connect, self._local = state["connect"], None
 
-    def __call__(self, event: dict[str, Any]) -> None:
+    def get(self) -> Any:
         if self._local is None:
             self._local = threading.local()
         connection = getattr(self._local, "connection", None)
         if connection is None:
             connection = self._local.connection = self.connect()
+        return connection
+
+
+class OneTransactionPerEvent:
+    """The per-event handler a user writes today: a connection per thread, a commit per event."""
+
+    def __init__(self, connect: Connect) -> None:
+        self.connections = ThreadConnections(connect)
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        connection = self.connections.get()
         with connection.transaction():
             apply(connection.cursor(), event)
 
@@ -99,22 +111,11 @@ class WithoutRecord(Sink):
     price of the record is the difference between the two."""
 
     def __init__(self, connect: Connect, preferred_batch_size: int | None) -> None:
-        self.connect, self.preferred_batch_size = connect, preferred_batch_size
-        self._local: threading.local | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"connect": self.connect, "preferred_batch_size": self.preferred_batch_size}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._local = None
+        self.connections = ThreadConnections(connect)
+        self.preferred_batch_size = preferred_batch_size
 
     def __call__(self, events: list[dict[str, Any]], identities: list[Any]) -> None:
-        if self._local is None:
-            self._local = threading.local()
-        connection = getattr(self._local, "connection", None)
-        if connection is None:
-            connection = self._local.connection = self.connect()
+        connection = self.connections.get()
         with connection.pipeline():
             apply_many(connection.cursor(), events)
         connection.commit()
