@@ -66,8 +66,8 @@ def install_segack(session: nox.Session, extras: str = "", *others: str) -> None
 def run_pytest(session: nox.Session, whole: tuple[str, ...]) -> None:
     """pytest with the arguments after ``--`` if any (``-m claims``, a file), else over ``whole``
     on :data:`WORKERS` processes, the long tests early (so that the workers end together), printing
-    the 30 slowest tests and failing when they take far longer than their budget
-    (``tests/durations_check.py``)."""
+    the 30 slowest tests, then failing for a test far slower than its budget while the others keep
+    theirs (``tests/durations_check.py``; a slower machine fails nothing)."""
     if session.posargs:
         session.run("pytest", *session.posargs)
         return
