@@ -73,7 +73,7 @@ def retry_dead_letters(run: RunState, segments: SegmentSet) -> RetryOutcome:
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    spark, store, run_id, key, keeper = run.spark, run.store, run.run_id, run.events.key, run.keeper
+    spark, store, run_id, key, keeper = run.spark, run.store, run.files_prefix, run.events.key, run.keeper
     old = store.dead_letter_files()
     if not old:
         return RetryOutcome()

@@ -253,7 +253,7 @@ class Run(RunState):
         """Step 5."""
         jobs = _Jobs(segments)
         while not self.tokens.complete:
-            job_id = self.run_id if jobs.changes == 0 else f"{self.run_id}-{jobs.changes + 1}"
+            job_id = self.files_prefix if jobs.changes == 0 else f"{self.files_prefix}-{jobs.changes + 1}"
             outcome = Job(self, job_id, jobs.segments).execute(watch_requests)
             jobs.peak_pending = max(jobs.peak_pending, outcome.peak_pending)
             jobs.dead_letters += outcome.dead_letters

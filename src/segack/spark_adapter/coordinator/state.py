@@ -32,19 +32,24 @@ class RunState:
     """One run on a checkpoint it holds: ``keeper`` keeps its claim, ``state`` is the checkpoint's
     state (kept current and saved as the run goes), ``events`` its input; ``handler`` is called as
     ``options`` say, and ``progress`` receives a :class:`~segack.spark_adapter.Progress` at each
-    merge.
+    merge. ``batch_id``: the stream's micro-batch the run handles.
 
     Records in ``state`` how the run handles its input (key, order, hash, column types, key-group
     resolution, flush settings) and that it is running.
     """
 
     def __init__(self, events: EventInput, state: Checkpoint, keeper: ClaimKeeper, options: RunOptions,
-                 handler: Handler, progress: Callable[[Progress], None] | None = None) -> None:
+                 handler: Handler, progress: Callable[[Progress], None] | None = None,
+                 batch_id: int | None = None) -> None:
         assert state.tokens is not None
         self.events, self.state, self.keeper, self.options = events, state, keeper, options
         self.handler, self.progress = handler, progress
         self.store: CheckpointStore = keeper.store
         self.run_id = keeper.claim.run_id
+        #: How the names of the files the run's jobs write begin (progress, dead letters, stop
+        #: requests): the run's id, and the micro-batch's for a stream, whose batches all run under
+        #: one claim and must never write over an earlier batch's dead letters.
+        self.files_prefix = self.run_id if batch_id is None else f"{self.run_id}-b{batch_id}"
         #: Made with the checkpoint's first state, and kept: part of every event's identity.
         self.checkpoint_id: str = state.settings.setdefault("checkpoint_id", uuid.uuid4().hex)
         self.spark: SparkSession = events.df.sparkSession

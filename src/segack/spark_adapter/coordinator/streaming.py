@@ -180,7 +180,8 @@ class BatchReplay:
         state.settings["stream"] = {**stream, **self.report, "batch": current}
         record_segments(state, segments, why)
         batch_options = dataclasses.replace(options, retry_dead_letters=self.retry_pending)
-        counts = Run(events, state, keeper, batch_options, self.handler).execute(segments, consumed=pending)
+        counts = Run(events, state, keeper, batch_options, self.handler, batch_id=batch_id).execute(
+            segments, consumed=pending)
         self.retry_pending = self.first_batch = False
         if not tokens.complete:
             raise ReplayError(f"batch {batch_id} ended with events not done")
