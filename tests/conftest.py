@@ -40,6 +40,7 @@ AREAS = {
     "test_boundaries.py": ("kernel",),
     "test_c_api.py": ("kernel", "smoke"),
     "test_checkpoint_store.py": ("checkpoint",),
+    "test_crash_points.py": ("checkpoint",),
     "test_claims.py": ("claims",),
     "test_clusters.py": ("clusters",),
     "test_command_refusals.py": ("command",),

@@ -26,9 +26,9 @@ from segack.spark_adapter.store.checkpoint import (
     CheckpointError,
     CheckpointStore,
     TaskLoad,
-    resolve_location,
 )
 from segack.spark_adapter.store.driver_watch import DriverProcess
+from segack.spark_adapter.store.storage import resolve_location
 from segack.spark_adapter.store.tokens import KeyGroupTokens, update_schema
 from tests.outcomes import exactly, starting
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -110,7 +111,7 @@ def stream_command(tmp_path: Path, bootstrap: str, topic: str, handler: str, *ex
                    checkpoint: str | None = None, run: str = "0", dsn: str | None = None) -> list[str]:
     command = [sys.executable, "-m", "segack", "stream", "--format", "kafka",
                "--option", f"kafka.bootstrap.servers={bootstrap}", "--option", f"subscribe={topic}",
-               "--option", "startingOffsets=earliest", "--value-schema", SCHEMA,
+               "--value-schema", SCHEMA,
                "--key", "key", "--order", "offset", "--handler", handler,
                "--checkpoint", checkpoint or str(tmp_path / "checkpoint"),
                "--conf", "spark.jars=" + ",".join(map(str, maven.spark_kafka())), *extra]
@@ -197,6 +198,106 @@ def test_more_spark_partitions_than_kafka_partitions_keep_each_keys_order(tmp_pa
     handled = read_log(str(tmp_path / "log.jsonl"))
     assert len(handled) == len(records)
     assert_each_key_in_offset_order(handled, records)
+
+
+def _commit_group(bootstrap: str, topic: str, group: str, offsets: dict[int, int]) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        wanted = [TopicPartition(topic, partition, offset) for partition, offset in offsets.items()]
+        consumer.commit(offsets=wanted, asynchronous=False)
+    finally:
+        consumer.close()
+
+
+def _handled_once(handled: list[dict]) -> set[tuple[str, int]]:
+    """The records handled, as (user, seq), each exactly once."""
+    found = [(event["user"], event["seq"]) for event in handled]
+    assert len(found) == len(set(found)), "a record was handled twice"
+    return set(found)
+
+
+@pytest.mark.command
+def test_a_new_stream_skips_nothing_the_topic_holds_unless_told_and_then_counts_what_it_passed_over(
+        tmp_path, kafka_broker, capsys):
+    topic = "accounts-start"
+    make_topic(kafka_broker.bootstrap, topic, 3)
+    users: dict[str, int] = {}
+    first = account_events(300, users=20, seed=11, start=users)
+    produce(kafka_broker.bootstrap, topic, first)
+    handler = "tests.spark_handlers:record_kafka"
+    # No starting option, as the README's command: every record the topic holds.
+    fresh = run_stream(tmp_path, kafka_broker.bootstrap, topic, handler, checkpoint=str(tmp_path / "fresh"))
+    assert fresh.returncode == ExitCode.OK, fresh.stderr
+    assert "300 events handled" in fresh.stdout, fresh.stdout
+    assert len(_handled_once(read_log(str(tmp_path / "log.jsonl")))) == 300
+    # startingOffsets=latest: nothing of what is there, and the run and status say how much that was.
+    latest = tmp_path / "latest"
+    skipped = run_stream(tmp_path, kafka_broker.bootstrap, topic, handler, "--option",
+                         "startingOffsets=latest", checkpoint=str(latest), run="latest")
+    assert skipped.returncode == ExitCode.OK, skipped.stderr
+    assert "segack stream: started at a new query, from its startingOffsets, passing over 300 records the " \
+           "topic held before it" in skipped.stdout, skipped.stdout
+    produce(kafka_broker.bootstrap, topic, account_events(50, users=20, seed=12, start=users))
+    later = run_stream(tmp_path, kafka_broker.bootstrap, topic, handler, checkpoint=str(latest), run="latest")
+    assert later.returncode == ExitCode.OK, later.stderr
+    assert [event["run"] for event in read_log(str(tmp_path / "log.jsonl"))].count("latest") == 50
+    assert main(["status", str(latest)]) == ExitCode.OK
+    assert "passing over 300 records it held before" in capsys.readouterr().out
+    # A starting option given to a checkpoint with a position: refused in one line, nothing changed.
+    before = _checkpoint_files(latest)
+    again = run_stream(tmp_path, kafka_broker.bootstrap, topic, handler, "--option",
+                       "startingOffsets=earliest", checkpoint=str(latest), run="latest")
+    assert again.returncode == ExitCode.REFUSED, again.stderr
+    [line] = [line for line in again.stderr.splitlines() if line.startswith("segack")]
+    assert line.startswith(f"segack stream: startingOffsets applies only to a new query, and the query of "
+                           f"checkpoint {latest} has a position already (micro-batch "), line
+    assert line.endswith("); leave it out, or use a new checkpoint"), line
+    assert _checkpoint_files(latest) == before
+    # A new checkpoint committing to a group that has offsets starts at them.
+    _commit_group(kafka_broker.bootstrap, topic, "segack-start", {0: 40, 1: 40, 2: 40})
+    grouped = run_stream(tmp_path, kafka_broker.bootstrap, topic, handler, "--commit-offsets-to",
+                         "segack-start", checkpoint=str(tmp_path / "grouped"), run="grouped")
+    assert grouped.returncode == ExitCode.OK, grouped.stderr
+    assert [event["run"] for event in read_log(str(tmp_path / "log.jsonl"))].count("grouped") == 350 - 120
+    assert {(event["partition"], event["offset"]) for event in read_log(str(tmp_path / "log.jsonl"))
+            if event["run"] == "grouped"} == {(partition, offset) for partition, end in end_offsets(
+                kafka_broker.bootstrap, topic).items() for offset in range(40, end)}
+    assert main(["status", str(tmp_path / "grouped")]) == ExitCode.OK
+    assert "a new query, from consumer group segack-start's committed offsets" in capsys.readouterr().out
+
+
+@pytest.mark.command
+def test_spark_checkpoint_lost_restarts_the_query_from_segacks_record_losing_and_repeating_nothing(
+        tmp_path, kafka_broker, capsys):
+    topic = "accounts-restart"
+    make_topic(kafka_broker.bootstrap, topic, 3)
+    users: dict[str, int] = {}
+    records = account_events(600, users=30, seed=21, start=users)
+    produce(kafka_broker.bootstrap, topic, records)
+    handler = "tests.spark_handlers:record_kafka"
+    checkpoint = tmp_path / "checkpoint"
+    first = run_stream(tmp_path, kafka_broker.bootstrap, topic, handler, "--option",
+                       "maxOffsetsPerTrigger=200")
+    assert first.returncode == ExitCode.OK, first.stderr
+    more = account_events(300, users=30, seed=22, start=users)
+    produce(kafka_broker.bootstrap, topic, more)
+    shutil.rmtree(checkpoint / "stream")
+    restarted = run_stream(tmp_path, kafka_broker.bootstrap, topic, handler, run="restarted")
+    assert restarted.returncode == ExitCode.OK, restarted.stderr
+    assert "300 events handled" in restarted.stdout, restarted.stdout
+    assert main(["status", str(checkpoint)]) == ExitCode.OK
+    status = capsys.readouterr().out
+    assert "segack's record of micro-batch" in status and "Spark's checkpoint of the query was gone" in status
+    last = account_events(100, users=30, seed=23, start=users)
+    produce(kafka_broker.bootstrap, topic, last)
+    after = run_stream(tmp_path, kafka_broker.bootstrap, topic, handler, run="after")
+    assert after.returncode == ExitCode.OK, after.stderr
+    handled = read_log(str(tmp_path / "log.jsonl"))
+    assert len(_handled_once(handled)) == 1000
+    assert_each_key_in_offset_order(handled, records + more + last)
+    assert [event["run"] for event in handled].count("restarted") == 300
 
 
 def _checkpoint_files(path: Path) -> dict[str, bytes]:

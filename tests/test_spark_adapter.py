@@ -35,7 +35,8 @@ from segack.spark_adapter import (
     replay,
 )
 from segack.spark_adapter.spark.columns import hash_column, member_index_column, segment_column
-from segack.spark_adapter.store.checkpoint import CheckpointError, CheckpointStore, resolve_location
+from segack.spark_adapter.store.checkpoint import CheckpointError, CheckpointStore
+from segack.spark_adapter.store.storage import resolve_location
 from tests import expected
 from tests.spark_handlers import (
     AsyncTimedRecorder,

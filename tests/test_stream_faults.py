@@ -1,9 +1,11 @@
 """Streams of files under faults, through ``segack stream`` as a user meets it: dead letters over
-many micro-batches. Kafka's own cases are in ``tests/test_kafka.py``."""
+many micro-batches, Spark's query checkpoint lost or replaced, a task that stops without handling
+its events. Kafka's own cases are in ``tests/test_kafka.py``."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +16,7 @@ import pytest
 
 from segack.cli import ExitCode
 from segack.spark_adapter.store.checkpoint import CheckpointStore
+from segack.spark_adapter.store.crash_points import ENV
 from tests.spark_handlers import LOG_ENV, read_log
 
 pytestmark = pytest.mark.spark
@@ -44,11 +47,13 @@ def _write_files(source: Path, tables: list[pa.Table], first: int = 0) -> None:
 
 
 def _stream(tmp_path: Path, source: Path, handler: str, *extra: str, run: str = "0",
-            checkpoint: Path | None = None) -> subprocess.CompletedProcess[str]:
+            checkpoint: Path | None = None, env: dict[str, str] | None = None,
+            ) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "segack", "stream", str(source), "--key", "user", "--order", "ts",
                "--handler", handler, "--checkpoint", str(checkpoint or tmp_path / "checkpoint"),
                "--segments", "2", *extra]
-    environment = dict(os.environ, **{LOG_ENV: str(tmp_path / "log.jsonl"), "SEGACK_TEST_RUN": run})
+    environment = dict(os.environ, **{LOG_ENV: str(tmp_path / "log.jsonl"), "SEGACK_TEST_RUN": run},
+                       **(env or {}))
     return subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
 
 
@@ -85,3 +90,73 @@ def test_dead_letters_of_one_key_over_three_micro_batches_are_all_kept_and_retri
     assert [event["seq"] for event in handled if event["user"] == "u2"] == list(range(12))
     assert [event["seq"] for event in handled if event["run"] == "fixed"] == list(range(10, 16))
 
+
+def _recorded(checkpoint: Path) -> dict:
+    state = CheckpointStore(str(checkpoint)).load()
+    assert state is not None
+    return state.settings["stream"]
+
+
+@pytest.mark.streams
+def test_spark_checkpoint_removed_or_replaced_is_refused_before_any_event(tmp_path):
+    """Two files handled as two micro-batches; then Spark's checkpoint of the query is removed, or
+    replaced by another query's, and a third file added: the next run refuses in one line (exit
+    4), handling nothing and changing nothing of segack's checkpoint."""
+    source = tmp_path / "source"
+    tables = [_events({"u1": range(10 * n, 10 * n + 10), "u2": range(10 * n, 10 * n + 5)}, 100 * n)
+              for n in range(3)]
+    _write_files(source, tables[:2])
+    handler = "tests.spark_handlers:record_slowly"
+    first = _stream(tmp_path, source, handler, "--option", "maxFilesPerTrigger=1")
+    assert first.returncode == ExitCode.OK, first.stderr
+    assert "2 micro-batches, 30 events handled" in first.stdout, first.stdout
+    checkpoint = tmp_path / "checkpoint"
+    assert _recorded(checkpoint)["completed_end"] == [{"logOffset": 1}]
+    # Another query over the same files, whose Spark checkpoint will stand in for the first one's.
+    other = _stream(tmp_path, source, "tests.spark_handlers:discard", checkpoint=tmp_path / "other")
+    assert other.returncode == ExitCode.OK, other.stderr
+    _write_files(source, tables[2:], first=2)
+    before = sorted(path.read_bytes() for path in checkpoint.glob("checkpoint-*.json"))
+    shutil.rmtree(checkpoint / "stream")
+    gone = _stream(tmp_path, source, handler, "--option", "maxFilesPerTrigger=10")
+    assert gone.returncode == ExitCode.REFUSED, gone.stderr
+    [line] = [line for line in gone.stderr.splitlines() if line.startswith("segack stream:")]
+    assert line == (f"segack stream: checkpoint {checkpoint}: Spark's checkpoint of the query "
+                    f"({checkpoint}/stream) is gone, but segack's has micro-batches through 1 complete, and "
+                    f"only a Kafka query restarts from segack's record; put Spark's checkpoint back, or use "
+                    f"a new checkpoint")
+    shutil.copytree(tmp_path / "other" / "stream", checkpoint / "stream")
+    replaced = _stream(tmp_path, source, handler, "--option", "maxFilesPerTrigger=10")
+    assert replaced.returncode == ExitCode.REFUSED, replaced.stderr
+    [line] = [line for line in replaced.stderr.splitlines() if line.startswith("segack stream:")]
+    assert line.startswith(f"segack stream: checkpoint {checkpoint}: Spark's checkpoint of the query "
+                           f"({checkpoint}/stream) is of query "), line
+    assert "it was replaced or restored from another copy" in line
+    assert len(read_log(str(tmp_path / "log.jsonl"))) == 30
+    assert sorted(path.read_bytes() for path in checkpoint.glob("checkpoint-*.json")) == before
+
+
+@pytest.mark.streams
+def test_a_task_that_stops_because_of_a_failure_whose_report_was_lost_fails_the_batch(tmp_path):
+    """With task retries (``local[2,4]``): u1's tenth event fails, its task asks the others to stop,
+    and its Python worker dies before its result reaches the driver (killed at the crash point just
+    after the stop request). Spark runs the task again, which sees the stop request and handles
+    nothing: the batch must not be called complete, nor its events done."""
+    source = tmp_path / "source"
+    _write_files(source, [_events({"u1": range(0, 30), "u2": range(0, 30)}, 0)])
+    handler = "tests.spark_handlers:record_refusing_tenth_until_fixed"
+    crashed = _stream(tmp_path, source, handler, "--master", "local[2,4]", "--segments", "1",
+                      env={ENV: "after-stop-request"})
+    assert crashed.returncode == ExitCode.FAILED, crashed.stderr
+    [line] = [line for line in crashed.stderr.splitlines() if line.startswith("segack stream:")]
+    assert line.startswith("segack stream: the tasks of segments 0 stopped before the end of their events "
+                           "(the handler failed in segment 0)"), line
+    assert _recorded(tmp_path / "checkpoint")["completed_batch"] == -1
+    again = _stream(tmp_path, source, handler)
+    assert again.returncode == ExitCode.HANDLER_FAILED, again.stderr
+    fixed = _stream(tmp_path, source, handler, run="fixed")
+    assert fixed.returncode == ExitCode.OK, fixed.stderr
+    handled = read_log(str(tmp_path / "log.jsonl"))
+    assert sorted({event["seq"] for event in handled if event["user"] == "u1"}) == list(range(30))
+    assert [event["seq"] for event in handled if event["run"] == "fixed" and event["user"] == "u1"] == \
+        list(range(10, 30))

@@ -515,6 +515,11 @@ def _print_stream(stream: dict[str, Any] | None) -> None:
     if stream.get("batch"):
         line += f"; batch {stream['batch']['id']} in progress"
     print(f"{'stream':<15} {line}")
+    start = stream.get("start") or {}
+    if start.get("where"):
+        skipped = start.get("passed_over", 0)
+        passed = f", passing over {counted(skipped, 'record')} it held before" if skipped else ""
+        print(f"{'started':<15} {start['where']}{passed} ({_when(start['at'])})")
     partitions = stream.get("partitions") or []
     if not partitions:
         return

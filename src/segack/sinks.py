@@ -27,6 +27,7 @@ from segack.errors import SegackTypeError, SegackValueError
 from segack.spark_adapter.errors import SinkError, one_line
 from segack.spark_adapter.handlers import EventIdentity, RunContext, Sink
 from segack.spark_adapter.options import Policy
+from segack.spark_adapter.store.crash_points import durable_write
 
 __all__ = ["SESSION_PREFIX", "Sink", "SqlSink"]
 
@@ -333,7 +334,8 @@ class SqlSink(Sink):
             cursor = connection.cursor()
             cursor.execute(f"CREATE TABLE IF NOT EXISTS {name} "
                            f"(key_json TEXT PRIMARY KEY, last_position BIGINT NOT NULL)")
-            connection.commit()
+            with durable_write("sink-setup"):
+                connection.commit()
             if isinstance(dialect, _Postgres):
                 self._end_fenced_sessions(cursor, run)
         except SinkError:
@@ -348,7 +350,8 @@ class SqlSink(Sink):
     def _end_fenced_sessions(self, cursor: Any, run: RunContext) -> None:
         """End the sessions of the runs ``run`` fenced (see the notes)."""
         ended, refused = _Postgres.end_older_sessions(cursor, run.checkpoint_id, run.claim)
-        cursor.connection.commit()
+        with durable_write("sink-setup"):
+            cursor.connection.commit()
         if ended:
             log.info("SqlSink ended %d session(s) of runs this one took the checkpoint over from: %s",
                      len(ended), ", ".join(map(str, ended)))
@@ -367,7 +370,8 @@ class SqlSink(Sink):
             dialect = _Dialect.of(connection)
             if isinstance(dialect, _Postgres):
                 dialect.start_session(connection.cursor(), self.session_name, self.idle_timeout)
-                connection.commit()
+                with durable_write("sink-setup"):
+                    connection.commit()
             opened = self._local.opened = (connection, dialect)
             with self._lock:
                 self._connections.append(connection)
@@ -434,7 +438,8 @@ class SqlSink(Sink):
         moved = {key: position for key, position in newest.items() if key in applied}  # 4
         dialect.record(cursor, table, moved, {key: position for key, position in newest.items()
                                               if key not in applied})
-        connection.commit()  # 5
+        with durable_write("sink-commit"):
+            connection.commit()  # 5
 
     def _all_fresh(self, connection: Any, dialect: _Postgres, events: list[dict[str, Any]],
                    identities: list[EventIdentity]) -> bool:
@@ -454,7 +459,8 @@ class SqlSink(Sink):
                                          firsts, lasts)  # 4
         if not fresh():
             return False
-        connection.commit()  # 5
+        with durable_write("sink-commit"):
+            connection.commit()  # 5
         return True
 
     def _pipeline(self, connection: Any) -> contextlib.AbstractContextManager[Any]:

@@ -300,6 +300,9 @@ def _stream_report(result: StreamResult, args: argparse.Namespace) -> int:
     batches = "1 micro-batch" if result.batches == 1 else f"{result.batches:,} micro-batches"
     print(f"segack stream: {why}: {batches}, {result.handled:,} events handled, {last}, in "
           f"{result.seconds:.1f} s")
+    if result.passed_over:
+        print(f"segack stream: started at {result.started}, passing over "
+              f"{counted(result.passed_over, 'record')} the topic held before it")
     if args.retry_dead_letters:
         stay = f"; {result.retry_failed:,} failed again and stay" if result.retry_failed else ""
         print(f"segack stream: {counted(result.retried, 'dead letter')} handled again{stay}")

@@ -43,8 +43,9 @@ from segack.spark_adapter.spark.session import (
     ship_py_files,
     spark_session,
 )
-from segack.spark_adapter.store.checkpoint import Checkpoint, CheckpointStore, resolve_location
+from segack.spark_adapter.store.checkpoint import Checkpoint, CheckpointStore
 from segack.spark_adapter.store.rescale import Rescale, merge, scale, split
+from segack.spark_adapter.store.storage import resolve_location
 from segack.spark_adapter.store.tokens import DEFAULT_KEY_GROUP_BITS, KeyGroupTokens
 
 __all__ = [

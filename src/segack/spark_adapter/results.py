@@ -128,3 +128,7 @@ class StreamResult:
     retried: int = 0
     #: Dead letters retried that failed again, or wait behind one of their key that did: they stay.
     retry_failed: int = 0
+    #: Where the query started: Spark's checkpoint of it, or, for a new one, the offsets chosen.
+    started: str = ""
+    #: Records a new query passed over because a starting option said so (Kafka).
+    passed_over: int = 0

@@ -121,10 +121,16 @@ class _Ending:
     retries: int = 0
     job_error: BaseException | None = None
     merge_error: BaseException | None = None
+    #: Segments whose task stopped before the end of its events.
+    stopped: list[int] = field(default_factory=list)
+    #: Why tasks stopped when no change of segments asked them to, and none reported a failure
+    #: (its task's result lost with its executor, say): the job did not finish.
+    stopped_early: str | None = None
 
     @property
     def finished(self) -> bool:
-        return self.merge_error is None and self.job_error is None and not self.failures
+        return (self.merge_error is None and self.job_error is None and not self.failures
+                and self.stopped_early is None)
 
 
 class Job:
@@ -141,7 +147,10 @@ class Job:
         2. **Run** the Spark job, while the merger saves progress on a timer and, with
            ``watch_requests``, the watcher stops the tasks at their next flush when a change of
            segments is asked for.
-        3. **Gather** the tasks' results: their failures, final updates and counts.
+        3. **Gather** the tasks' results: their failures, final updates and counts, and the segments
+           whose task stopped before its end: when no change of segments asked for it and no task
+           reported a failure (lost with its executor, its retry stopping as asked), the job did
+           not finish, and nothing may call its events done.
         4. **Save**: merge the last progress files and the results, count the input if every task
            read all of it, record the status, and clean up the job's files.
         5. **Raise** what stopped the job, if anything: :class:`~segack.spark_adapter.ClaimLostError`
@@ -169,6 +178,10 @@ class Job:
         change = None if watcher is None else watcher.change
         ending.merge_error = merger.error
         self._gather(results, ending)  # 3
+        if ending.stopped and change is None and not ending.failures:
+            reason = run.store.stop_reason(self.job_id) or "no reason recorded"
+            ending.stopped_early = (f"the tasks of segments {', '.join(map(str, ending.stopped))} stopped "
+                                    f"before the end of their events ({reason})")
         self._save(merger, ending, change)  # 4
         self._raise(ending)  # 5
         log.info("%s: job %s ended%s", run.store.location, self.job_id,
@@ -193,6 +206,8 @@ class Job:
         ending.peak_pending = max(results.column("peak_pending").to_pylist(), default=0)
         ending.dead_letters = sum(results.column("dead_letters").to_pylist())
         ending.retries = sum(results.column("retries").to_pylist())
+        segments, stopped = results.column("segment").to_pylist(), results.column("stopped").to_pylist()
+        ending.stopped = [segment for segment, early in zip(segments, stopped, strict=True) if early]
         try:
             ending.updates = [decode_updates(blob, "a task's result")
                               for blob in results.column("updates").to_pylist() if blob is not None]
@@ -230,5 +245,7 @@ class Job:
             raise failure
         if ending.merge_error is not None:
             raise ReplayError(f"saving progress failed: {ending.merge_error}") from ending.merge_error
+        if ending.stopped_early is not None:
+            raise ReplayError(f"{ending.stopped_early}; the progress before it is saved: run it again")
         if ending.job_error is not None:
             raise ReplayError(f"a Spark task failed: {task_failure(ending.job_error)}") from ending.job_error

@@ -6,7 +6,9 @@ checkpoint of the query inside it (``CHECKPOINT/stream``), so one location is al
 The query goes like this:
 
 1. **Check** everything that can be refused before anything is written: the options, the trigger,
-   the session, the checkpoint's location, the executors' Python.
+   the session, the checkpoint's location, where the query starts (Spark's checkpoint of it held
+   against segack's record: :mod:`~segack.spark_adapter.coordinator.query_record`), the executors'
+   Python.
 2. **Claim** the checkpoint, for as long as the query runs (:mod:`~segack.spark_adapter.store.claims`),
    and serve its metrics (``metrics_port``: :mod:`~segack.spark_adapter.console.metrics`).
 3. **Retry the dead letters** first, with ``retry_dead_letters`` (a query with nothing new to read
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from segack.errors import SegackError
 from segack.spark_adapter.coordinator.dead_letters import RetryOutcome
+from segack.spark_adapter.coordinator.query_record import plan_start
 from segack.spark_adapter.coordinator.run import (
     check_location,
     check_metrics_address,
@@ -308,12 +311,16 @@ def stream(
     spark = frame.sparkSession
     check_session(spark)
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
-    store.load()  # refuses a location that is not a checkpoint, or a damaged one
+    state = store.load()  # refuses a location that is not a checkpoint, or a damaged one
     check_location(spark, store, run_options.shared_local_checkpoint)
     if commit_offsets_to is not None:
         commit_offsets(spark, kafka.options if kafka else {}, commit_offsets_to, [])  # refuses Connect
+    start = plan_start(spark, store, state, events, commit_offsets_to)
+    log.info("%s: the query starts at %s", store.location, start.where)
+    if isinstance(start.events, KafkaStream):
+        kafka, frame = start.events, start.events.events
     check_executors(spark)  # the last refusal: the only one that asks the executors
-    replay = BatchReplay(kafka.guard(handler) if kafka else handler, key, order, store, run_options)
+    replay = BatchReplay(kafka.guard(handler) if kafka else handler, key, order, store, run_options, start)
     stop = stop or StopRequest()
     with metrics_served(store, metrics_port), \
             claimed(spark, store, new_run_id(), run_options) as keeper:  # 2
@@ -336,4 +343,5 @@ def stream(
     return StreamResult(batches=watch.count, handled=replay.handled, dead_letters=replay.dead_letters,
                         dead_letters_left=store.count_dead_letters(), stopped=stop.asked.is_set(),
                         seconds=time.monotonic() - began, last_batch=watch.last_batch, lag=watch.lag,
-                        retried=retried.handled, retry_failed=retried.kept)
+                        retried=retried.handled, retry_failed=retried.kept, started=start.where,
+                        passed_over=start.passed_over)

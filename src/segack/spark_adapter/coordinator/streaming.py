@@ -7,6 +7,15 @@ batch in progress, so a micro-batch Spark delivers again after a failure
 (``foreachBatch`` is at least once) gets the same positions, is verified
 against what was done of it, and only its undone events run; a batch already
 completed is skipped.
+
+For a query segack runs itself (:func:`~segack.spark_adapter.stream`), Spark's checkpoint of the
+query is in sight (:class:`~segack.spark_adapter.store.query_log.QueryLog`), and each batch is held
+against segack's record of the query
+(:func:`~segack.spark_adapter.coordinator.query_record.check_batch`): the record names the query's id and
+each batch's end offsets (``end``), and a batch Spark delivers must be the one in progress, the last
+one complete (delivered again: skipped), or the next, with the same query id and, for one recorded,
+the same offsets. Anything else means Spark's checkpoint was lost, replaced or restored from an
+older copy, or segack's was: it is refused before any event is handled or any offset committed.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import pyarrow as pa
 
 from segack.kernel import SegmentSet
 from segack.spark_adapter.coordinator.dead_letters import RetryOutcome
+from segack.spark_adapter.coordinator.query_record import QueryStart, check_batch
 from segack.spark_adapter.coordinator.run import (
     Run,
     check_location,
@@ -35,6 +45,7 @@ from segack.spark_adapter.spark.executors import check_executors
 from segack.spark_adapter.spark.session import default_segment_count
 from segack.spark_adapter.store.checkpoint import Checkpoint, CheckpointStore
 from segack.spark_adapter.store.claims import ClaimKeeper
+from segack.spark_adapter.store.crash_points import crash_point
 from segack.spark_adapter.store.rescale import (
     SegmentChange,
     auto_change,
@@ -97,8 +108,12 @@ class BatchReplay:
     that holds ``keeper`` (:func:`~segack.spark_adapter.stream`: :meth:`process`)."""
 
     def __init__(self, handler: Callable[[dict[str, Any]], Any], key: str, order: str,
-                 store: CheckpointStore, options: RunOptions) -> None:
+                 store: CheckpointStore, options: RunOptions, query: QueryStart | None = None) -> None:
         self.handler, self.key, self.order, self.store, self.options = handler, key, order, store, options
+        #: Where the query segack runs started, until its first batch records it; and Spark's
+        #: checkpoint of it, each batch held against (``None``: a query of the caller's own).
+        self.start = query
+        self.query_log = None if query is None else store.query_log()
         #: Recorded in the checkpoint's ``stream`` settings with each micro-batch (the query's own
         #: report of the last one, say).
         self.report: dict[str, Any] = {}
@@ -154,6 +169,7 @@ class BatchReplay:
     def process(self, batch: DataFrame, batch_id: int, keeper: ClaimKeeper) -> None:
         """Replay micro-batch ``batch_id`` under ``keeper``'s claim, unless the checkpoint has it
         complete already."""
+        crash_point("batch-start")  # Spark's offset log holds the batch
         store, options = self.store, self.options
         state = store.load() or Checkpoint()
         bits = resolution(state.settings, options.key_group_bits)
@@ -161,13 +177,16 @@ class BatchReplay:
         segments, why = self._segments(state, bits, batch, batch_id, pending)
         segments.key_group_owners(bits)
         events = EventInput(batch, self.key, self.order, options.hash, options.method, bits)
-        stream = state.settings.get("stream", {"completed_batch": -1, "batch": None})
+        stream = {"completed_batch": -1, "batch": None, **state.settings.get("stream", {})}
+        if self.start is not None:
+            stream = self.start.record(stream)
+        try:
+            query_id, ends = check_batch(stream, batch_id, self.query_log)
+        except CheckpointError as error:
+            raise CheckpointError(f"checkpoint {store.location}: {error}") from None
         if batch_id <= stream["completed_batch"]:
             return
         current = stream["batch"]
-        if current is not None and current["id"] != batch_id:
-            raise CheckpointError(f"checkpoint {store.location} has batch {current['id']} in progress, "
-                                  f"but Spark delivered batch {batch_id}")
         check_same_setup(state.settings, events, options.hash, f"checkpoint {store.location}")
         tokens = state.tokens
         if tokens is None:
@@ -176,17 +195,21 @@ class BatchReplay:
             tokens.set_counts(np.zeros(tokens.size, dtype=np.int64))
         if current is None:
             tokens.start_input()
-            current = {"id": batch_id}
-        state.settings["stream"] = {**stream, **self.report, "batch": current}
+            current = {"id": batch_id, **({} if ends is None else {"end": ends})}
+        state.settings["stream"] = {**stream, **self.report, "batch": current,
+                                    **({} if query_id is None else {"query_id": query_id})}
         record_segments(state, segments, why)
         batch_options = dataclasses.replace(options, retry_dead_letters=self.retry_pending)
         counts = Run(events, state, keeper, batch_options, self.handler, batch_id=batch_id).execute(
             segments, consumed=pending)
         self.retry_pending = self.first_batch = False
+        self.start = None
         if not tokens.complete:
             raise ReplayError(f"batch {batch_id} ended with events not done")
         self.handled += tokens.done - counts.already_done - counts.dead_letters
         self.dead_letters += counts.dead_letters
+        ended = {"completed_end": current["end"]} if "end" in current else {}
         state.settings["stream"] = {**state.settings["stream"], "completed_batch": batch_id, "batch": None,
-                                    "events": int(stream.get("events", 0)) + int(tokens.total or 0)}
+                                    **ended, "events": int(stream.get("events", 0)) + int(tokens.total or 0)}
         keeper.save(state)
+        crash_point("batch-end")  # Spark's commit log is next

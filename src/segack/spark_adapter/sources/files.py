@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from segack.spark_adapter.errors import InputError
 from segack.spark_adapter.sources.delta import is_change_feed, with_change_order
-from segack.spark_adapter.store.checkpoint import resolve_location
+from segack.spark_adapter.store.storage import resolve_location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

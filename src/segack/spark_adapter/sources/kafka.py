@@ -22,25 +22,36 @@ The rules:
    consumer group the run names (:func:`commit_offsets`), so Kafka's own tools see the stream's
    progress and lag. A committed offset is never ahead of the checkpoint: every record below it
    has been handled or set aside as a dead letter.
+5. **Where a new query starts.** A stream never skips what the topics hold unless told to: a query
+   with no position yet starts at the consumer group's committed offsets when the run commits to a
+   group that has them (the earliest offsets for partitions it lacks), else at the earliest
+   offsets. ``startingOffsets``, ``startingTimestamp`` or ``startingOffsetsByTimestamp`` start it
+   elsewhere, and the records they pass over are counted (:func:`passed_over`). Spark applies them
+   only to a new query: given to a checkpoint that has a position, they are refused
+   (:mod:`~segack.spark_adapter.coordinator.query_record`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from segack.spark_adapter.errors import InputError, OptionError, UnparsedValueError
 from segack.spark_adapter.handlers import Sink, is_async, wants_identity
+from segack.spark_adapter.store.crash_points import durable_write
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["DEFAULT_MAX_OFFSETS_PER_TRIGGER", "RECORD_COLUMNS", "UNPARSED", "KafkaStream", "PartitionOffsets",
-           "commit_offsets", "connector_package", "guard_unparsed", "kafka_events",
-           "kafka_stream", "parse_offsets", "takes_unparsed", "value_schema"]
+__all__ = ["DEFAULT_MAX_OFFSETS_PER_TRIGGER", "RECORD_COLUMNS", "STARTING_OPTIONS", "UNPARSED", "KafkaStream",
+           "PartitionOffsets", "commit_offsets", "connector_package", "group_offsets", "guard_unparsed",
+           "kafka_events", "kafka_stream", "list_offsets", "offsets_json", "parse_offsets", "passed_over",
+           "starting_offsets", "subscribed_partitions", "takes_unparsed", "value_schema"]
 
 #: The record's own columns, before the value's fields.
 RECORD_COLUMNS = ("key", "topic", "partition", "offset", "timestamp")
@@ -48,6 +59,8 @@ RECORD_COLUMNS = ("key", "topic", "partition", "offset", "timestamp")
 UNPARSED = "unparsed_value"
 #: Records per micro-batch unless ``maxOffsetsPerTrigger`` says otherwise (rule 3).
 DEFAULT_MAX_OFFSETS_PER_TRIGGER = 100_000
+#: The reader's options that start a new query somewhere other than rule 5's default.
+STARTING_OPTIONS = ("startingOffsets", "startingTimestamp", "startingOffsetsByTimestamp")
 #: The value formats a record's value is parsed from.
 VALUE_FORMATS = ("json",)
 _MARK = "segack_takes_unparsed"
@@ -169,11 +182,23 @@ class KafkaStream:
     #: The reader's options, rule 3's bound included; its ``kafka.*`` ones configure the admin
     #: client that commits offsets.
     options: dict[str, str]
+    #: The value's declared fields, and the format they are parsed from.
+    schema: StructType
+    value_format: str = "json"
 
     @staticmethod
     def guard(handler: Callable[..., Any]) -> Callable[..., Any]:
         """``handler`` as the run calls it (rule 2: :func:`guard_unparsed`)."""
         return guard_unparsed(handler)
+
+    def starting_at(self, starting_offsets: str) -> KafkaStream:
+        """The same records, read by a new query from ``starting_offsets`` (Spark's
+        ``startingOffsets``: ``earliest`` or JSON), in place of any starting option given."""
+        options = {name: value for name, value in self.options.items() if name not in STARTING_OPTIONS}
+        options["startingOffsets"] = starting_offsets
+        records = self.events.sparkSession.readStream.format("kafka").options(**options).load()
+        return dataclasses.replace(self, events=kafka_events(records, self.schema, self.value_format),
+                                   options=options)
 
 
 def kafka_stream(spark: SparkSession, options: Mapping[str, str], value_schema_ddl: str,
@@ -208,7 +233,7 @@ def kafka_stream(spark: SparkSession, options: Mapping[str, str], value_schema_d
                 f"{connector_package(spark.version)} (or its jars with --conf spark.jars=...)") from None
         raise InputError(f"cannot read Kafka: {_first_line(text)}") from None
     _check_reachable(spark, bounded)
-    return KafkaStream(kafka_events(records, schema, value_format), bounded)
+    return KafkaStream(kafka_events(records, schema, value_format), bounded, schema, value_format)
 
 
 def _first_line(text: str) -> str:
@@ -230,18 +255,29 @@ def _check_reachable(spark: SparkSession, options: Mapping[str, str], seconds: f
     topics = [topic.strip() for topic in options.get("subscribe", "").split(",") if topic.strip()]
     jvm = spark.sparkContext._jvm
     assert jvm is not None
-    admin = jvm.org.apache.kafka.clients.admin.Admin.create(_admin_settings(spark, options))
     unit = jvm.java.util.concurrent.TimeUnit.MILLISECONDS
-    try:
-        admin.describeCluster().clusterId().get(int(seconds * 1000), unit)
-        known = set(admin.listTopics().names().get(int(seconds * 1000), unit))
-    except Exception as error:
-        raise InputError(f"cannot reach Kafka at {servers}: {_first_line(str(error))}") from None
-    finally:
-        admin.close()
+    with _admin(spark, options) as admin:
+        try:
+            admin.describeCluster().clusterId().get(int(seconds * 1000), unit)
+            known = set(admin.listTopics().names().get(int(seconds * 1000), unit))
+        except Exception as error:
+            raise InputError(f"cannot reach Kafka at {servers}: {_first_line(str(error))}") from None
     missing = [topic for topic in topics if topic not in known]
     if missing:
         raise InputError(f"Kafka at {servers} has no topic {missing[0]!r}")
+
+
+@contextlib.contextmanager
+def _admin(spark: SparkSession, options: Mapping[str, str]) -> Iterator[Any]:
+    """Kafka's admin client in the driver's JVM, configured as the source's consumers are (a classic
+    session), closed at the block's end."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    admin = jvm.org.apache.kafka.clients.admin.Admin.create(_admin_settings(spark, options))
+    try:
+        yield admin
+    finally:
+        admin.close()
 
 
 def _admin_settings(spark: SparkSession, options: Mapping[str, str]) -> Any:
@@ -326,8 +362,100 @@ def commit_offsets(spark: SparkSession, options: Mapping[str, str], group: str,
     for where in offsets:
         committed.put(kafka.common.TopicPartition(where.topic, where.partition),
                       kafka.clients.consumer.OffsetAndMetadata(where.end))
-    admin = kafka.clients.admin.Admin.create(_admin_settings(spark, options))
-    try:
+    with _admin(spark, options) as admin, durable_write("group-commit"):
         admin.alterConsumerGroupOffsets(group, committed).all().get()
-    finally:
-        admin.close()
+
+
+def subscribed_partitions(spark: SparkSession, options: Mapping[str, str]) -> list[tuple[str, int]]:
+    """The partitions the reader's ``subscribe``, ``subscribePattern`` or ``assign`` option names
+    now, in order (a classic session)."""
+    if "assign" in options:
+        assigned = json.loads(options["assign"])
+        return sorted((str(topic), int(partition)) for topic, partitions in assigned.items()
+                      for partition in partitions)
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    with _admin(spark, options) as admin:
+        names = sorted(admin.listTopics().names().get())
+        if "subscribePattern" in options:
+            pattern = jvm.java.util.regex.Pattern.compile(options["subscribePattern"])
+            topics = [name for name in names if pattern.matcher(name).matches()]
+        else:
+            wanted = {topic.strip() for topic in options.get("subscribe", "").split(",") if topic.strip()}
+            topics = [name for name in names if name in wanted]
+        if not topics:
+            return []
+        described = admin.describeTopics(jvm.java.util.ArrayList(topics)).allTopicNames().get()
+        return sorted((topic, int(info.partition())) for topic in topics
+                      for info in described.get(topic).partitions())
+
+
+def list_offsets(spark: SparkSession, options: Mapping[str, str],
+                 specs: Mapping[tuple[str, int], str | int]) -> dict[tuple[str, int], int]:
+    """Each partition's offset for its spec: ``"earliest"``, ``"latest"``, or a timestamp in
+    milliseconds (the first offset at or after it; the partition's end if none is)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    kafka = jvm.org.apache.kafka
+    offset_spec = kafka.clients.admin.OffsetSpec
+    asked = jvm.java.util.HashMap()
+    for (topic, partition), spec in specs.items():
+        chosen = (offset_spec.earliest() if spec == "earliest" else offset_spec.latest() if spec == "latest"
+                  else offset_spec.forTimestamp(int(spec)))
+        asked.put(kafka.common.TopicPartition(topic, partition), chosen)
+    if not specs:
+        return {}
+    with _admin(spark, options) as admin:
+        found = admin.listOffsets(asked).all().get()
+        offsets = {(str(where.topic()), int(where.partition())): int(info.offset())
+                   for where, info in found.items()}
+    missing = [where for where, offset in offsets.items() if offset < 0]
+    if missing:  # a timestamp after every record: the partition's end
+        offsets.update(list_offsets(spark, options, dict.fromkeys(missing, "latest")))
+    return offsets
+
+
+def group_offsets(spark: SparkSession, options: Mapping[str, str], group: str) -> dict[tuple[str, int], int]:
+    """Consumer group ``group``'s committed offsets (none for a group that has none)."""
+    with _admin(spark, options) as admin:
+        found = admin.listConsumerGroupOffsets(group).partitionsToOffsetAndMetadata().get()
+        return {(str(where.topic()), int(where.partition())): int(committed.offset())
+                for where, committed in found.items() if committed is not None}
+
+
+def offsets_json(offsets: Mapping[tuple[str, int], int]) -> str:
+    """``offsets`` as Spark's ``startingOffsets`` JSON (``-2``: a partition's earliest)."""
+    nested: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        nested.setdefault(topic, {})[str(partition)] = offset
+    return json.dumps(nested, separators=(",", ":"))
+
+
+def starting_offsets(spark: SparkSession, options: Mapping[str, str],
+                     partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """Where the reader's starting option (:data:`STARTING_OPTIONS`, in Spark's order of precedence)
+    starts a new query in each of ``partitions``: the earliest offsets when none is given."""
+    lookups: dict[tuple[str, int], str | int] = dict.fromkeys(partitions, "earliest")
+    fixed: dict[tuple[str, int], int] = {}
+    text = options.get("startingOffsets", "earliest").strip()
+    if "startingTimestamp" in options:
+        lookups = dict.fromkeys(partitions, int(options["startingTimestamp"]))
+    elif "startingOffsetsByTimestamp" in options:
+        stamps = _offsets(options["startingOffsetsByTimestamp"])
+        lookups.update({where: stamp for where, stamp in stamps.items() if where in lookups})
+    elif text.lower() == "latest":
+        lookups = dict.fromkeys(partitions, "latest")
+    elif text.lower() != "earliest":
+        for where, offset in _offsets(text).items():
+            if where in lookups and offset >= 0:
+                fixed[where] = offset
+                del lookups[where]
+            elif where in lookups and offset == -1:
+                lookups[where] = "latest"
+    return {**list_offsets(spark, options, lookups), **fixed}
+
+
+def passed_over(earliest: Mapping[tuple[str, int], int], starts: Mapping[tuple[str, int], int]) -> int:
+    """The records a query starting at ``starts`` passes over: those between each partition's
+    ``earliest`` offset and its start."""
+    return sum(max(0, start - earliest.get(where, start)) for where, start in starts.items())

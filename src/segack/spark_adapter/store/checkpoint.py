@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import posixpath
 import zlib
 from collections.abc import Iterator
@@ -47,11 +46,13 @@ import pyarrow as pa
 
 from segack._version import __version__
 from segack.spark_adapter.errors import CheckpointError, CheckpointLocationError, TokenError
+from segack.spark_adapter.store.crash_points import durable_write
 from segack.spark_adapter.store.driver_watch import DriverProcess
-from segack.spark_adapter.store.storage import Files, LocalFiles, open_files
+from segack.spark_adapter.store.query_log import QueryLog
+from segack.spark_adapter.store.storage import Files, LocalFiles, open_files, resolve_location
 from segack.spark_adapter.store.tokens import KeyGroupTokens, decode_updates, encode_updates
 
-__all__ = ["Checkpoint", "CheckpointError", "CheckpointStore", "TaskLoad", "TaskStore", "resolve_location"]
+__all__ = ["Checkpoint", "CheckpointError", "CheckpointStore", "TaskLoad", "TaskStore"]
 
 FORMAT = "segack-checkpoint"
 VERSION = 2
@@ -97,22 +98,6 @@ class TaskLoad:
     def __add__(self, other: TaskLoad) -> TaskLoad:
         return TaskLoad(self.in_flight + other.in_flight, self.pending + other.pending,
                         self.retries + other.retries)
-
-
-def resolve_location(location: str) -> str:
-    """``location`` in a form every machine reads the same way.
-
-    A URI with a scheme (``s3://bucket/x``) is kept; ``file://`` is dropped; a
-    relative local path becomes absolute, against the current directory of the
-    process that calls this (the driver), before anything is sent to executors.
-    """
-    if not isinstance(location, str) or not location:
-        raise CheckpointLocationError("a checkpoint location is required")
-    if location.startswith("file://"):
-        location = location.removeprefix("file://")
-    elif "://" in location:
-        return location
-    return os.path.abspath(os.path.expanduser(location))
 
 
 @dataclass
@@ -240,8 +225,9 @@ class CheckpointStore:
     """A checkpoint directory on local disk or on any filesystem :mod:`pyarrow.fs` opens: what a
     run's coordinator, on the driver, and the ``segack`` command do with it.
 
-    The location is resolved at once (:func:`resolve_location`), so the store means the same
-    directory wherever it is unpickled. Tasks get a :class:`TaskStore` (:meth:`for_tasks`).
+    The location is resolved at once (:func:`~segack.spark_adapter.store.storage.resolve_location`),
+    so the store means the same directory wherever it is unpickled. Tasks get a :class:`TaskStore`
+    (:meth:`for_tasks`).
     """
 
     def __init__(self, location: str) -> None:
@@ -268,6 +254,10 @@ class CheckpointStore:
         """The location of entry ``name`` of the checkpoint, for another writer (Spark's query
         checkpoint, ``stream``)."""
         return f"{self.location.rstrip('/')}/{name}"
+
+    def query_log(self) -> QueryLog:
+        """Spark's own checkpoint of the query segack runs here (``stream``), as it reads it."""
+        return QueryLog(self.files, self.files.path(STREAM_DIR), self.child_location(STREAM_DIR))
 
     def for_tasks(self, run_id: str, claim_number: int) -> TaskStore:
         """The view of the tasks of ``run_id``, which holds claim ``claim_number`` and whose driver
@@ -342,11 +332,12 @@ class CheckpointStore:
         if claim_number is None:
             files = self._state_files()
             claim_number = files[-1][0] if files else 0
-        self.files.write(self.files.path(f"{STATE_PREFIX}{claim_number:012d}{STATE_SUFFIX}"),
-                         checkpoint.to_bytes())
-        for number, older, _ in self._state_files():
-            if number < claim_number:
-                self.files.delete(older)
+        with durable_write("state"):
+            self.files.write(self.files.path(f"{STATE_PREFIX}{claim_number:012d}{STATE_SUFFIX}"),
+                             checkpoint.to_bytes())
+            for number, older, _ in self._state_files():
+                if number < claim_number:
+                    self.files.delete(older)
 
     def size_bytes(self) -> int:
         """Bytes the checkpoint takes now: its state file and the progress files."""
@@ -410,8 +401,9 @@ class CheckpointStore:
 
     def delete_dead_letters(self, paths: list[str]) -> None:
         """Remove dead-letter files whose events are handled, or recorded again elsewhere."""
-        for path in paths:
-            self.files.delete(path)
+        with durable_write("dead-letters-delete"):
+            for path in paths:
+                self.files.delete(path)
 
     # ------------------------------------------------------------- claims
 
@@ -436,23 +428,27 @@ class CheckpointStore:
     def create_claim_file(self, number: int, data: bytes) -> bool:
         """Create claim ``number`` unless it exists: ``False`` if it did (another run won)."""
         self._made_location = self._made_location or not self.files.exists(self.files.path())
-        return self.files.create(self._claim_path(number), data)
+        with durable_write("claim"):
+            return self.files.create(self._claim_path(number), data)
 
     def write_claim_file(self, number: int, data: bytes) -> None:
         """Rewrite claim ``number`` (its owner extends or releases it)."""
-        self.files.write(self._claim_path(number), data)
+        with durable_write("claim"):
+            self.files.write(self._claim_path(number), data)
 
     def delete_claim_files(self, numbers: list[int]) -> None:
-        for number in numbers:
-            self.files.delete(self._claim_path(number))
+        with durable_write("claim-delete"):
+            for number in numbers:
+                self.files.delete(self._claim_path(number))
 
     def withdraw_claim(self, number: int) -> None:
         """Delete claim ``number`` of a run that saved nothing, and the directories it made: a run
         refused on a new location leaves nothing behind, and on an existing one, what was there."""
         self.delete_claim_files([number])
-        self.files.remove_empty_directory(self.files.path(CLAIMS_DIR))
-        if self._made_location:
-            self.files.remove_empty_directory(self.files.path())
+        with durable_write("claim-delete"):
+            self.files.remove_empty_directory(self.files.path(CLAIMS_DIR))
+            if self._made_location:
+                self.files.remove_empty_directory(self.files.path())
 
     # ---------------------------------------------------- segment requests
 
@@ -462,11 +458,13 @@ class CheckpointStore:
 
     def write_segments_request(self, data: bytes) -> None:
         """Record, atomically, a change of segments for the run that holds the checkpoint."""
-        self.files.write(self.files.path(SEGMENTS_REQUEST), data)
+        with durable_write("segments-request"):
+            self.files.write(self.files.path(SEGMENTS_REQUEST), data)
 
     def delete_segments_request(self) -> None:
         """Remove the pending change of segments, once applied."""
-        self.files.delete(self.files.path(SEGMENTS_REQUEST))
+        with durable_write("segments-request"):
+            self.files.delete(self.files.path(SEGMENTS_REQUEST))
 
     # ------------------------------------------------------- task progress
 
@@ -491,18 +489,26 @@ class CheckpointStore:
 
     def delete_progress(self, paths: list[str]) -> None:
         """Remove progress files already merged into a durable checkpoint."""
-        for path in paths:
-            self.files.delete(path)
+        with durable_write("progress-delete"):
+            for path in paths:
+                self.files.delete(path)
 
     # ------------------------------------------------------------ stopping
 
     def request_stop(self, run_id: str, reason: str) -> None:
         """Ask the tasks of ``run_id`` to stop at their next flush."""
-        self.files.write(_stop_path(self.files, run_id), reason.encode("utf-8"))
+        with durable_write("stop-request"):
+            self.files.write(_stop_path(self.files, run_id), reason.encode("utf-8"))
+
+    def stop_reason(self, run_id: str) -> str | None:
+        """Why the tasks of ``run_id`` were asked to stop, ``None`` if they were not."""
+        data = self.files.read(_stop_path(self.files, run_id))
+        return None if data is None else data.decode("utf-8", errors="replace")
 
     def clear_stop(self, run_id: str) -> None:
         """Remove the stop request of a run that has ended."""
-        self.files.delete(_stop_path(self.files, run_id))
+        with durable_write("stop-clear"):
+            self.files.delete(_stop_path(self.files, run_id))
 
 
 class TaskStore:
@@ -545,8 +551,9 @@ class TaskStore:
         its load (for the progress line and the metrics)."""
         metadata = {name: str(getattr(load, field_name)).encode("ascii")
                     for field_name, name in _LOAD_METADATA.items()}
-        self.files.write(self.files.path(PROGRESS_DIR, f"{name}{PROGRESS_SUFFIX}"),
-                         encode_updates(updates.replace_schema_metadata(metadata)))
+        data = encode_updates(updates.replace_schema_metadata(metadata))
+        with durable_write("progress"):
+            self.files.write(self.files.path(PROGRESS_DIR, f"{name}{PROGRESS_SUFFIX}"), data)
 
     def earlier_attempts(self, segment: int) -> Iterator[pa.Table]:
         """The updates that earlier attempts of ``segment`` in this run recorded."""
@@ -560,7 +567,9 @@ class TaskStore:
 
         sink = pa.BufferOutputStream()
         pq.write_table(letters, sink)
-        self.files.write(self.files.path(DEAD_LETTERS_DIR, f"{name}.parquet"), sink.getvalue().to_pybytes())
+        data = sink.getvalue().to_pybytes()
+        with durable_write("dead-letters"):
+            self.files.write(self.files.path(DEAD_LETTERS_DIR, f"{name}.parquet"), data)
 
     def read_dead_letter_file(self, path: str) -> pa.Table | None:
         """One dead-letter file, to handle its events again; ``None`` if it has gone."""
@@ -573,7 +582,8 @@ class TaskStore:
 
     def request_stop(self, reason: str) -> None:
         """Ask the run's other tasks to stop at their next flush."""
-        self.files.write(_stop_path(self.files, self.run_id), reason.encode("utf-8"))
+        with durable_write("stop-request"):
+            self.files.write(_stop_path(self.files, self.run_id), reason.encode("utf-8"))
 
     def fenced(self) -> bool:
         """Whether a newer claim than the run's exists: another run took the checkpoint over, and

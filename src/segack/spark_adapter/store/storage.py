@@ -27,10 +27,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from segack.spark_adapter.errors import CheckpointLocationError
+
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig
 
-__all__ = ["OBJECT_STORE_SCHEMES", "ArrowFiles", "Files", "LocalFiles", "ObjectStoreFiles", "open_files"]
+__all__ = ["OBJECT_STORE_SCHEMES", "ArrowFiles", "Files", "LocalFiles", "ObjectStoreFiles", "open_files",
+           "resolve_location"]
 
 
 class Files(ABC):
@@ -367,6 +370,22 @@ def _store_failure(text: str) -> str:
         return f"the store answered {status[1]}" + (f" ({code[1]})" if code else "")
     first = text.strip().splitlines()[0] if text.strip() else "unknown error"
     return f"cannot reach the store: {first}"
+
+
+def resolve_location(location: str) -> str:
+    """``location`` in a form every machine reads the same way.
+
+    A URI with a scheme (``s3://bucket/x``) is kept; ``file://`` is dropped; a
+    relative local path becomes absolute, against the current directory of the
+    process that calls this (the driver), before anything is sent to executors.
+    """
+    if not isinstance(location, str) or not location:
+        raise CheckpointLocationError("a checkpoint location is required")
+    if location.startswith("file://"):
+        location = location.removeprefix("file://")
+    elif "://" in location:
+        return location
+    return os.path.abspath(os.path.expanduser(location))
 
 
 def open_files(location: str) -> Files:

@@ -122,10 +122,11 @@ class TaskPlan:
     checkpoint_id: str = ""
 
 
-#: What each task returns: one row, its updates sealed as bytes (their types are the data's).
+#: What each task returns: one row, its updates sealed as bytes (their types are the data's), and
+#: whether it stopped before the end of its events (asked to, or fenced).
 RESULT_SCHEMA = pa.schema([("segment", pa.int32()), ("updates", pa.binary()), ("handled", pa.int64()),
                            ("failure", pa.binary()), ("peak_pending", pa.int64()),
-                           ("dead_letters", pa.int64()), ("retries", pa.int64())])
+                           ("dead_letters", pa.int64()), ("retries", pa.int64()), ("stopped", pa.bool_())])
 
 
 class _SegmentTask:
@@ -157,8 +158,7 @@ class _SegmentTask:
         self.dispatcher: Dispatcher | None = None
         self.open_batches: deque[_Batch] = deque()
         self.dead_pending: list[pa.Table] = []
-        self.dead_letters = 0
-        self.dead_files = 0
+        self.dead_letters = self.dead_files = 0
         # Retries made in the task's own thread (the dispatcher counts its own).
         self.repeats = 0
         # One call at a time, in the task's thread: the rules that set events aside (parked keys,
@@ -540,7 +540,7 @@ class _SegmentTask:
             "failure": [None if failure is None else pickle.dumps(failure)],
             "peak_pending": [self.peak_pending if self.dispatcher is None else self.dispatcher.peak_pending],
             "dead_letters": [self.dead_letters],
-            "retries": [self._load().retries],
+            "retries": [self._load().retries], "stopped": [self.stopped],
         }, schema=RESULT_SCHEMA)
 
 

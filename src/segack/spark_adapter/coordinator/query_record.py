@@ -1,0 +1,228 @@
+"""segack's record of a query it runs (:func:`~segack.spark_adapter.stream`): where the query starts,
+and each micro-batch held against Spark's checkpoint of it.
+
+Where the query starts is decided before the claim is taken and before anything is written:
+
+1. **Spark's checkpoint of the query has micro-batches**: the query goes on from it. It must be the
+   query whose batches segack's checkpoint records (the same id); a Kafka starting option
+   (:data:`~segack.spark_adapter.sources.kafka.STARTING_OPTIONS`) is refused, since Spark would
+   ignore it.
+2. **Neither checkpoint has a micro-batch of the stream**: a new query. Kafka starts where nothing
+   is skipped (rule 5 of :mod:`~segack.spark_adapter.sources.kafka`): the consumer group's committed
+   offsets when the run commits to a group that has them, else the earliest offsets; a starting
+   option given starts it there instead, and the records it passes over are counted and recorded.
+3. **Spark's checkpoint has none, but segack's has micro-batches** (Spark's was lost or removed): a
+   Kafka query restarts from segack's record of the last complete batch's end offsets (partitions
+   added since, from their earliest), so losing Spark's checkpoint loses and repeats nothing. Any
+   other source, or a batch that was under way, is refused: its position cannot be handed back to
+   Spark exactly.
+
+Then each micro-batch Spark delivers is held against the record (:func:`check_batch`), which names
+the query's id and each batch's end offsets as Spark's checkpoint gave them: the batch must be the
+one in progress, the last one complete (delivered again: skipped), or the next, of the same query
+and, where recorded, with the same offsets. Anything else means that Spark's checkpoint was lost,
+replaced or restored from an older copy (or segack's was), and is refused before any event is
+handled or any offset committed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from segack.spark_adapter.errors import CheckpointError, OptionError
+from segack.spark_adapter.sources.kafka import (
+    STARTING_OPTIONS,
+    KafkaStream,
+    group_offsets,
+    list_offsets,
+    offsets_json,
+    parse_offsets,
+    passed_over,
+    starting_offsets,
+    subscribed_partitions,
+)
+from segack.spark_adapter.spark.session import is_connect
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from segack.spark_adapter.store.checkpoint import Checkpoint, CheckpointStore
+    from segack.spark_adapter.store.query_log import QueryLog
+
+__all__ = ["QueryStart", "check_batch", "check_query", "plan_start"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class QueryStart:
+    """Where the query starts, and what segack's record of the stream says of it."""
+
+    #: The events to start the query over: the caller's, or Kafka's from the chosen offsets.
+    events: DataFrame | KafkaStream
+    #: Where it starts, in words (for the log and ``segack status``).
+    where: str
+    #: Records a new query passes over because a starting option said so.
+    passed_over: int = 0
+    #: Rule 3: the record of the query the new one goes on from (its id and last complete batch).
+    restarted_from: dict[str, Any] | None = None
+    #: Whether the query is new (rules 2 and 3): the start is then recorded.
+    new: bool = False
+
+    def record(self, stream: dict[str, Any]) -> dict[str, Any]:
+        """The stream's record once the query starts: a new query's start noted, and for rule 3 the
+        batches numbered from 0 again, as the new query numbers them."""
+        if not self.new:
+            return stream
+        started = {"start": {"where": self.where, "passed_over": self.passed_over, "at": time.time()}}
+        if self.restarted_from is None:
+            return {**stream, **started}
+        restarts = [*stream.get("restarts", []), {**self.restarted_from, "at": time.time()}]
+        return {**stream, **started, "restarts": restarts, "query_id": None, "completed_batch": -1,
+                "batch": None, "completed_end": None}
+
+
+def _given(events: KafkaStream) -> list[str]:
+    return [name for name in STARTING_OPTIONS if name in events.options]
+
+
+def plan_start(spark: SparkSession, store: CheckpointStore, state: Checkpoint | None,
+               events: DataFrame | KafkaStream, group: str | None) -> QueryStart:
+    """The start of the query over ``events`` on ``store`` (the module's rules), or a
+    :class:`~segack.spark_adapter.CheckpointError` (or :class:`~segack.spark_adapter.OptionError`
+    for a starting option) saying why it cannot start."""
+    query_log = store.query_log()
+    stream: dict[str, Any] = (state.settings.get("stream") if state is not None else None) or {}
+    kafka = events if isinstance(events, KafkaStream) else None
+    given = _given(kafka) if kafka is not None else []
+    spark_batches = query_log.batches()
+    if spark_batches:  # 1
+        try:
+            check_query(stream, query_log.query_id(), query_log)
+        except CheckpointError as error:
+            raise CheckpointError(f"checkpoint {store.location}: {error}") from None
+        if given:
+            raise OptionError(f"{given[0]} applies only to a new query, and the query of checkpoint "
+                              f"{store.location} has a position already (micro-batch {spark_batches[-1]}); "
+                              f"leave it out, or use a new checkpoint")
+        return QueryStart(events, f"Spark's checkpoint of the query, after micro-batch {spark_batches[-1]}")
+    done, current = int(stream.get("completed_batch", -1)), stream.get("batch")
+    if done < 0 and current is None:  # 2
+        return _new_query(spark, events, group)
+    has = (f"micro-batches through {done} complete" if current is None
+           else f"micro-batch {current['id']} under way")
+    if given:
+        raise OptionError(f"{given[0]} applies only to a new query, and checkpoint {store.location} has "
+                          f"{has}; leave it out, or use a new checkpoint")
+    lost = (f"checkpoint {store.location}: Spark's checkpoint of the query ({query_log.location}) is gone, "
+            f"but segack's has {has}")
+    back = "put Spark's checkpoint back, or use a new checkpoint"
+    if kafka is None:  # 3
+        raise CheckpointError(f"{lost}, and only a Kafka query restarts from segack's record; {back}")
+    if current is not None:
+        raise CheckpointError(f"{lost}, whose records a new query could not read again exactly; {back}")
+    kept = _kafka_ends(stream.get("completed_end"))
+    if kept is None:
+        raise CheckpointError(f"{lost}, and its record lacks the offsets a restart needs (written by an "
+                              f"earlier segack); {back}")
+    # Partitions added since start from their earliest; Spark's reader needs each one named.
+    partitions = list(kept) if is_connect(spark) else subscribed_partitions(spark, kafka.options)
+    starts = {where: kept.get(where, -2) for where in partitions}
+    log.warning("%s; the query restarts from segack's record of micro-batch %d", lost, done)
+    where = (f"segack's record of micro-batch {done} of query {stream.get('query_id')} (Spark's checkpoint "
+             f"of the query was gone)")
+    return QueryStart(kafka.starting_at(offsets_json(starts)), where, new=True,
+                      restarted_from={"query_id": stream.get("query_id"), "completed_batch": done})
+
+
+def _kafka_ends(ends: Any) -> dict[tuple[str, int], int] | None:
+    """The Kafka source's end offsets in a batch's recorded ``end`` (one entry per source)."""
+    if not isinstance(ends, list) or len(ends) != 1 or not isinstance(ends[0], dict):
+        return None
+    found = parse_offsets({"sources": [{"endOffset": ends[0]}]})
+    return {(where.topic, where.partition): where.end for where in found} or None
+
+
+def _new_query(spark: SparkSession, events: DataFrame | KafkaStream, group: str | None) -> QueryStart:
+    """Rule 2."""
+    if not isinstance(events, KafkaStream):
+        return QueryStart(events, "a new query, from the source's own starting options", new=True)
+    if is_connect(spark):  # the offsets cannot be looked up from here: Spark's reader decides
+        if not _given(events):
+            return QueryStart(events.starting_at("earliest"), "a new query, from the earliest offsets",
+                              new=True)
+        return QueryStart(events, "a new query, from its starting options", new=True)
+    partitions = subscribed_partitions(spark, events.options)
+    earliest = list_offsets(spark, events.options, dict.fromkeys(partitions, "earliest"))
+    given = _given(events)
+    if given:
+        starts = starting_offsets(spark, events.options, partitions)
+        skipped = passed_over(earliest, starts)
+        if skipped:
+            log.warning("a new query starts at its %s, passing over %d records", given[0], skipped)
+        return QueryStart(events, f"a new query, from its {given[0]}", passed_over=skipped, new=True)
+    committed = group_offsets(spark, events.options, group) if group is not None else {}
+    mine = {where: offset for where, offset in committed.items() if where in earliest}
+    if not mine:
+        return QueryStart(events.starting_at("earliest"), "a new query, from the earliest offsets", new=True)
+    # A committed offset below the earliest (retention deleted what followed it) starts at the earliest.
+    starts = {where: max(mine.get(where, earliest[where]), earliest[where]) for where in partitions}
+    return QueryStart(events.starting_at(offsets_json(starts)),
+                      f"a new query, from consumer group {group}'s committed offsets", new=True)
+
+
+def check_query(stream: dict[str, Any], query_id: str | None, query_log: QueryLog) -> None:
+    """Refuse Spark's checkpoint ``query_log`` when it is of another query than the one whose batches
+    the stream's record (``stream``) holds."""
+    recorded = stream.get("query_id")
+    if recorded is not None and query_id != recorded:
+        raise CheckpointError(
+            f"Spark's checkpoint of the query ({query_log.location}) is of query {query_id}, but segack's "
+            f"records the micro-batches of query {recorded}: it was replaced or restored from another copy. "
+            f"Put the query's own back, or remove it: segack then restarts a Kafka query from its record")
+
+
+def check_batch(stream: dict[str, Any], batch_id: int, query_log: QueryLog | None,
+                ) -> tuple[str | None, Any]:
+    """Hold micro-batch ``batch_id`` against the stream's record (the module's rules); the query's id
+    and the batch's end offsets in Spark's checkpoint ``query_log`` (both ``None`` without one: a
+    query of the caller's own, whose checkpoint segack cannot see)."""
+    done, current = stream["completed_batch"], stream["batch"]
+    if query_log is None:
+        if current is not None and current["id"] != batch_id and batch_id > done:
+            raise CheckpointError(f"batch {current['id']} is in progress, but Spark delivered batch "
+                                  f"{batch_id}")
+        return None, None
+    query_id, ends = query_log.query_id(), query_log.end_offsets(batch_id)
+    check_query(stream, query_id, query_log)
+    spark = f"Spark's checkpoint of the query ({query_log.location})"
+    delivered = f"Spark delivered micro-batch {batch_id}"
+    if ends is None:
+        raise CheckpointError(f"{spark} has no offsets for micro-batch {batch_id}, which Spark delivered")
+    if current is not None:
+        if current["id"] != batch_id:
+            raise CheckpointError(f"{delivered}, but micro-batch {current['id']} is in progress in segack's "
+                                  f"checkpoint: {spark} was replaced or restored from an older copy")
+        expected = current.get("end")
+    elif batch_id == done:
+        expected = stream.get("completed_end")
+    elif batch_id < done:
+        raise CheckpointError(f"{delivered}, but segack's checkpoint has micro-batches through {done} "
+                              f"complete: {spark} is behind it (restored from an older copy?)")
+    elif batch_id > done + 1:
+        raise CheckpointError(f"{delivered}, but segack's checkpoint has micro-batches only through {done} "
+                              f"complete: it is behind {spark} (restored from an older copy?)")
+    else:
+        expected = None
+    if expected is not None and ends != expected:
+        raise CheckpointError(f"micro-batch {batch_id} ends at {_shown(ends)} in {spark}, but at "
+                              f"{_shown(expected)} in segack's record of it")
+    return query_id, ends
+
+
+def _shown(offsets: Any) -> str:
+    return json.dumps(offsets, separators=(",", ":"))
