@@ -1,4 +1,4 @@
-"""Sessions: tests, connectors, quick, sdist, wheel, fuzz, conformance, lint, docs, mutation, bench.
+"""Sessions: tests, connectors, faults, quick, sdist, wheel, fuzz, conformance, lint, docs, mutation, bench.
 ``nox -l`` lists them."""
 
 from __future__ import annotations
@@ -91,7 +91,18 @@ def connectors(session: nox.Session) -> None:
     the same way (``tests/maven.py``), confluent-kafka to produce and inspect."""
     install_segack(session, "test", f"pyspark[connect]=={CONNECTORS_SPARK}", "confluent-kafka")
     session.run("python", "-m", "tests.maven")  # resolved ahead: the tests' times are their own
-    run_pytest(session, ("-m", "kafka or delta"))
+    run_pytest(session, ("-m", "(kafka or delta) and not campaign"))
+
+
+@nox.session
+def faults(session: nox.Session) -> None:
+    """The fault campaign (``tests/test_faults.py``): a Kafka stream into PostgreSQL killed at each
+    named crash point and resumed, each case checking that nothing was lost, applied twice or
+    committed ahead; prints the crash points covered / total. ``nox -s connectors`` runs a fixed
+    sample of it."""
+    install_segack(session, "test", f"pyspark[connect]=={CONNECTORS_SPARK}", "confluent-kafka")
+    session.run("python", "-m", "tests.maven")
+    session.run("pytest", "-m", "faults", *WORKERS, *session.posargs)
 
 
 @nox.session

@@ -53,6 +53,7 @@ AREAS = {
     "test_driver_watch.py": ("claims",),
     "test_errors.py": ("command",),
     "test_exactly_once.py": ("sinks",),
+    "test_faults.py": ("streams",),
     "test_executors.py": ("clusters",),
     "test_fingerprint.py": ("checkpoint",),
     "test_footers.py": ("checkpoint",),
@@ -104,6 +105,23 @@ def long_tests_early(items: list[pytest.Item], recorded: dict[str, float]) -> li
     others = [item for item in items if id(item) not in place]
     place.update({id(item): (float(index), True) for index, item in enumerate(others)})
     return sorted(items, key=lambda item: place[id(item)])
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """After a run of the fault campaign (``tests/test_faults.py``): the crash points it covered (a
+    case passes only where a process died at its point and the resume lost and repeated nothing)."""
+    from segack.spark_adapter.store.crash_points import POINTS
+
+    def points(outcome: str) -> set[str]:
+        reports = terminalreporter.stats.get(outcome, [])
+        return {report.nodeid.rsplit("[", 1)[-1].rstrip("]") for report in reports
+                if "test_faults.py::" in getattr(report, "nodeid", "") and report.when == "call"}
+
+    covered, failed = points("passed"), points("failed")
+    if covered or failed:
+        missing = [point for point in POINTS if point not in covered]
+        terminalreporter.write_line(f"crash points covered: {len(covered)} / {len(POINTS)}"
+                                    + (f"; not covered: {', '.join(missing)}" if missing else ""))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -405,3 +405,27 @@ def _ledger_sink() -> Any:
 
 #: ``--handler tests.spark_handlers:ledger_sink``: the ledger on the database :data:`DSN_ENV` names.
 ledger_sink = _ledger_sink()
+
+
+class RefusingLedgerApply(LedgerApply):
+    """:class:`LedgerApply` refusing ``refused`` (a ``(user, seq)``) unless the run (``SEGACK_TEST_RUN``)
+    is called "fixed": a key's event that fails, then its cause fixed."""
+
+    def __init__(self, mark: str, refused: tuple[str, int]) -> None:
+        super().__init__(mark)
+        self.refused = refused
+
+    def __call__(self, cursor: Any, event: dict[str, Any]) -> None:
+        if (event["user"], event["seq"]) == self.refused and os.environ.get("SEGACK_TEST_RUN") != "fixed":
+            raise ValueError("the ledger refuses this event until it is fixed")
+        super().__call__(cursor, event)
+
+
+def _faults_sink() -> Any:
+    from segack.sinks import SqlSink
+
+    return SqlSink(PostgresConnect(), RefusingLedgerApply("%s", ("user-3", 5)))
+
+
+#: ``--handler tests.spark_handlers:faults_sink``: the ledger, refusing user-3's event 5 until fixed.
+faults_sink = _faults_sink()

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -160,3 +162,76 @@ def test_a_task_that_stops_because_of_a_failure_whose_report_was_lost_fails_the_
     assert sorted({event["seq"] for event in handled if event["user"] == "u1"}) == list(range(30))
     assert [event["seq"] for event in handled if event["run"] == "fixed" and event["user"] == "u1"] == \
         list(range(10, 30))
+
+
+def _start(tmp_path: Path, command: list[str]) -> subprocess.Popen[str]:
+    environment = dict(os.environ, **{LOG_ENV: str(tmp_path / "log.jsonl"), "SEGACK_TEST_RUN": "0"})
+    return subprocess.Popen([sys.executable, "-m", "segack", *command], cwd=ROOT, env=environment,
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_events(tmp_path: Path, process: subprocess.Popen[str], count: int) -> None:
+    deadline = time.monotonic() + 180
+    while len(read_log(str(tmp_path / "log.jsonl"))) < count:
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "timed out waiting for events"
+        time.sleep(0.05)
+
+
+@pytest.mark.command
+@pytest.mark.parametrize("times", [1, 2], ids=["once", "twice"])
+def test_ctrl_c_stops_a_stream_at_the_end_of_its_micro_batch_and_twice_at_once(tmp_path, times):
+    """Ctrl-C as a terminal sends it (SIGINT to the command's whole process group): once, the
+    micro-batch under way ends and the command exits 0; twice, it stops at once and exits 1. Never a
+    traceback, and the next run goes on from there."""
+    source = tmp_path / "source"
+    tables = [_events({f"u{n}": range(100 * batch, 100 * batch + 100) for n in range(40)}, 10_000 * batch)
+              for batch in range(3)]
+    _write_files(source, tables)
+    command = ["stream", str(source), "--key", "user", "--order", "ts", "--handler",
+               "tests.spark_handlers:record_slowly", "--checkpoint", str(tmp_path / "checkpoint"),
+               "--segments", "2", "--option", "maxFilesPerTrigger=1", "--trigger", "1s"]
+    process = _start(tmp_path, command)
+    _wait_for_events(tmp_path, process, 500)
+    for _ in range(times):
+        os.killpg(process.pid, signal.SIGINT)
+        time.sleep(0.2)
+    out, err = process.communicate(timeout=180)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err and "taken over" not in err, err
+    if times == 1:
+        assert process.returncode == ExitCode.OK, err
+        assert "segack stream: stopping at the end of the micro-batch under way (again: now)" in err, err
+        assert "segack stream: stopped as asked: 1 micro-batch, 4,000 events handled" in out, out
+        assert _recorded(tmp_path / "checkpoint")["batch"] is None
+    else:
+        assert process.returncode == ExitCode.FAILED, err
+        assert "segack stream: stopped at once as asked, its micro-batch under way incomplete" in err, err
+    rest = _stream(tmp_path, source, "tests.spark_handlers:record_slowly", "--option", "maxFilesPerTrigger=1")
+    assert rest.returncode == ExitCode.OK, rest.stderr
+    handled = read_log(str(tmp_path / "log.jsonl"))
+    assert {(event["user"], event["seq"]) for event in handled} == {
+        (f"u{n}", seq) for n in range(40) for seq in range(300)}
+    if times == 1:  # stopped at a commit: nothing handled twice
+        assert len(handled) == 12_000
+
+
+@pytest.mark.command
+def test_ctrl_c_stops_a_replay_at_once_and_it_resumes(tmp_path):
+    pq.write_table(_events({f"u{n}": range(300) for n in range(40)}, 0), tmp_path / "events.parquet")
+    command = ["replay", str(tmp_path / "events.parquet"), "--key", "user", "--order", "ts", "--handler",
+               "tests.spark_handlers:record_slowly", "--checkpoint", str(tmp_path / "checkpoint"),
+               "--segments", "2", "--flush-every", "100"]
+    process = _start(tmp_path, command)
+    _wait_for_events(tmp_path, process, 1000)
+    os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=180)
+    assert process.returncode == ExitCode.FAILED, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "segack replay: stopping now; the progress saved so far is kept" in err, err
+    assert f"segack replay: stopped as asked; run it again to resume ({tmp_path / 'checkpoint'})" in err
+    again = _start(tmp_path, command)
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == ExitCode.OK, err
+    handled = read_log(str(tmp_path / "log.jsonl"))
+    assert {(event["user"], event["seq"]) for event in handled} == {
+        (f"u{n}", seq) for n in range(40) for seq in range(300)}

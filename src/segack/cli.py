@@ -254,7 +254,8 @@ def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "replay", help="replay events through a handler, in order per key, resumably",
         description="Call a handler once per event of INPUT, never before every earlier event of its "
         "key (by the order column) has been handled. Progress is checkpointed as it goes; running "
-        "again with the same checkpoint resumes, with another --segments it rescales.",
+        "again with the same checkpoint resumes, with another --segments it rescales. SIGTERM or "
+        "Ctrl-C stops it at once, keeping the progress saved so far (exit 1: run it again).",
     )
     replay.epilog = "exit status: " + ", ".join(f"{code.value} {code.name.lower().replace('_', ' ')}"
                                                 for code in ExitCode) + " (see the docs' exit codes)"
@@ -286,7 +287,8 @@ def _add_stream(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         description="Run a Structured Streaming query that calls a handler once per event, never before "
         "every earlier event of its key has been handled. Each micro-batch is complete in the "
         "checkpoint before the next starts; Spark's own checkpoint of the query lives inside it. "
-        "SIGTERM or Ctrl-C stops it at the end of the micro-batch under way (twice: at once).",
+        "SIGTERM or Ctrl-C stops it at the end of the micro-batch under way, exit 0 (twice: at once, "
+        "exit 1, the batch's progress kept).",
     )
     stream.epilog = "exit status: " + ", ".join(f"{code.value} {code.name.lower().replace('_', ' ')}"
                                                 for code in ExitCode) + " (see the docs' exit codes)"

@@ -13,8 +13,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from segack.cli import ExitCode, counted, percent, run_keywords
@@ -218,18 +219,63 @@ def _failure_code(args: argparse.Namespace, error: Exception) -> int:
     return ExitCode.FAILED
 
 
+@contextlib.contextmanager
+def _stop_signals(asked: Callable[[int, Any], None]) -> Iterator[Callable[[], None]]:
+    """SIGTERM and SIGINT call ``asked`` while the block runs, as they did before it afterwards. The
+    block calls what this yields once Spark has started: PySpark's session puts in its own SIGINT
+    handler, which cancels every job and raises ``KeyboardInterrupt`` wherever the main thread is."""
+    numbers = (signal.SIGTERM, signal.SIGINT)
+    previous = {number: signal.signal(number, asked) for number in numbers}
+
+    def again() -> None:
+        for number in numbers:
+            signal.signal(number, asked)
+
+    try:
+        yield again
+    finally:
+        for number, handling in previous.items():
+            signal.signal(number, handling)
+
+
+def _interrupt(spark: Any) -> None:
+    """Cancel the session's jobs, from a thread of its own (a signal handler runs in the main
+    thread, which may be waiting on the session)."""
+    def cancel() -> None:
+        try:
+            spark.interruptAll()
+        except Exception as error:  # the session is stopping anyway
+            log.info("could not cancel the session's jobs: %s", error)
+
+    threading.Thread(target=cancel, name="segack-interrupt", daemon=True).start()
+
+
 def replay_command(args: argparse.Namespace) -> int:
-    """``segack replay``: an :class:`~segack.cli.ExitCode`, with a one-line reason unless it is ``OK``."""
+    """``segack replay``: an :class:`~segack.cli.ExitCode`, with a one-line reason unless it is ``OK``.
+    SIGTERM or Ctrl-C stops the run at once, its tasks' progress up to their last flush kept."""
     prepared = _prepare(args)
     if isinstance(prepared, ExitCode):
         return prepared
     handler, py_files, store = prepared
     printer = ProgressPrinter()
     spark = None
+    stopped = threading.Event()
+
+    def asked(number: int, frame: Any) -> None:
+        if not stopped.is_set():
+            printer.close()
+            print("segack replay: stopping now; the progress saved so far is kept", file=sys.stderr)
+        stopped.set()
+        if spark is not None:
+            _interrupt(spark)
+
     try:
-        with printer.phases(args.verbose):
+        with printer.phases(args.verbose), _stop_signals(asked) as again:
             STARTUP.info("starting Spark (%s)", "Spark Connect" if args.remote else _master(args))
             spark = _start_session(args, py_files)
+            again()
+            if stopped.is_set():
+                raise _Stopped
             events = read_input(spark, args.input, args.format, dict(args.option), args.table)
             source = args.input if args.table is None else f"table {args.table}"
             result = replay(events, key=args.key, order=args.order, handler=handler, checkpoint=store,
@@ -237,11 +283,19 @@ def replay_command(args: argparse.Namespace) -> int:
                             **run_keywords(args))
     except Exception as error:
         printer.close()
+        if stopped.is_set():
+            print(f"segack replay: stopped as asked; run it again to resume ({store.location})",
+                  file=sys.stderr)
+            return ExitCode.FAILED
         return _failure_code(args, error)
     finally:
         _stop_session(spark, args)
     printer.close()
     return _report(result, args)
+
+
+class _Stopped(Exception):
+    """A stop asked while Spark was starting: nothing ran."""
 
 
 def _stream_events(spark: Any, args: argparse.Namespace) -> Any:
@@ -265,25 +319,33 @@ def stream_command(args: argparse.Namespace) -> int:
     handler, py_files, store = prepared
     stop = StopRequest()
 
-    def asked(number: int, frame: object) -> None:
+    def asked(number: int, frame: Any) -> None:
         then = "now" if stop.asked.is_set() else "at the end of the micro-batch under way (again: now)"
         print(f"segack stream: stopping {then}", file=sys.stderr)
         stop.set()
 
-    previous = {number: signal.signal(number, asked) for number in (signal.SIGTERM, signal.SIGINT)}
     spark = None
     try:
-        spark = _start_session(args, py_files)
-        events = _stream_events(spark, args)
-        result = stream(events, key=args.key, order=args.order, handler=handler, checkpoint=store,
-                        trigger=args.trigger, commit_offsets_to=args.commit_offsets_to, stop=stop,
-                        progress=_print_batch, metrics_port=args.metrics_port, **run_keywords(args))
+        with _stop_signals(asked) as again:
+            spark = _start_session(args, py_files)
+            again()
+            if stop.asked.is_set():
+                raise _Stopped
+            events = _stream_events(spark, args)
+            result = stream(events, key=args.key, order=args.order, handler=handler, checkpoint=store,
+                            trigger=args.trigger, commit_offsets_to=args.commit_offsets_to, stop=stop,
+                            progress=_print_batch, metrics_port=args.metrics_port, **run_keywords(args))
+    except _Stopped:
+        print("segack stream: stopped as asked, before the query started", file=sys.stderr)
+        return ExitCode.OK
     except Exception as error:
         return _failure_code(args, error)
     finally:
-        for number, handling in previous.items():
-            signal.signal(number, handling)
         _stop_session(spark, args)
+    if stop.now.is_set():
+        print(f"segack stream: stopped at once as asked, its micro-batch under way incomplete; its progress "
+              f"is saved: run it again to resume ({store.location})", file=sys.stderr)
+        return ExitCode.FAILED
     return _stream_report(result, args)
 
 
