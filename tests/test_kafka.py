@@ -19,6 +19,7 @@ import pytest
 from segack.cli import ExitCode, main
 from segack.spark_adapter import serve_metrics
 from segack.spark_adapter.store.checkpoint import CheckpointStore
+from segack.spark_adapter.store.crash_points import ENV
 from tests import maven
 from tests.spark_handlers import DSN_ENV, LOG_ENV, fold, read_log
 from tests.test_metrics import sample_value, scrape
@@ -501,7 +502,7 @@ def test_sigterm_stops_at_the_end_of_a_micro_batch_and_the_next_run_repeats_noth
     produce(kafka_broker.bootstrap, topic, records)
     process = start_stream(tmp_path, kafka_broker.bootstrap, topic,
                            "tests.spark_handlers:record_kafka_slowly", "--trigger", "1s",
-                           "--option", "maxOffsetsPerTrigger=500")
+                           "--option", "maxOffsetsPerTrigger=500", "--commit-offsets-to", "segack-sigterm")
     log = str(tmp_path / "log.jsonl")
     _wait_for(lambda: len(read_log(log)) > 600, 300, "a micro-batch or two", process)
     process.send_signal(signal.SIGTERM)
@@ -513,12 +514,47 @@ def test_sigterm_stops_at_the_end_of_a_micro_batch_and_the_next_run_repeats_noth
     assert stopped_at < len(records), "the stream had read everything: the stop proves nothing"
     state = CheckpointStore(str(tmp_path / "checkpoint")).load()
     assert state.settings["stream"]["batch"] is None  # stopped at a commit: no batch in progress
+    # The last complete micro-batch's offsets reached the group before the command exited.
+    [done] = state.settings["stream"]["completed_end"]
+    assert committed_offsets(kafka_broker.bootstrap, topic, "segack-sigterm") == {
+        int(partition): offset for partition, offset in done[topic].items()}
+    # Each batch's line counts its records once.
+    counted = sum(int(line.split()[4].replace(",", "")) for line in out.splitlines()
+                  if line.startswith("segack stream: batch "))
+    assert counted == stopped_at, out
     finished = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
                           run="1")
     assert finished.returncode == 0, finished.stderr
     handled = read_log(log)
     assert len(handled) == len(records)  # nothing repeated, nothing lost
     assert_each_key_in_offset_order(handled, records)
+
+
+
+@pytest.mark.command
+def test_a_micro_batch_run_again_after_a_crash_is_reported_once_at_its_size(tmp_path, kafka_broker):
+    """The driver dies in the middle of micro-batch 0; the next run goes on with it (Spark delivers
+    it again, and segack reads it twice: to check what was done, then to handle the rest) and
+    reports it at its size, not at what Spark read."""
+    topic = "accounts-counted"
+    make_topic(kafka_broker.bootstrap, topic, 2)
+    records = account_events(2000, users=40, seed=31)
+    produce(kafka_broker.bootstrap, topic, records)
+    options = ("--option", "maxOffsetsPerTrigger=1000", "--flush-interval", "0.1")
+    crashed = subprocess.run(stream_command(tmp_path, kafka_broker.bootstrap, topic,
+                                            "tests.spark_handlers:record_kafka_slowly", *options),
+                             cwd=ROOT, env={**environment(tmp_path, "0"), ENV: "after-state@3"},
+                             capture_output=True, text=True, timeout=600)
+    assert crashed.returncode == -9, crashed.stderr
+    recorded = CheckpointStore(str(tmp_path / "checkpoint")).load().settings["stream"]
+    assert recorded["batch"]["id"] == 0 and recorded["completed_batch"] == -1, recorded
+    resumed = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
+                         *options, run="1")
+    assert resumed.returncode == ExitCode.OK, resumed.stderr
+    batches = [line.split() for line in resumed.stdout.splitlines()
+               if line.startswith("segack stream: batch ")]
+    assert [words[3] for words in batches] == ["0:", "1:", "2:"], batches
+    assert sum(int(words[4].replace(",", "")) for words in batches) == len(records), batches
 
 
 @pytest.mark.claims

@@ -528,9 +528,15 @@ def _print_stream(stream: dict[str, Any] | None) -> None:
     group = stream.get("commit_offsets_to")
     told = f"committed to consumer group {group}" if group else "not committed to Kafka (--commit-offsets-to)"
     print(f"{'kafka':<15} offsets as of micro-batch {last.get('id')}, {told}")
+    # A record from before segack kept what the group was told: every offset was committed.
+    told_group = {(topic, partition): end for topic, partition, end in stream.get(
+        "group_offsets", [[topic, partition, end] for topic, partition, end, _ in partitions])}
     for topic, partition, end, latest in partitions:
         lag = "" if latest is None else f", lag {max(latest - end, 0):,}"
-        print(f"  {topic}/{partition:<5} next offset {end:,} ({'committed' if group else 'done'}){lag}")
+        at = told_group.get((topic, partition))
+        state = ("done" if not group else "committed" if at == end
+                 else "done, not committed yet" if at is None else f"done, the group at {at:,}")
+        print(f"  {topic}/{partition:<5} next offset {end:,} ({state}){lag}")
 
 
 def _status_line(status: str, claim: Claim | None, letters: int, streams: bool = False) -> str:

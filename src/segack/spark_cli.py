@@ -275,7 +275,9 @@ def replay_command(args: argparse.Namespace) -> int:
             spark = _start_session(args, py_files)
             again()
             if stopped.is_set():
-                raise _Stopped
+                print(f"segack replay: stopped as asked, before the run started ({store.location})",
+                      file=sys.stderr)
+                return ExitCode.FAILED
             events = read_input(spark, args.input, args.format, dict(args.option), args.table)
             source = args.input if args.table is None else f"table {args.table}"
             result = replay(events, key=args.key, order=args.order, handler=handler, checkpoint=store,
@@ -292,10 +294,6 @@ def replay_command(args: argparse.Namespace) -> int:
         _stop_session(spark, args)
     printer.close()
     return _report(result, args)
-
-
-class _Stopped(Exception):
-    """A stop asked while Spark was starting: nothing ran."""
 
 
 def _stream_events(spark: Any, args: argparse.Namespace) -> Any:
@@ -330,14 +328,12 @@ def stream_command(args: argparse.Namespace) -> int:
             spark = _start_session(args, py_files)
             again()
             if stop.asked.is_set():
-                raise _Stopped
+                print("segack stream: stopped as asked, before the query started", file=sys.stderr)
+                return ExitCode.OK
             events = _stream_events(spark, args)
             result = stream(events, key=args.key, order=args.order, handler=handler, checkpoint=store,
                             trigger=args.trigger, commit_offsets_to=args.commit_offsets_to, stop=stop,
                             progress=_print_batch, metrics_port=args.metrics_port, **run_keywords(args))
-    except _Stopped:
-        print("segack stream: stopped as asked, before the query started", file=sys.stderr)
-        return ExitCode.OK
     except Exception as error:
         return _failure_code(args, error)
     finally:

@@ -140,8 +140,8 @@ class _QueryBatches:
 
 
 class _Watch:
-    """Steps 4 to 6 for a started ``query``: what Spark reports of it, told to the caller, the
-    checkpoint and (``group``) Kafka."""
+    """Steps 4 to 6 for a started ``query``: each micro-batch complete in the checkpoint told to
+    the caller, recorded, and (``group``) its end offsets committed to Kafka."""
 
     def __init__(self, spark: SparkSession, query: StreamingQuery, batches: _QueryBatches,
                  kafka: KafkaStream | None, group: str | None,
@@ -149,12 +149,15 @@ class _Watch:
         self.spark, self.query, self.batches, self.kafka, self.group = spark, query, batches, kafka, group
         self.progress = progress
         self.last_batch: int | None = None
-        #: How long the last reported micro-batch took, as Spark measured it.
+        #: How long the last micro-batch took.
         self.last_seconds: float | None = None
-        #: Micro-batches that read events, as reported, and their events.
+        #: Micro-batches complete that had events, and their events (each once).
         self.count = self.events = 0
+        #: Each partition's end as of the last complete micro-batch, and its latest offset as
+        #: Spark last saw it.
         self.partitions: list[PartitionOffsets] = []
-        self.committed: list[PartitionOffsets] = []
+        #: What the group was last told, as ``(topic, partition, end)``.
+        self.committed: list[tuple[str, int, int]] = []
 
     @property
     def lag(self) -> int | None:
@@ -163,8 +166,8 @@ class _Watch:
         return sum(lag for lag in lags if lag is not None) if lags and None not in lags else None
 
     def until_ended(self, stop: StopRequest) -> None:
-        """Steps 4 and 5: look at the query's reports until it ends; raise what ended it, unless it
-        ended because it was asked to."""
+        """Steps 4 and 5: look at the completed micro-batches until the query ends; raise what
+        ended it, unless it ended because it was asked to."""
         from pyspark.errors import StreamingQueryException
 
         try:
@@ -181,46 +184,58 @@ class _Watch:
                 raise failure from None
             raise ReplayError(f"the stream's query failed: {worker_error(error)}") from None
 
+    def _latest(self) -> dict[tuple[str, int], int]:
+        """Each partition's latest offset in Spark's last report of the query (Kafka)."""
+        report: dict[str, Any] = self.query.lastProgress or {}
+        return {(where.topic, where.partition): where.latest for where in parse_offsets(report)
+                if where.latest is not None}
+
     def look(self) -> None:
-        """Step 4 for each micro-batch Spark reported since the last look (its recent reports)."""
-        reports = [report for report in self.query.recentProgress
-                   if report.get("numInputRows") and (self.last_batch is None
-                                                       or int(report["batchId"]) > self.last_batch)]
-        for report in reports:
-            self.last_batch = int(report["batchId"])
-            self.count += 1
-            self.events += int(report["numInputRows"])
-            if self.kafka is not None:
-                self.partitions = parse_offsets(report)
-            self.last_seconds = (report.get("durationMs") or {}).get("triggerExecution", 0) / 1000
-            if self.progress is not None:
-                self.progress(BatchReport(self.last_batch, int(report["numInputRows"]), self.last_seconds,
-                                          self.events, self.lag))
-        if reports:
-            self.batches.replay.report = self.record()
-            self._commit()
+        """Step 4 for each micro-batch completed since the last look; then the group's commit, tried
+        again at every look until it succeeds."""
+        replay = self.batches.replay
+        done = [replay.done.popleft() for _ in range(len(replay.done))]
+        latest = self._latest() if done and self.kafka is not None else {}
+        for batch in done:
+            self.last_batch, self.last_seconds = batch.batch_id, batch.seconds
+            if self.kafka is not None and batch.end is not None:
+                ends = parse_offsets({"sources": [{"endOffset": end} for end in batch.end]})
+                self.partitions = [PartitionOffsets(where.topic, where.partition, where.end,
+                                                    latest.get((where.topic, where.partition)))
+                                   for where in ends]
+            if batch.events:
+                self.count += 1
+                self.events += batch.events
+                if self.progress is not None:
+                    self.progress(BatchReport(batch.batch_id, batch.events, batch.seconds, self.events,
+                                              self.lag))
+        self._commit()
+        if done:
+            replay.report = self.record()
 
     def _commit(self) -> None:
-        if self.group is None or self.kafka is None or self.partitions == self.committed:
+        ends = [(where.topic, where.partition, where.end) for where in self.partitions]
+        if self.group is None or self.kafka is None or ends == self.committed:
             return
         try:
             commit_offsets(self.spark, self.kafka.options, self.group, self.partitions)
         except Exception as error:
-            # The next report commits again; the group stays behind meanwhile, never ahead.
+            # The next look commits again; the group stays behind meanwhile, never ahead.
             log.warning("could not commit the offsets of batch %s to consumer group %s: %s", self.last_batch,
                         self.group, worker_error(error))
             return
-        self.committed = self.partitions
+        self.committed = ends
 
     def record(self) -> dict[str, Any]:
         """The report as the checkpoint's ``stream`` settings keep it."""
         return {"last_batch": {"id": self.last_batch, "at": time.time(), "seconds": self.last_seconds},
                 "commit_offsets_to": self.group,
                 "partitions": [[where.topic, where.partition, where.end, where.latest]
-                               for where in self.partitions]}
+                               for where in self.partitions],
+                "group_offsets": [list(where) for where in self.committed]}
 
     def end(self, keeper: ClaimKeeper) -> None:
-        """Step 6: the last report, recorded and committed (no micro-batch runs any more)."""
+        """Step 6: the last micro-batch recorded and committed (no micro-batch runs any more)."""
         self.look()
         if self.last_batch is None:
             return

@@ -20,8 +20,11 @@ older copy, or segack's was: it is refused before any event is handled or any of
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -59,7 +62,21 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["BatchReplay", "foreach_batch"]
+__all__ = ["BatchDone", "BatchReplay", "foreach_batch"]
+
+
+@dataclass(frozen=True)
+class BatchDone:
+    """A micro-batch complete in the checkpoint, as :class:`BatchReplay` tells it to the query's
+    watcher."""
+
+    batch_id: int
+    #: Its events, each once (a batch delivered again counts them once, not once per reading).
+    events: int
+    #: Seconds it took, from its start to its record saved.
+    seconds: float
+    #: Each source's end offset, as Spark's checkpoint of the query gave it (``None``: out of sight).
+    end: Any
 
 
 @takes_options(streams=True)
@@ -114,6 +131,8 @@ class BatchReplay:
         #: checkpoint of it, each batch held against (``None``: a query of the caller's own).
         self.start = query
         self.query_log = None if query is None else store.query_log()
+        #: The batches completed since the watcher last took them (the query's thread appends).
+        self.done: collections.deque[BatchDone] = collections.deque()
         #: Recorded in the checkpoint's ``stream`` settings with each micro-batch (the query's own
         #: report of the last one, say).
         self.report: dict[str, Any] = {}
@@ -170,6 +189,7 @@ class BatchReplay:
         """Replay micro-batch ``batch_id`` under ``keeper``'s claim, unless the checkpoint has it
         complete already."""
         crash_point("batch-start")  # Spark's offset log holds the batch
+        began = time.monotonic()
         store, options = self.store, self.options
         state = store.load() or Checkpoint()
         bits = resolution(state.settings, options.key_group_bits)
@@ -212,4 +232,6 @@ class BatchReplay:
         state.settings["stream"] = {**state.settings["stream"], "completed_batch": batch_id, "batch": None,
                                     **ended, "events": int(stream.get("events", 0)) + int(tokens.total or 0)}
         keeper.save(state)
+        self.done.append(BatchDone(batch_id, int(tokens.total or 0), time.monotonic() - began,
+                                   current.get("end")))
         crash_point("batch-end")  # Spark's commit log is next
