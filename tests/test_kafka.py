@@ -557,6 +557,52 @@ def test_a_micro_batch_run_again_after_a_crash_is_reported_once_at_its_size(tmp_
     assert sum(int(words[4].replace(",", "")) for words in batches) == len(records), batches
 
 
+
+@pytest.mark.command
+def test_a_group_commit_that_fails_is_said_and_made_by_the_next_run_without_a_new_batch(
+        tmp_path, kafka_broker, capsys):
+    """A consumer of the group is active, so Kafka refuses segack's commits to it: the run says so
+    and status does not call the offsets committed; the next run, with nothing new to read, commits
+    them once the group is free."""
+    import threading
+
+    from confluent_kafka import Consumer
+
+    topic, group = "accounts-busy-group", "segack-busy"
+    make_topic(kafka_broker.bootstrap, topic, 1)
+    produce(kafka_broker.bootstrap, topic, account_events(200, users=10, seed=41))
+    member = Consumer({"bootstrap.servers": kafka_broker.bootstrap, "group.id": group,
+                       "enable.auto.commit": False, "auto.offset.reset": "latest"})
+    member.subscribe([topic])
+    joined, leave = threading.Event(), threading.Event()
+
+    def poll() -> None:
+        while not leave.is_set():
+            member.poll(0.2)
+            if member.assignment():
+                joined.set()
+        member.close()
+
+    polling = threading.Thread(target=poll, daemon=True)
+    polling.start()
+    assert joined.wait(60), "the group's member never joined"
+    busy = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
+                      "--commit-offsets-to", group)
+    leave.set()
+    polling.join(30)
+    assert busy.returncode == ExitCode.OK, busy.stderr
+    assert (f"segack stream: the offsets of micro-batch 0 are not committed to consumer group {group}: the "
+            f"commit failed") in busy.stderr, busy.stderr
+    assert main(["status", str(tmp_path / "checkpoint")]) == ExitCode.OK
+    assert f"{topic}/0     next offset 200 (done, not committed yet)" in capsys.readouterr().out
+    free = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
+                      "--commit-offsets-to", group, run="1")
+    assert free.returncode == ExitCode.OK, free.stderr
+    assert "not committed" not in free.stderr and "0 events handled" in free.stdout, free.stdout
+    assert committed_offsets(kafka_broker.bootstrap, topic, group) == {0: 200}
+    assert main(["status", str(tmp_path / "checkpoint")]) == ExitCode.OK
+    assert f"{topic}/0     next offset 200 (committed)" in capsys.readouterr().out
+
 @pytest.mark.claims
 def test_a_broker_gone_in_the_middle_of_a_stream_loses_and_repeats_nothing(tmp_path):
     from tests.kafka import kafka_broker

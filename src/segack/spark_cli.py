@@ -358,6 +358,10 @@ def _stream_report(result: StreamResult, args: argparse.Namespace) -> int:
     batches = "1 micro-batch" if result.batches == 1 else f"{result.batches:,} micro-batches"
     print(f"segack stream: {why}: {batches}, {result.handled:,} events handled, {last}, in "
           f"{result.seconds:.1f} s")
+    if result.group_behind:
+        print(f"segack stream: the offsets of micro-batch {result.last_batch} are not committed to consumer "
+              f"group {args.commit_offsets_to}: the commit failed (--verbose says why); the next run "
+              f"commits them", file=sys.stderr)
     if result.passed_over:
         print(f"segack stream: started at {result.started}, passing over "
               f"{counted(result.passed_over, 'record')} the topic held before it")

@@ -132,3 +132,6 @@ class StreamResult:
     started: str = ""
     #: Records a new query passed over because a starting option said so (Kafka).
     passed_over: int = 0
+    #: Whether the consumer group (``commit_offsets_to``) lacks the end offsets of the last complete
+    #: micro-batch: its commit failed; the next run makes it.
+    group_behind: bool = False

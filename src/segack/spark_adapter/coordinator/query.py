@@ -49,7 +49,7 @@ from segack.spark_adapter.options import RunOptions, takes_options
 from segack.spark_adapter.results import BatchReport, StreamResult
 from segack.spark_adapter.sources.kafka import PartitionOffsets, commit_offsets, parse_offsets
 from segack.spark_adapter.spark.executors import check_executors
-from segack.spark_adapter.store.checkpoint import STREAM_DIR, CheckpointStore
+from segack.spark_adapter.store.checkpoint import STREAM_DIR, Checkpoint, CheckpointStore
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -159,6 +159,25 @@ class _Watch:
         #: What the group was last told, as ``(topic, partition, end)``.
         self.committed: list[tuple[str, int, int]] = []
 
+    def resume(self, stream: dict[str, Any]) -> None:
+        """Start from the checkpoint's record of the stream (``stream``): a group commit that an
+        earlier run could not make is made at the first look, with no new micro-batch needed."""
+        if self.kafka is None or not stream.get("completed_end"):
+            return
+        latest = {(topic, partition): high for topic, partition, _, high in stream.get("partitions") or []}
+        ends = parse_offsets({"sources": [{"endOffset": end} for end in stream["completed_end"]]})
+        self.partitions = [PartitionOffsets(where.topic, where.partition, where.end,
+                                            latest.get((where.topic, where.partition))) for where in ends]
+        if stream.get("commit_offsets_to") == self.group:
+            self.committed = [(str(topic), int(partition), int(end))
+                              for topic, partition, end in stream.get("group_offsets", [])]
+
+    @property
+    def behind(self) -> bool:
+        """Whether the group lacks the end offsets of the last complete micro-batch."""
+        ends = [(where.topic, where.partition, where.end) for where in self.partitions]
+        return self.group is not None and self.kafka is not None and ends != self.committed
+
     @property
     def lag(self) -> int | None:
         """Records not read yet, over the partitions, as of the last report."""
@@ -214,9 +233,9 @@ class _Watch:
             replay.report = self.record()
 
     def _commit(self) -> None:
-        ends = [(where.topic, where.partition, where.end) for where in self.partitions]
-        if self.group is None or self.kafka is None or ends == self.committed:
+        if not self.behind or self.kafka is None or self.group is None:
             return
+        ends = [(where.topic, where.partition, where.end) for where in self.partitions]
         try:
             commit_offsets(self.spark, self.kafka.options, self.group, self.partitions)
         except Exception as error:
@@ -237,11 +256,14 @@ class _Watch:
     def end(self, keeper: ClaimKeeper) -> None:
         """Step 6: the last micro-batch recorded and committed (no micro-batch runs any more)."""
         self.look()
-        if self.last_batch is None:
+        if self.last_batch is None and not self.partitions:
             return
         state = keeper.store.load()
         if state is not None:
-            state.settings["stream"] = {**state.settings.get("stream", {}), **self.record()}
+            # With no micro-batch this time, only what the group was told is news.
+            record = self.record()
+            news = record if self.last_batch is not None else {"group_offsets": record["group_offsets"]}
+            state.settings["stream"] = {**state.settings.get("stream", {}), **news}
             keeper.save(state)
 
 
@@ -346,6 +368,7 @@ def stream(
         query = (frame.writeStream.foreachBatch(batches).queryName(f"segack {store.location}")
                  .option("checkpointLocation", store.child_location(STREAM_DIR)).trigger(**how).start())
         watch = _Watch(spark, query, batches, kafka, commit_offsets_to, progress)
+        watch.resume((keeper.store.load() or Checkpoint()).settings.get("stream") or {})
         try:
             watch.until_ended(stop)  # 4, 5
         except BaseException:
@@ -359,4 +382,4 @@ def stream(
                         dead_letters_left=store.count_dead_letters(), stopped=stop.asked.is_set(),
                         seconds=time.monotonic() - began, last_batch=watch.last_batch, lag=watch.lag,
                         retried=retried.handled, retry_failed=retried.kept, started=start.where,
-                        passed_over=start.passed_over)
+                        passed_over=start.passed_over, group_behind=watch.behind)
