@@ -81,7 +81,7 @@ def tests(session: nox.Session) -> None:
     """Install segack (not editable) with its test extras and run pytest: everything but the
     connectors' tests (``nox -s connectors``)."""
     install_segack(session, "test")
-    run_pytest(session, ("-m", "not kafka and not delta"))
+    run_pytest(session, ("-m", "not kafka and not delta and not faults"))
 
 
 @nox.session
@@ -91,18 +91,19 @@ def connectors(session: nox.Session) -> None:
     the same way (``tests/maven.py``), confluent-kafka to produce and inspect."""
     install_segack(session, "test", f"pyspark[connect]=={CONNECTORS_SPARK}", "confluent-kafka")
     session.run("python", "-m", "tests.maven")  # resolved ahead: the tests' times are their own
-    run_pytest(session, ("-m", "(kafka or delta) and not campaign"))
+    run_pytest(session, ("-m", "(kafka or delta) and not faults"))
 
 
 @nox.session
 def faults(session: nox.Session) -> None:
-    """The fault campaign (``tests/test_faults.py``): a Kafka stream into PostgreSQL killed at each
+    """The fault tier: runs killed, paused, interrupted or failed on purpose, then resumed; above all
+    the fault campaign (``tests/test_faults.py``), a Kafka stream into PostgreSQL killed at each
     named crash point and resumed, each case checking that nothing was lost, applied twice or
-    committed ahead; prints the crash points covered / total. ``nox -s connectors`` runs a fixed
-    sample of it."""
+    committed ahead, which prints the crash points covered / total. On the connectors' PySpark;
+    ``nox -s connectors`` runs a fixed sample of the campaign."""
     install_segack(session, "test", f"pyspark[connect]=={CONNECTORS_SPARK}", "confluent-kafka")
     session.run("python", "-m", "tests.maven")
-    session.run("pytest", "-m", "faults", *WORKERS, *session.posargs)
+    run_pytest(session, ("-m", "faults or fault_sample"))
 
 
 @nox.session

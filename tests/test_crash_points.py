@@ -224,3 +224,70 @@ def test_without_spark_checkpoint_in_sight_a_batch_is_held_only_against_the_one_
     assert check_batch(record, 3, None) == (None, None)  # complete already: the caller skips it
     with pytest.raises(CheckpointError, match="batch 5 is in progress, but Spark delivered batch 6"):
         check_batch(record, 6, None)
+
+
+def test_spark_kafka_starting_offsets_are_read_as_spark_writes_them(tmp_path):
+    log = CheckpointStore(str(tmp_path / "checkpoint")).query_log()
+    assert log.kafka_initial_offsets() is None
+    where = tmp_path / "checkpoint" / "stream" / "sources" / "0"
+    where.mkdir(parents=True)
+    (where / "0").write_bytes(b'\0v1\n{"accounts":{"1":40,"0":12}}')
+    assert log.kafka_initial_offsets() == {("accounts", 0): 12, ("accounts", 1): 40}
+    (where / "0").write_bytes(b'\0v1\n{"logOffset": 3}')
+    with pytest.raises(CheckpointError, match=r"sources/0/0 is not a Kafka source's starting offsets"):
+        log.kafka_initial_offsets()
+
+
+def test_a_restart_is_on_record_before_the_new_query_writes_and_a_fresh_start_waits_for_its_batch(tmp_path):
+    import pyarrow as pa
+
+    from segack.spark_adapter.coordinator.query_record import QueryStart, record_start
+    from segack.spark_adapter.store.claims import acquire
+    from segack.spark_adapter.store.tokens import KeyGroupTokens
+
+    store = CheckpointStore(str(tmp_path / "checkpoint"))
+    keeper = _Keeper(store, acquire(store, "run", 60))
+    fresh = QueryStart(None, "a new query, from the earliest offsets", new=True)
+    assert record_start(fresh, keeper) is fresh  # no state yet: the first micro-batch records it
+    going_on = QueryStart(None, "Spark's checkpoint of the query, after micro-batch 3")
+    assert record_start(going_on, keeper) is None
+    stream = {"query_id": "q-1", "completed_batch": 4, "batch": None, "completed_end": [{"t": {"0": 40}}]}
+    tokens = KeyGroupTokens.empty(4, pa.int64(), pa.int64())
+    store.save(Checkpoint({"stream": stream, "key_group_bits": 4}, tokens), 1)
+    restart = QueryStart(None, "segack's record of micro-batch 4", new=True,
+                         restarted_from={"query_id": "q-1", "completed_batch": 4})
+    assert record_start(restart, keeper) is None
+    recorded = store.load().settings["stream"]
+    assert (recorded["query_id"], recorded["completed_batch"], recorded["batch"]) == (None, -1, None)
+    assert recorded["restarts"][0]["query_id"] == "q-1" and recorded["start"]["where"] == restart.where
+    # The new query's first batch is then the next one, whatever its id.
+    assert check_batch(recorded, 0, _spark_log(tmp_path, "q-2", {0: [{"t": {"0": 50}}]})) == (
+        "q-2", [{"t": {"0": 50}}])
+
+
+class _Keeper:
+    """What record_start needs of a ClaimKeeper: its store, and a save under its claim."""
+
+    def __init__(self, store, claim):
+        self.store, self.claim = store, claim
+
+    def save(self, state):
+        self.store.save(state, self.claim.number)
+
+
+def _spark_log(tmp_path, query_id, ends):
+    root = tmp_path / "checkpoint" / "stream"
+    _spark_checkpoint(root, query_id, ends)
+    return CheckpointStore(str(tmp_path / "checkpoint")).query_log()
+
+
+@pytest.mark.parametrize(("options", "refused"), [
+    ({}, []), ({"startingOffsets": "earliest"}, []), ({"startingOffsets": " Earliest "}, []),
+    ({"startingOffsets": "latest"}, ["startingOffsets"]), ({"startingTimestamp": "1"}, ["startingTimestamp"]),
+    ({"startingOffsets": '{"t":{"0":5}}', "startingOffsetsByTimestamp": "{}"},
+     ["startingOffsets", "startingOffsetsByTimestamp"])])
+def test_only_a_starting_option_that_skips_counts_as_one(options, refused):
+    from segack.spark_adapter.coordinator.query_record import _given
+    from segack.spark_adapter.sources.kafka import KafkaStream
+
+    assert _given(KafkaStream(None, options, None)) == refused

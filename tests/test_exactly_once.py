@@ -246,6 +246,7 @@ def _recorded_done(tmp_path):
     return tokens.done
 
 
+@pytest.mark.faults
 @pytest.mark.rescale
 @pytest.mark.command
 def test_runs_killed_resumed_over_other_segments_and_split_apply_each_event_once(tmp_path, pg_database):

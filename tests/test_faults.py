@@ -15,7 +15,7 @@ The dead letters' removal is passed only by their retry: for its points, a retry
 between A and B.
 
 ``nox -s faults`` runs every point (and prints covered / total); ``nox -s connectors`` runs
-:data:`SAMPLE`.
+:data:`SAMPLE`, as the README's test command.
 """
 
 from __future__ import annotations
@@ -44,11 +44,12 @@ from tests.test_kafka import (
     stream_command,
 )
 
-pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.faults]
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 TOPIC = "faults"
-#: The points the README's test command kills at (``nox -s connectors``): a task's sink commit, the
-#: driver's group commit, and the end of a micro-batch before Spark's commit log.
-SAMPLE = ("after-sink-commit", "before-group-commit", "batch-end")
+#: The points the README's test command kills at too (``nox -s connectors``): a task's Python worker
+#: just after its sink committed, and the driver at the end of a micro-batch, before Spark's commit
+#: log.
+SAMPLE = ("after-sink-commit", "batch-end")
 #: Points a task passes when it stops the others: run A then refuses with --on-error stop.
 STOPPING = ("before-stop-request", "after-stop-request")
 #: Points only the dead letters' retry passes: run A sets them aside, and a retry dies there.
@@ -98,7 +99,7 @@ def fault_topic(kafka_broker) -> FaultTopic:
 
 
 def _case(point: str) -> pytest.param:
-    marks = [] if point in SAMPLE else [pytest.mark.campaign]
+    marks = [pytest.mark.fault_sample] if point in SAMPLE else [pytest.mark.faults]
     return pytest.param(point, marks=marks, id=point)
 
 

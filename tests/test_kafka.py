@@ -256,12 +256,25 @@ def test_a_new_stream_skips_nothing_the_topic_holds_unless_told_and_then_counts_
                            f"checkpoint {latest} has a position already (micro-batch "), line
     assert line.endswith("); leave it out, or use a new checkpoint"), line
     assert _checkpoint_files(latest) == before
+    # A query started with startingOffsets=latest whose first run read nothing: Spark keeps the
+    # offsets it chose then, and a later run without the option says where it really starts.
+    idle = tmp_path / "idle"
+    produce(kafka_broker.bootstrap, topic, account_events(5, users=20, seed=13, start=users))
+    nothing = run_stream(tmp_path, kafka_broker.bootstrap, topic, handler, "--option",
+                         "startingOffsets=latest", checkpoint=str(idle), run="idle")
+    assert nothing.returncode == ExitCode.OK and "0 events handled" in nothing.stdout, nothing.stdout
+    produce(kafka_broker.bootstrap, topic, account_events(10, users=20, seed=14, start=users))
+    then = run_stream(tmp_path, kafka_broker.bootstrap, topic, handler, checkpoint=str(idle), run="idle")
+    assert then.returncode == ExitCode.OK, then.stderr
+    assert "10 events handled" in then.stdout, then.stdout
+    assert ("started at a new query, from the offsets Spark recorded when an earlier run started it, passing "
+            "over 355 records") in then.stdout, then.stdout
     # A new checkpoint committing to a group that has offsets starts at them.
     _commit_group(kafka_broker.bootstrap, topic, "segack-start", {0: 40, 1: 40, 2: 40})
     grouped = run_stream(tmp_path, kafka_broker.bootstrap, topic, handler, "--commit-offsets-to",
                          "segack-start", checkpoint=str(tmp_path / "grouped"), run="grouped")
     assert grouped.returncode == ExitCode.OK, grouped.stderr
-    assert [event["run"] for event in read_log(str(tmp_path / "log.jsonl"))].count("grouped") == 350 - 120
+    assert [event["run"] for event in read_log(str(tmp_path / "log.jsonl"))].count("grouped") == 365 - 120
     assert {(event["partition"], event["offset"]) for event in read_log(str(tmp_path / "log.jsonl"))
             if event["run"] == "grouped"} == {(partition, offset) for partition, end in end_offsets(
                 kafka_broker.bootstrap, topic).items() for offset in range(40, end)}
@@ -269,6 +282,7 @@ def test_a_new_stream_skips_nothing_the_topic_holds_unless_told_and_then_counts_
     assert "a new query, from consumer group segack-start's committed offsets" in capsys.readouterr().out
 
 
+@pytest.mark.faults
 @pytest.mark.command
 def test_spark_checkpoint_lost_restarts_the_query_from_segacks_record_losing_and_repeating_nothing(
         tmp_path, kafka_broker, capsys):
@@ -285,6 +299,12 @@ def test_spark_checkpoint_lost_restarts_the_query_from_segacks_record_losing_and
     more = account_events(300, users=30, seed=22, start=users)
     produce(kafka_broker.bootstrap, topic, more)
     shutil.rmtree(checkpoint / "stream")
+    # The restarted query's first run dies as its first micro-batch starts, before segack saved any
+    # of it: the next run must go on with the new query, not refuse it as another one.
+    command = stream_command(tmp_path, kafka_broker.bootstrap, topic, handler)
+    died = subprocess.run(command, cwd=ROOT, env={**environment(tmp_path, "died"), ENV: "batch-start"},
+                          capture_output=True, text=True, timeout=600)
+    assert died.returncode == -9, died.stderr
     restarted = run_stream(tmp_path, kafka_broker.bootstrap, topic, handler, run="restarted")
     assert restarted.returncode == ExitCode.OK, restarted.stderr
     assert "300 events handled" in restarted.stdout, restarted.stdout
@@ -531,6 +551,7 @@ def test_sigterm_stops_at_the_end_of_a_micro_batch_and_the_next_run_repeats_noth
 
 
 
+@pytest.mark.faults
 @pytest.mark.command
 def test_a_micro_batch_run_again_after_a_crash_is_reported_once_at_its_size(tmp_path, kafka_broker):
     """The driver dies in the middle of micro-batch 0; the next run goes on with it (Spark delivers
@@ -558,6 +579,7 @@ def test_a_micro_batch_run_again_after_a_crash_is_reported_once_at_its_size(tmp_
 
 
 
+@pytest.mark.faults
 @pytest.mark.command
 def test_a_group_commit_that_fails_is_said_and_made_by_the_next_run_without_a_new_batch(
         tmp_path, kafka_broker, capsys):

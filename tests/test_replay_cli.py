@@ -271,6 +271,7 @@ def _signal_tree(pids, number):
             os.kill(pid, number)
 
 
+@pytest.mark.faults
 @pytest.mark.claims
 def test_a_paused_replay_is_taken_over_and_stops_with_a_lost_claim_when_it_wakes(tmp_path):
     table = generate_events(20_000, seed=42)

@@ -453,6 +453,7 @@ def _fail_then_resume(frame, tmp_path, stop_at, **arguments):
         assert orders == sorted(orders)  # -0.0 and 0.0 are equal, for Spark as for Python
 
 
+@pytest.mark.faults
 @settings(max_examples=6, deadline=None)  # three replays each; the suite's time (20 min) bounds it
 @given(data=st.data(), order_kind=st.sampled_from(sorted(ORDER_KINDS)),
        key_kind=st.sampled_from(["string", "bigint"]))

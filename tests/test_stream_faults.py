@@ -138,6 +138,7 @@ def test_spark_checkpoint_removed_or_replaced_is_refused_before_any_event(tmp_pa
     assert sorted(path.read_bytes() for path in checkpoint.glob("checkpoint-*.json")) == before
 
 
+@pytest.mark.faults
 @pytest.mark.streams
 def test_a_task_that_stops_because_of_a_failure_whose_report_was_lost_fails_the_batch(tmp_path):
     """With task retries (``local[2,4]``): u1's tenth event fails, its task asks the others to stop,
@@ -178,6 +179,7 @@ def _wait_for_events(tmp_path: Path, process: subprocess.Popen[str], count: int)
         time.sleep(0.05)
 
 
+@pytest.mark.faults
 @pytest.mark.command
 @pytest.mark.parametrize("times", [1, 2], ids=["once", "twice"])
 def test_ctrl_c_stops_a_stream_at_the_end_of_its_micro_batch_and_twice_at_once(tmp_path, times):
@@ -215,6 +217,7 @@ def test_ctrl_c_stops_a_stream_at_the_end_of_its_micro_batch_and_twice_at_once(t
         assert len(handled) == 12_000
 
 
+@pytest.mark.faults
 @pytest.mark.command
 def test_ctrl_c_stops_a_replay_at_once_and_it_resumes(tmp_path):
     pq.write_table(_events({f"u{n}": range(300) for n in range(40)}, 0), tmp_path / "events.parquet")

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
@@ -259,13 +260,13 @@ def replay_command(args: argparse.Namespace) -> int:
     handler, py_files, store = prepared
     printer = ProgressPrinter()
     spark = None
-    stopped = threading.Event()
+    # A plain flag: a signal handler must not wait for a lock its own thread may hold.
+    stop = types.SimpleNamespace(asked=False)
 
     def asked(number: int, frame: Any) -> None:
-        if not stopped.is_set():
-            printer.close()
-            print("segack replay: stopping now; the progress saved so far is kept", file=sys.stderr)
-        stopped.set()
+        if not stop.asked:
+            _say("\nsegack replay: stopping now; the progress saved so far is kept")
+        stop.asked = True
         if spark is not None:
             _interrupt(spark)
 
@@ -274,7 +275,7 @@ def replay_command(args: argparse.Namespace) -> int:
             STARTUP.info("starting Spark (%s)", "Spark Connect" if args.remote else _master(args))
             spark = _start_session(args, py_files)
             again()
-            if stopped.is_set():
+            if stop.asked:
                 print(f"segack replay: stopped as asked, before the run started ({store.location})",
                       file=sys.stderr)
                 return ExitCode.FAILED
@@ -285,7 +286,7 @@ def replay_command(args: argparse.Namespace) -> int:
                             **run_keywords(args))
     except Exception as error:
         printer.close()
-        if stopped.is_set():
+        if stop.asked:
             print(f"segack replay: stopped as asked; run it again to resume ({store.location})",
                   file=sys.stderr)
             return ExitCode.FAILED
@@ -319,8 +320,9 @@ def stream_command(args: argparse.Namespace) -> int:
 
     def asked(number: int, frame: Any) -> None:
         then = "now" if stop.asked.is_set() else "at the end of the micro-batch under way (again: now)"
-        print(f"segack stream: stopping {then}", file=sys.stderr)
-        stop.set()
+        _say(f"segack stream: stopping {then}")
+        # Its events' locks are not for a signal handler, which may have interrupted their holder.
+        threading.Thread(target=stop.set, name="segack-stop", daemon=True).start()
 
     spark = None
     try:
@@ -338,11 +340,17 @@ def stream_command(args: argparse.Namespace) -> int:
         return _failure_code(args, error)
     finally:
         _stop_session(spark, args)
-    if stop.now.is_set():
+    if result.interrupted:
         print(f"segack stream: stopped at once as asked, its micro-batch under way incomplete; its progress "
               f"is saved: run it again to resume ({store.location})", file=sys.stderr)
         return ExitCode.FAILED
     return _stream_report(result, args)
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr from a signal handler: one system call, no buffer that the handler may
+    have interrupted in the middle of a write."""
+    os.write(sys.stderr.fileno(), (line + "\n").encode())
 
 
 def _print_batch(report: BatchReport) -> None:
@@ -359,9 +367,11 @@ def _stream_report(result: StreamResult, args: argparse.Namespace) -> int:
     print(f"segack stream: {why}: {batches}, {result.handled:,} events handled, {last}, in "
           f"{result.seconds:.1f} s")
     if result.group_behind:
-        print(f"segack stream: the offsets of micro-batch {result.last_batch} are not committed to consumer "
-              f"group {args.commit_offsets_to}: the commit failed (--verbose says why); the next run "
-              f"commits them", file=sys.stderr)
+        batch = ("the last complete micro-batch" if result.last_batch is None
+                 else f"micro-batch {result.last_batch}")
+        print(f"segack stream: the offsets of {batch} are not committed to consumer group "
+              f"{args.commit_offsets_to}: the commit failed (--verbose says why); the next run commits them",
+              file=sys.stderr)
     if result.passed_over:
         print(f"segack stream: started at {result.started}, passing over "
               f"{counted(result.passed_over, 'record')} the topic held before it")

@@ -135,3 +135,5 @@ class StreamResult:
     #: Whether the consumer group (``commit_offsets_to``) lacks the end offsets of the last complete
     #: micro-batch: its commit failed; the next run makes it.
     group_behind: bool = False
+    #: Whether a stop asked twice cut a micro-batch short (its progress saved, not complete).
+    interrupted: bool = False

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from segack.errors import SegackError
 from segack.spark_adapter.coordinator.dead_letters import RetryOutcome
-from segack.spark_adapter.coordinator.query_record import plan_start
+from segack.spark_adapter.coordinator.query_record import plan_start, record_start
 from segack.spark_adapter.coordinator.run import (
     check_location,
     check_metrics_address,
@@ -91,7 +91,8 @@ def parse_trigger(trigger: str | float) -> dict[str, Any]:
 class StopRequest:
     """Asks a running :func:`~segack.spark_adapter.stream` to stop: ``set()`` once to stop at the end of the
     micro-batch under way (at a commit), again to interrupt it (its progress up to its last flush is
-    kept). Safe to call from a signal handler."""
+    kept). It takes a lock: a signal handler calls it from a thread of its own (as ``segack stream``
+    does), or a second signal could find the lock held by the handler it interrupted."""
 
     def __init__(self) -> None:
         self.asked = threading.Event()
@@ -113,6 +114,8 @@ class _QueryBatches:
         self.replay, self.keeper = replay, keeper
         self.lock = threading.Condition()
         self.running = self.stopping = False
+        #: Whether stopping cut a micro-batch short (a stop asked twice).
+        self.interrupted = False
         self.error: BaseException | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
@@ -136,6 +139,7 @@ class _QueryBatches:
             self.stopping = True
             while self.running and not now.is_set():
                 self.lock.wait(POLL_SECONDS)
+            self.interrupted = self.running
         query.stop()
 
 
@@ -256,11 +260,11 @@ class _Watch:
     def end(self, keeper: ClaimKeeper) -> None:
         """Step 6: the last micro-batch recorded and committed (no micro-batch runs any more)."""
         self.look()
-        if self.last_batch is None and not self.partitions:
+        # With no micro-batch this time, only what the group was told can be news.
+        if self.last_batch is None and (self.group is None or not self.partitions):
             return
         state = keeper.store.load()
         if state is not None:
-            # With no micro-batch this time, only what the group was told is news.
             record = self.record()
             news = record if self.last_batch is not None else {"group_offsets": record["group_offsets"]}
             state.settings["stream"] = {**state.settings.get("stream", {}), **news}
@@ -361,6 +365,7 @@ def stream(
     stop = stop or StopRequest()
     with metrics_served(store, metrics_port), \
             claimed(spark, store, new_run_id(), run_options) as keeper:  # 2
+        replay.start = record_start(start, keeper)
         retried = RetryOutcome()
         if run_options.retry_dead_letters:  # 3
             retried = replay.retry_dead_letters(spark, frame.schema, keeper)
@@ -373,6 +378,8 @@ def stream(
             watch.until_ended(stop)  # 4, 5
         except BaseException:
             try:
+                # No micro-batch may save after the last report is recorded, nor run once the claim is.
+                query.stop()
                 watch.end(keeper)
             except Exception as error:  # the error that ended the query is the one to raise
                 log.warning("%s: could not record the stream's last report: %s", store.location, error)
@@ -382,4 +389,5 @@ def stream(
                         dead_letters_left=store.count_dead_letters(), stopped=stop.asked.is_set(),
                         seconds=time.monotonic() - began, last_batch=watch.last_batch, lag=watch.lag,
                         retried=retried.handled, retry_failed=retried.kept, started=start.where,
-                        passed_over=start.passed_over, group_behind=watch.behind)
+                        passed_over=start.passed_over, group_behind=watch.behind,
+                        interrupted=batches.interrupted)

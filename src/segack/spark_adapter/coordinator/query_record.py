@@ -51,9 +51,10 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from segack.spark_adapter.store.checkpoint import Checkpoint, CheckpointStore
+    from segack.spark_adapter.store.claims import ClaimKeeper
     from segack.spark_adapter.store.query_log import QueryLog
 
-__all__ = ["QueryStart", "check_batch", "check_query", "plan_start"]
+__all__ = ["QueryStart", "check_batch", "check_query", "plan_start", "record_start"]
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,24 @@ class QueryStart:
 
 
 def _given(events: KafkaStream) -> list[str]:
-    return [name for name in STARTING_OPTIONS if name in events.options]
+    """The starting options given that would start anywhere but where nothing is skipped: Spark
+    ignores all of them once the query has a position (``startingOffsets=earliest``, which older
+    docs put in every command, skips nothing and is let through)."""
+    return [name for name in STARTING_OPTIONS if name in events.options
+            and not (name == "startingOffsets" and events.options[name].strip().lower() == "earliest")]
+
+
+def record_start(start: QueryStart, keeper: ClaimKeeper) -> QueryStart | None:
+    """Put ``start`` on the checkpoint's record now, under ``keeper``'s claim, if the checkpoint has
+    a state (a restart from the record, rule 3, must be there before Spark's new query writes
+    anything: a run that died before its first micro-batch would otherwise leave the old query's id
+    against the new query's checkpoint); else return it, for the first micro-batch to record."""
+    state = keeper.store.load()
+    if not start.new or state is None or state.tokens is None:
+        return start if start.new else None
+    state.settings["stream"] = start.record(state.settings.get("stream") or {})
+    keeper.save(state)
+    return None
 
 
 def plan_start(spark: SparkSession, store: CheckpointStore, state: Checkpoint | None,
@@ -112,7 +130,7 @@ def plan_start(spark: SparkSession, store: CheckpointStore, state: Checkpoint | 
         return QueryStart(events, f"Spark's checkpoint of the query, after micro-batch {spark_batches[-1]}")
     done, current = int(stream.get("completed_batch", -1)), stream.get("batch")
     if done < 0 and current is None:  # 2
-        return _new_query(spark, events, group)
+        return _new_query(spark, events, group, query_log)
     has = (f"micro-batches through {done} complete" if current is None
            else f"micro-batch {current['id']} under way")
     if given:
@@ -147,10 +165,19 @@ def _kafka_ends(ends: Any) -> dict[tuple[str, int], int] | None:
     return {(where.topic, where.partition): where.end for where in found} or None
 
 
-def _new_query(spark: SparkSession, events: DataFrame | KafkaStream, group: str | None) -> QueryStart:
+def _new_query(spark: SparkSession, events: DataFrame | KafkaStream, group: str | None,
+               query_log: QueryLog) -> QueryStart:
     """Rule 2."""
     if not isinstance(events, KafkaStream):
         return QueryStart(events, "a new query, from the source's own starting options", new=True)
+    recorded = query_log.kafka_initial_offsets()
+    if recorded is not None and not is_connect(spark):
+        # An earlier run started this query without completing a micro-batch: Spark goes on from
+        # the offsets it chose then, whatever the options say now.
+        earliest = list_offsets(spark, events.options, dict.fromkeys(recorded, "earliest"))
+        skipped = passed_over(earliest, recorded)
+        return QueryStart(events, "a new query, from the offsets Spark recorded when an earlier run "
+                          "started it", passed_over=skipped, new=True)
     if is_connect(spark):  # the offsets cannot be looked up from here: Spark's reader decides
         if not _given(events):
             return QueryStart(events.starting_at("earliest"), "a new query, from the earliest offsets",

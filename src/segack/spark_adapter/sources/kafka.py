@@ -351,10 +351,10 @@ def commit_offsets(spark: SparkSession, options: Mapping[str, str], group: str,
     """
     from segack.spark_adapter.spark.session import is_connect
 
-    if not offsets:
-        return
     if is_connect(spark):
         raise OptionError("--commit-offsets-to needs a classic session (a master), not Spark Connect")
+    if not offsets:
+        return
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     kafka = jvm.org.apache.kafka

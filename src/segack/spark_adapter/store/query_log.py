@@ -64,6 +64,26 @@ class QueryLog:
         """The micro-batches Spark recorded complete here, in order."""
         return self._numbered("commits")
 
+    def kafka_initial_offsets(self) -> dict[tuple[str, int], int] | None:
+        """Where Spark's Kafka source started the query (``sources/0/0``, written before its first
+        micro-batch is planned: Spark ignores ``startingOffsets`` from then on), ``None`` if it has
+        not written them."""
+        where = posixpath.join(self.directory, "sources", "0", "0")
+        data = self.files.read(where)
+        if data is None:
+            return None
+        # A zero byte first (Spark 2.1's format), a version line, then the offsets' JSON.
+        lines = data.lstrip(b"\0").decode("utf-8", errors="replace").split("\n", 1)
+        try:
+            if len(lines) != 2 or not lines[0].startswith("v"):
+                raise ValueError("no version line")
+            parsed = json.loads(lines[1])
+            return {(str(topic), int(partition)): int(offset) for topic, partitions in parsed.items()
+                    for partition, offset in partitions.items()}
+        except (ValueError, TypeError, AttributeError):
+            raise CheckpointError(f"{self.location}/sources/0/0 is not a Kafka source's starting "
+                                  f"offsets") from None
+
     def end_offsets(self, batch_id: int) -> list[Any] | None:
         """Each source's end offset for micro-batch ``batch_id`` (parsed JSON; ``None`` for a source
         with none), ``None`` if Spark has not planned it."""
