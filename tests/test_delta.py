@@ -92,6 +92,7 @@ def _applied(dsn: str) -> list[tuple[str, int, str]]:
         return [tuple(row) for row in db.execute("SELECT account, version, kind FROM changes ORDER BY id")]
 
 
+@pytest.mark.faults
 def test_a_change_feed_killed_and_resumed_applies_each_change_once_in_version_order(spark, tmp_path,
                                                                                     pg_database):
     table = tmp_path / "accounts"
@@ -116,6 +117,7 @@ def test_a_change_feed_killed_and_resumed_applies_each_change_once_in_version_or
     assert max(len(changes) for changes in by_account.values()) >= 8  # keys changed in many commits
 
 
+@pytest.mark.faults
 def test_a_table_version_replayed_killed_and_resumed_is_exact(spark, tmp_path):
     table = tmp_path / "events"
     rows = [(f"user-{n % 50}", n // 50, n) for n in range(3200)]

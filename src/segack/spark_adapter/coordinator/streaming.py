@@ -131,7 +131,7 @@ class BatchReplay:
         #: checkpoint of it, each batch held against (``None``: a query of the caller's own).
         self.start = query
         self.query_log = None if query is None else store.query_log()
-        #: The batches completed since the watcher last took them (the query's thread appends).
+        # The batches completed since the watcher last took them (the query's thread appends).
         self.done: collections.deque[BatchDone] = collections.deque()
         #: Recorded in the checkpoint's ``stream`` settings with each micro-batch (the query's own
         #: report of the last one, say).
