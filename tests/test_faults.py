@@ -3,7 +3,7 @@ crash point of the protocol (``segack.spark_adapter.store.crash_points``), then 
 nothing lost, nothing applied twice, each key in order, and no consumer group offset ever ahead of
 what is done.
 
-Each case: run A streams a topic of 1,500 records with ``SEGACK_CRASH_AT=POINT@N`` in its
+Each case: run A streams a topic of 900 records with ``SEGACK_CRASH_AT=POINT@N`` in its
 environment (the driver or an executor's Python worker that passes the point dies there); a
 ``segack scale`` on the checkpoint, with the same environment, asks for another segment set; run B
 resumes with no fault, the ledger's refusal fixed and the dead letters retried, and drains the
@@ -77,11 +77,11 @@ class FaultTopic:
 
 @pytest.fixture(scope="module")
 def fault_topic(kafka_broker) -> FaultTopic:
-    """1,500 account records over 3 partitions, written once for the module."""
+    """900 account records over 3 partitions, written once for the module."""
     from confluent_kafka import Consumer, TopicPartition
 
     make_topic(kafka_broker.bootstrap, TOPIC, 3)
-    records = account_events(1500, users=40, seed=42)
+    records = account_events(900, users=40, seed=42)
     produce(kafka_broker.bootstrap, TOPIC, records)
     where: dict[tuple[str, int], tuple[int, int]] = {}
     consumer = Consumer({"bootstrap.servers": kafka_broker.bootstrap, "group.id": "faults-reader",

@@ -165,3 +165,28 @@ def test_the_adapters_imports_go_down_its_roles():
     assert upward == []
     assert set(ADAPTER_LAYERS) == {path.name for path in (SOURCE / "spark_adapter").iterdir()
                                    if (path / "__init__.py").is_file()}
+
+
+def test_the_connectors_pyspark_is_one_version_in_the_hint_the_extras_and_the_noxfile():
+    import tomllib
+
+    from segack.spark_adapter.sources.kafka import CONNECTORS_SPARK, missing_connector
+
+    root = SOURCE.parents[1]
+    noxfile = (root / "noxfile.py").read_text()
+    assert f'CONNECTORS_SPARK = "{CONNECTORS_SPARK}"' in noxfile
+    major, minor, _ = CONNECTORS_SPARK.split(".")
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra in ("kafka", "delta"):
+        assert f"pyspark>={major}.{minor},<{major}.{int(minor) + 1}" in extras[extra]
+    # The hint names the connector of the session's Spark, or says which PySpark to install.
+    assert missing_connector(CONNECTORS_SPARK) == (
+        f"this Spark session has no Kafka connector: add it with --conf spark.jars.packages="
+        f"org.apache.spark:spark-sql-kafka-0-10_2.13:{CONNECTORS_SPARK} (or its jars with --conf "
+        f"spark.jars=...)")
+    newer = missing_connector(f"{major}.{int(minor) + 1}.0")
+    assert newer.startswith(f"this Spark session has no Kafka connector, and Spark {major}.{int(minor) + 1}"
+                            f".0 is newer than the newest whose connector segack was tested with")
+    assert f"install PySpark {CONNECTORS_SPARK} (pip install 'segack[kafka]')" in newer
+    assert missing_connector("4.1.1").endswith("spark-sql-kafka-0-10_2.13:4.1.1 (or its jars with --conf "
+                                                "spark.jars=...)")

@@ -138,6 +138,20 @@ def test_spark_checkpoint_removed_or_replaced_is_refused_before_any_event(tmp_pa
     assert sorted(path.read_bytes() for path in checkpoint.glob("checkpoint-*.json")) == before
 
 
+@pytest.mark.command
+def test_a_handler_failure_in_a_stream_is_one_line_naming_the_event(tmp_path):
+    """No Spark or Py4J trace reaches the terminal: stderr holds the JVM launcher's one warning and
+    segack's line."""
+    source = tmp_path / "source"
+    _write_files(source, [_events({"u1": range(0, 20), "u2": range(0, 20)}, 0)])
+    failed = _stream(tmp_path, source, "tests.spark_handlers:record_refusing_tenth_until_fixed")
+    assert failed.returncode == ExitCode.HANDLER_FAILED, failed.stderr
+    lines = [line for line in failed.stderr.splitlines() if line.strip()]
+    assert lines[0] == "WARNING: Using incubator modules: jdk.incubator.vector", lines
+    assert len(lines) == 2 and lines[1].startswith("segack stream: handler failed on the event with key 'u1' "
+                                                   "and order 20 "), lines
+    assert lines[1].endswith("RuntimeError: cannot apply this part yet"), lines
+
 @pytest.mark.faults
 @pytest.mark.streams
 def test_a_task_that_stops_because_of_a_failure_whose_report_was_lost_fails_the_batch(tmp_path):

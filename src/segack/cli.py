@@ -502,6 +502,9 @@ def _status(args: argparse.Namespace) -> int:
     for name in ("source", "key", "order", "hash", "runs", "flush_every", "flush_interval"):
         if name in settings:
             print(f"{name:<15} {settings[name]}")
+    if "checkpoint_id" in settings:
+        print(f"{'checkpoint id':<15} {settings['checkpoint_id']} (a SqlSink's positions table: "
+              f"segack_applied_{settings['checkpoint_id']}, dropped by hand with the checkpoint)")
     return ExitCode.OK
 
 

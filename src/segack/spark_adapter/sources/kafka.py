@@ -48,10 +48,11 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["DEFAULT_MAX_OFFSETS_PER_TRIGGER", "RECORD_COLUMNS", "STARTING_OPTIONS", "UNPARSED", "KafkaStream",
-           "PartitionOffsets", "commit_offsets", "connector_package", "group_offsets", "guard_unparsed",
-           "kafka_events", "kafka_stream", "list_offsets", "offsets_json", "parse_offsets", "passed_over",
-           "starting_offsets", "subscribed_partitions", "takes_unparsed", "value_schema"]
+__all__ = ["CONNECTORS_SPARK", "DEFAULT_MAX_OFFSETS_PER_TRIGGER", "RECORD_COLUMNS", "STARTING_OPTIONS",
+           "UNPARSED", "KafkaStream", "PartitionOffsets", "commit_offsets", "connector_package",
+           "group_offsets", "guard_unparsed", "kafka_events", "kafka_stream", "list_offsets",
+           "missing_connector", "offsets_json", "parse_offsets", "passed_over", "starting_offsets",
+           "subscribed_partitions", "takes_unparsed", "value_schema"]
 
 #: The record's own columns, before the value's fields.
 RECORD_COLUMNS = ("key", "topic", "partition", "offset", "timestamp")
@@ -167,9 +168,31 @@ def guard_unparsed(handler: Callable[..., Any]) -> Callable[..., Any]:
     return _GuardedAsync(handler) if is_async(handler) else _Guarded(handler)
 
 
+#: The newest Spark whose Kafka connector (and delta-spark) this release of segack has seen on Maven
+#: Central and tested with (``nox -s connectors``); the ``kafka`` and ``delta`` extras install it.
+CONNECTORS_SPARK = "4.2.0"
+
+
 def connector_package(spark_version: str) -> str:
     """The Maven coordinates of Spark's Kafka connector for a Spark version."""
     return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{spark_version}"
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("-")[0].split(".")[:3] if part.isdigit())
+
+
+def missing_connector(spark_version: str) -> str:
+    """What to do for a session without Spark's Kafka connector: the package to add, or, for a Spark
+    newer than :data:`CONNECTORS_SPARK` (whose connector may not be published yet), the PySpark
+    to install first."""
+    add = f"add it with --conf spark.jars.packages={connector_package(spark_version)}"
+    if _version(spark_version) <= _version(CONNECTORS_SPARK):
+        return f"this Spark session has no Kafka connector: {add} (or its jars with --conf spark.jars=...)"
+    return (f"this Spark session has no Kafka connector, and Spark {spark_version} is newer than the newest "
+            f"whose connector segack was tested with ({CONNECTORS_SPARK}), which Maven Central may not have "
+            f"yet: install PySpark {CONNECTORS_SPARK} (pip install 'segack[kafka]') and add "
+            f"{connector_package(CONNECTORS_SPARK)}, or {add} if it is published")
 
 
 @dataclass(frozen=True)
@@ -228,9 +251,7 @@ def kafka_stream(spark: SparkSession, options: Mapping[str, str], value_schema_d
         text = str(error)
         missing = "Failed to find data source" in text or "DATA_SOURCE_NOT_FOUND" in text
         if missing and "kafka" in text.lower():
-            raise InputError(
-                f"this Spark session has no Kafka connector: add it with --conf spark.jars.packages="
-                f"{connector_package(spark.version)} (or its jars with --conf spark.jars=...)") from None
+            raise InputError(missing_connector(spark.version)) from None
         raise InputError(f"cannot read Kafka: {_first_line(text)}") from None
     _check_reachable(spark, bounded)
     return KafkaStream(kafka_events(records, schema, value_format), bounded, schema, value_format)

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from segack.spark_adapter.errors import OptionError
+from segack.spark_adapter.errors import OptionError, SessionError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -45,7 +45,7 @@ _DEFAULTS = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.log.level": "ERROR",
 }
-#: The driver's logging setup for ``spark_session(quiet=True)``: errors only.
+#: The driver's logging setup for ``spark_session(quiet=True)``: fatal errors only.
 QUIET_LOGGING = Path(__file__).with_name("log4j2-quiet.properties")
 _LOCAL_DEFAULTS = {
     "spark.ui.enabled": "false",
@@ -80,13 +80,15 @@ def spark_session(
     app_name : str, default ``'segack'``
         The application's name.
     quiet : bool, default ``False``
-        Start the driver JVM with a logging setup that prints errors only, without Spark's
+        Start the driver JVM with a logging setup that prints fatal errors only, without Spark's
         start-up banner lines (only when this call starts the JVM).
 
     Raises
     ------
     OptionError
         Both ``master`` and ``remote``.
+    SessionError
+        Spark's JVM exited as it started (a package it could not resolve, say).
     """
     from pyspark.sql import SparkSession
 
@@ -116,7 +118,15 @@ def spark_session(
     builder = builder.appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    try:
+        return builder.getOrCreate()
+    except Exception as error:
+        if "JAVA_GATEWAY_EXITED" not in str(error):
+            raise
+        packages = settings.get("spark.jars.packages")
+        why = (f"a --conf spark.jars.packages it could not resolve ({packages})?" if packages
+               else "--verbose shows its output")
+        raise SessionError(f"Spark's JVM exited as it started: {why}") from None
 
 
 def local_session(app_name: str = "segack", master: str = "local[2]", *, quiet: bool = True,
@@ -130,7 +140,7 @@ def local_session(app_name: str = "segack", master: str = "local[2]", *, quiet: 
     master : str, default ``'local[2]'``
         ``local``, ``local[N]`` or ``local-cluster[...]``.
     quiet : bool, default ``True``
-        As the ``segack`` command: the driver logs errors only, without Spark's start-up banner
+        As the ``segack`` command: the driver logs fatal errors only, without Spark's start-up banner
         (``False``: Spark's own logging, warnings included).
     **conf
         Settings (``spark_sql_shuffle_partitions`` is not a name: pass

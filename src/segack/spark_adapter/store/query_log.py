@@ -74,15 +74,15 @@ class QueryLog:
             return None
         # A zero byte first (Spark 2.1's format), a version line, then the offsets' JSON.
         lines = data.lstrip(b"\0").decode("utf-8", errors="replace").split("\n", 1)
+        damaged = CheckpointError(f"{self.location}/sources/0/0 is not a Kafka source's starting offsets")
+        if len(lines) != 2 or not lines[0].startswith("v"):
+            raise damaged
         try:
-            if len(lines) != 2 or not lines[0].startswith("v"):
-                raise ValueError("no version line")
             parsed = json.loads(lines[1])
             return {(str(topic), int(partition)): int(offset) for topic, partitions in parsed.items()
                     for partition, offset in partitions.items()}
         except (ValueError, TypeError, AttributeError):
-            raise CheckpointError(f"{self.location}/sources/0/0 is not a Kafka source's starting "
-                                  f"offsets") from None
+            raise damaged from None
 
     def end_offsets(self, batch_id: int) -> list[Any] | None:
         """Each source's end offset for micro-batch ``batch_id`` (parsed JSON; ``None`` for a source
