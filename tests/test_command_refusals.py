@@ -167,3 +167,18 @@ def test_a_checkpoint_of_other_input_is_refused_and_left_byte_for_byte(spark, tm
     assert err.startswith(f"segack replay: checkpoint {checkpoint} belongs to other input") and (
         err.count("\n") == 1), err
     assert _fingerprint(checkpoint) == before
+
+
+@pytest.mark.spark
+def test_a_spark_that_cannot_start_for_a_package_it_cannot_resolve_is_refused_in_one_line(tmp_path):
+    pq.write_table(generate_events(50), tmp_path / "events.parquet")
+    command = ["replay", str(tmp_path / "events.parquet"), "--key", "user", "--order", "ts", "--handler",
+               HANDLER, "--checkpoint", str(tmp_path / "ck"), "--conf",
+               "spark.jars.packages=not-maven-coordinates"]
+    done = subprocess.run([sys.executable, "-m", "segack", *command], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == ExitCode.REFUSED, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("segack")]
+    assert lines == ["segack replay: Spark's JVM exited as it started: a --conf spark.jars.packages it could "
+                     "not resolve (not-maven-coordinates)?"], done.stderr
+    assert not (tmp_path / "ck").exists()
