@@ -252,3 +252,27 @@ def test_ctrl_c_stops_a_replay_at_once_and_it_resumes(tmp_path):
     handled = read_log(str(tmp_path / "log.jsonl"))
     assert {(event["user"], event["seq"]) for event in handled} == {
         (f"u{n}", seq) for n in range(40) for seq in range(300)}
+
+
+def test_a_micro_batch_refused_because_a_stop_was_asked_is_kept_as_the_stop_not_a_failure():
+    """Spark may start the next micro-batch as a stop is asked: the batch refuses to start, and the
+    query that ends on that refusal ended because it was asked to (the command exits 0)."""
+    import threading
+
+    from segack.spark_adapter.coordinator.query import _QueryBatches, _StoppedError
+
+    batches = _QueryBatches(replay=None, keeper=None)
+    now = threading.Event()
+
+    class Query:
+        stopped = False
+
+        def stop(self):
+            self.stopped = True
+
+    query = Query()
+    batches.stop_when_idle(query, now)
+    assert query.stopped and not batches.interrupted
+    with pytest.raises(_StoppedError, match="batch 7 not started: the stream was asked to stop"):
+        batches(None, 7)
+    assert isinstance(batches.error, _StoppedError)

@@ -121,7 +121,9 @@ class _QueryBatches:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         with self.lock:
             if self.stopping:
-                raise _StoppedError(f"batch {batch_id} not started: the stream was asked to stop")
+                # Kept, so that the query ending on it reads as the stop it is, not as a failure.
+                self.error = _StoppedError(f"batch {batch_id} not started: the stream was asked to stop")
+                raise self.error
             self.running = True
         try:
             self.replay.process(batch, batch_id, self.keeper)
