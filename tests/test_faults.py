@@ -75,9 +75,11 @@ class FaultTopic:
                 if offset < committed.get(partition, 0)}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fault_topic(kafka_broker) -> FaultTopic:
-    """900 account records over 3 partitions, written once for the module."""
+    """900 account records over 3 partitions, written once per broker: session-scoped, since a
+    worker that runs this module's cases between others' (``--long-tests-early`` orders by length)
+    would otherwise set a module fixture up again and find the topic there."""
     from confluent_kafka import Consumer, TopicPartition
 
     make_topic(kafka_broker.bootstrap, TOPIC, 3)
