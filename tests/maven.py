@@ -53,8 +53,10 @@ def resolve(*coordinates: str) -> list[Path]:
 
 
 def kafka_broker() -> list[Path]:
-    """The broker's classpath: ``org.apache.kafka:kafka_2.13`` and its dependencies."""
-    return resolve(f"org.apache.kafka:kafka_2.13:{KAFKA_VERSION}")
+    """The broker's classpath: ``org.apache.kafka:kafka_2.13``, Kafka's command-line tools
+    (``kafka-tools``: the consumer group command) and their dependencies."""
+    return resolve(f"org.apache.kafka:kafka_2.13:{KAFKA_VERSION}",
+                   f"org.apache.kafka:kafka-tools:{KAFKA_VERSION}")
 
 
 def _beside_spark(jars: list[Path]) -> list[Path]:

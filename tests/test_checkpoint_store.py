@@ -29,6 +29,7 @@ from segack.spark_adapter.store.checkpoint import (
 )
 from segack.spark_adapter.store.driver_watch import DriverProcess
 from segack.spark_adapter.store.storage import resolve_location
+from segack.spark_adapter.store.stream_view import stream_now, write_stream_view
 from segack.spark_adapter.store.tokens import KeyGroupTokens, update_schema
 from tests.outcomes import exactly, starting
 
@@ -267,6 +268,28 @@ def test_a_stop_request_is_one_runs_and_says_why(store, where):
     store.clear_stop("r1")
     assert not one.stop_requested() and _files(where[1]) == []
     store.clear_stop("r1")  # twice is fine
+
+
+def test_a_streams_view_lies_over_its_record_when_of_the_same_micro_batch_or_a_later_one(store, where,
+                                                                                         caplog):
+    files = store.files
+    recorded = {"last_batch": {"id": 4, "at": 1.0, "seconds": 0.5}, "completed_batch": 4,
+                "partitions": [["t", 0, 10, 10]], "group_offsets": [["t", 0, 10]]}
+    assert stream_now(files, recorded) == recorded  # no view yet
+    assert stream_now(files, None) is None and stream_now(files, {}) == {}
+    view = {"last_batch": {"id": 4, "at": 2.0, "seconds": 0.5}, "ends_at": 3.0,
+            "partitions": [["t", 0, 10, 25]], "group_offsets": [["t", 0, 10]], "commit_offsets_to": "g"}
+    write_stream_view(files, view)
+    assert json.loads((where[1] / "stream-view.json").read_text()) == view
+    assert stream_now(files, recorded) == {**recorded, **view}
+    assert stream_now(files, {**recorded, "last_batch": {"id": 5}}) == {**recorded, "last_batch": {"id": 5}}
+    write_stream_view(files, {**view, "last_batch": {}})  # a run that has no batch to speak of yet
+    assert stream_now(files, {"last_batch": {"id": 0}}) == {"last_batch": {"id": 0}}
+    assert stream_now(files, {"completed_batch": -1}) == {"completed_batch": -1, **view, "last_batch": {}}
+    (where[1] / "stream-view.json").write_text('{"last_batch": {"id": "x"')  # torn: passed over, said
+    with caplog.at_level("WARNING"):
+        assert stream_now(files, recorded) == recorded
+    assert "stream-view.json, which does not parse" in caplog.text
 
 
 def test_tasks_see_their_run_fenced_only_by_a_newer_claim(store):

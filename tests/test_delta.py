@@ -164,6 +164,36 @@ def test_a_delta_table_read_without_the_connector_is_refused_naming_the_package(
     assert not (tmp_path / "checkpoint").exists()
 
 
+@pytest.mark.command
+def test_a_version_it_lacks_and_a_session_without_deltas_settings_are_refused_in_one_whole_line(spark,
+                                                                                                tmp_path):
+    path = tmp_path / "events"
+    spark.sql(f"CREATE TABLE delta.`{path}` (user STRING, seq BIGINT, ts BIGINT) USING delta "
+              f"TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+    spark.createDataFrame([("user-0", 0, 1)], "user string, seq long, ts long").write.format("delta").mode(
+        "append").save(str(path))
+    handler = ["--handler", "tests.spark_handlers:record_slowly"]
+    refused = _segack(tmp_path, "replay", str(path), "--format", "delta", "--option", "versionAsOf=99",
+                      "--key", "user", "--order", "ts", *handler)
+    lines = [line for line in refused.stderr.splitlines() if line.startswith("segack")]
+    assert refused.returncode == ExitCode.REFUSED, refused.stderr
+    said = f"segack replay: cannot read {path} as delta versionAsOf=99: "
+    assert len(lines) == 1 and lines[0].startswith(said), lines
+    assert "99" in lines[0].split("versionAsOf=99: ", 1)[1], lines  # Delta's own reason follows
+    # The jars without the two SQL settings: a change feed needs them, and the line says which.
+    jars = ["--conf", "spark.jars=" + ",".join(map(str, maven.delta()))]
+    refused = _segack(tmp_path, "stream", str(path), "--format", "delta", "--option", "readChangeFeed=true",
+                      "--option", "startingVersion=0", "--key", "user", "--order", CHANGE_ORDER, *handler,
+                      *jars, connector=False)
+    lines = [line for line in refused.stderr.splitlines() if line.startswith("segack")]
+    assert refused.returncode == ExitCode.REFUSED, refused.stderr
+    assert lines == [f"segack stream: cannot read {path} as delta startingVersion=0: Delta needs its session "
+                     f"settings: --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension --conf "
+                     f"spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog"],\
+        lines
+    assert not (tmp_path / "checkpoint").exists()
+
+
 def test_a_catalog_table_is_read_by_name_and_its_change_feed_gets_its_order(spark, tmp_path):
     from segack.spark_adapter.sources.files import read_input
 

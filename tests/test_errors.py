@@ -84,6 +84,27 @@ def test_a_workers_failure_is_read_out_of_sparks_wrapping(text, read):
     assert errors.worker_error(RuntimeError(text)) == read
 
 
+@pytest.mark.parametrize(("said", "reason"), [
+    # Delta wraps its messages: the sentence is kept whole, the stack trace left out.
+    ("An error occurred while calling o52.load.\n: org.apache.spark.sql.delta.DeltaAnalysisException: "
+     "[DELTA_X] This operation requires the session to be configured with the\nextension and the catalog.\n"
+     "\tat org.apache.spark.sql.delta.DeltaErrors.x(DeltaErrors.scala:1)\n",
+     "[DELTA_X] This operation requires the session to be configured with the extension and the catalog."),
+    ("[PATH_NOT_FOUND] Path does not exist: /x.\n\nJVM stacktrace:\norg.apache.spark.sql.AnalysisException",
+     "[PATH_NOT_FOUND] Path does not exist: /x."),
+    ("first reason\nCaused by: java.io.IOException: deeper", "first reason"),
+    ("a reason\nJVM stacktrace:\norg.apache.spark.sql.AnalysisException", "a reason"),
+    ("a reason\nTraceback (most recent call last):\n  File x", "a reason"),
+    ("SQL says no\n== SQL (line 1, position 1) ==\nSELECT", "SQL says no"),
+    ("An error occurred while calling o1.load.\n", "An error occurred while calling o1.load.\n"),
+    ("", ""),
+])
+def test_the_reason_in_sparks_error_text_is_its_first_paragraph_on_one_line(said, reason):
+    assert errors.spark_reason(said) == reason
+    assert errors.spark_reason(RuntimeError(said)) == (reason if reason.strip() and "\n" not in reason
+                                                      else "RuntimeError")
+
+
 def test_the_old_name_of_a_handler_failure_still_works_with_a_warning():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

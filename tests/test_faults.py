@@ -54,12 +54,13 @@ SAMPLE = ("after-sink-commit", "batch-end")
 STOPPING = ("before-stop-request", "after-stop-request")
 #: Points only the dead letters' retry passes: run A sets them aside, and a retry dies there.
 IN_RETRY = ("before-dead-letters-delete", "after-dead-letters-delete")
-#: The passage to die at: the second, so that some work is done first, but where a point is passed
-#: once in a run.
+#: The passage to die at: the second, so that some work is done first, but the first where a point
+#: is passed once in a run, or as often as the watcher's looks fall (the stream view: written when it
+#: changes, which two micro-batches done in one look make once).
 ONCE = ("before-claim", "after-claim", "before-sink-setup", "after-sink-setup", "before-stop-request",
         "after-stop-request", "before-segments-request", "after-segments-request",
         "before-dead-letters-delete", "after-dead-letters-delete", "before-claim-delete",
-        "after-claim-delete")
+        "after-claim-delete", "before-stream-view", "after-stream-view")
 
 
 @dataclass(frozen=True)

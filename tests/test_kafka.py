@@ -188,6 +188,65 @@ def test_a_topic_is_handled_in_offset_order_per_key_and_the_group_sees_every_par
     assert labels["kind"] == "stream" and labels["state"] == "complete"
 
 
+def _group_command_lags(broker, group: str, topic: str) -> dict[int, int]:
+    """Each partition's lag as Kafka's own consumer group command describes it."""
+    described = subprocess.run(
+        ["java", "-cp", broker.classpath, "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+         "--bootstrap-server", broker.bootstrap, "--describe", "--group", group],
+        capture_output=True, text=True, timeout=120, check=True).stdout
+    lines = [line.split() for line in described.splitlines() if line.strip()]
+    header = lines[0]
+    rows = [dict(zip(header, line, strict=False)) for line in lines[1:] if line[0] == group]
+    return {int(row["PARTITION"]): int(row["LAG"]) for row in rows if row["TOPIC"] == topic}
+
+
+def _metric_by_partition(samples, name: str, topic: str) -> dict[int, float]:
+    return {int(labels["partition"]): found for labels, found in samples.get(name, [])
+            if labels["topic"] == topic}
+
+
+@pytest.mark.command
+def test_the_lag_is_read_from_the_broker_while_the_stream_waits_and_agrees_with_kafkas_group_command(
+        tmp_path, kafka_broker, capsys):
+    """Records written while a micro-batch waits for its trigger count in the lag at once (within the
+    broker's read every few seconds): /metrics, the status and Kafka's own group command agree."""
+    from tests.ports import free_ports
+
+    topic, group = "accounts-lag", "segack-lag"
+    bootstrap = kafka_broker.bootstrap
+    make_topic(bootstrap, topic, 3)
+    produce(bootstrap, topic, account_events(600, users=30, seed=11))
+    [port] = free_ports(1)
+    process = start_stream(tmp_path, bootstrap, topic, "tests.spark_handlers:record_kafka", "--trigger",
+                           "10min",
+                           "--commit-offsets-to", group, "--metrics-port", str(port))
+    try:
+        _wait_for(lambda: committed_offsets(bootstrap, topic, group) == end_offsets(bootstrap, topic), 180,
+                  "the first micro-batch committed", process)
+        produce(bootstrap, topic, account_events(450, users=30, seed=12))
+        ends, committed = end_offsets(bootstrap, topic), committed_offsets(bootstrap, topic, group)
+        behind = {partition: ends[partition] - committed[partition] for partition in ends}
+        assert sum(behind.values()) == 450
+        _wait_for(lambda: _metric_by_partition(scrape(port), "segack_kafka_lag_records", topic) == behind, 30,
+                  "the lag of the records written since the micro-batch", process)
+        samples = scrape(port)
+        assert _metric_by_partition(samples, "segack_kafka_end_offset", topic) == ends
+        assert _metric_by_partition(samples, "segack_kafka_committed_offset", topic) == committed
+        assert _metric_by_partition(samples, "segack_kafka_next_offset", topic) == committed
+        assert time.time() - sample_value(samples, "segack_kafka_end_offsets_timestamp_seconds") < 60
+        assert _group_command_lags(kafka_broker, group, topic) == behind
+        assert main(["status", str(tmp_path / "checkpoint")]) == ExitCode.OK
+        status = capsys.readouterr().out
+        assert "end offsets read from Kafka at" in status, status
+        for partition, lag in behind.items():
+            assert f"{topic}/{partition:<5} next offset {committed[partition]:,} (committed), " \
+                   f"end {ends[partition]:,}, lag {lag:,}" in status, status
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=300)
+    assert process.returncode == ExitCode.OK, err
+
+
 def test_more_spark_partitions_than_kafka_partitions_keep_each_keys_order(tmp_path, kafka_broker):
     topic = "accounts-split"
     make_topic(kafka_broker.bootstrap, topic, 2)
@@ -321,15 +380,19 @@ def test_what_it_cannot_read_is_refused_in_one_line_before_any_event(tmp_path, k
     before = _checkpoint_files(checkpoint)
     handled = len(read_log(str(tmp_path / "log.jsonl")))
     cases = [
-        (["--option", "subscribe=no-such-topic"], "has no topic 'no-such-topic'"),
+        (["--option", "subscribe=no-such-topic"], "has no topic 'no-such-topic'", ExitCode.REFUSED),
         (["--conf", "spark.jars="], "this Spark session has no Kafka connector: add it with --conf "
-                                    "spark.jars.packages=org.apache.spark:spark-sql-kafka-0-10_2.13:"),
+                                    "spark.jars.packages=org.apache.spark:spark-sql-kafka-0-10_2.13:",
+         ExitCode.REFUSED),
+        # A flag only Spark can read is still a flag: exit 2, as argparse's own refusals.
+        (["--value-schema", "user STRING, seq"], "segack stream: --value-schema 'user STRING, seq' is not a "
+                                                 "schema Spark can read", ExitCode.USAGE),
     ]
-    for extra, reason in cases:
+    for extra, reason, code in cases:
         refused = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
                              *extra)
         lines = [line for line in refused.stderr.splitlines() if line.startswith("segack")]
-        assert refused.returncode == ExitCode.REFUSED, (extra, refused.stderr)
+        assert refused.returncode == code, (extra, refused.stderr)
         assert len(lines) == 1 and reason in lines[0], (extra, lines)
         assert "Traceback" not in refused.stderr
     assert _checkpoint_files(checkpoint) == before
@@ -343,10 +406,10 @@ def test_what_it_cannot_read_is_refused_in_one_line_before_any_event(tmp_path, k
     ("broker", "", "--value-schema '' must name the value's fields with their types"),
 ], ids=["unreachable", "not-ddl", "clash", "empty"])
 def test_kafka_stream_refuses_servers_and_schemas_it_cannot_use(spark, kafka_broker, servers, schema, reason):
-    from segack.spark_adapter import InputError, kafka_stream
+    from segack.spark_adapter import InputError, OptionError, kafka_stream
 
     bootstrap = kafka_broker.bootstrap if servers == "broker" else f"127.0.0.1:{_closed_port()}"
-    with pytest.raises(InputError) as refused:
+    with pytest.raises(InputError if servers == "closed" else OptionError) as refused:
         kafka_stream(spark, {"kafka.bootstrap.servers": bootstrap, "subscribe": "accounts-refusals"}, schema)
     assert str(refused.value).startswith(reason)
     assert "\n" not in str(refused.value)

@@ -166,7 +166,9 @@ def test_every_family_served_is_documented_and_has_a_grafana_panel(tmp_path):
         state = stream.load()
         state.settings.update(updated_at=time.time(), handler_retries=3, stream={
             "completed_batch": 4, "last_batch": {"id": 4, "seconds": 1.5, "at": time.time()},
-            "partitions": [["accounts", 0, 120, 130], ["accounts", 1, 80, 80]]})
+            "partitions": [["accounts", 0, 120, 130], ["accounts", 1, 80, 80]], "ends_at": time.time(),
+            "commit_offsets_to": "accounts-group",
+            "group_offsets": [["accounts", 0, 120], ["accounts", 1, 70]]})
         keeper.save(state)
         for store in (replay, stream):
             with serve_metrics(store, 0) as server:

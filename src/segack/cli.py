@@ -459,6 +459,7 @@ def _refused(command: str, error: Exception) -> int:
 def _status(args: argparse.Namespace) -> int:
     from segack.spark_adapter.store.checkpoint import CheckpointError, CheckpointStore
     from segack.spark_adapter.store.claims import latest_claim, recorded_state
+    from segack.spark_adapter.store.stream_view import stream_now
 
     try:
         store = CheckpointStore(args.checkpoint)
@@ -470,7 +471,7 @@ def _status(args: argparse.Namespace) -> int:
     settings, tokens = state.settings, state.tokens
     print(f"{'checkpoint':<15} {store.location}")
     print(f"{'status':<15} {_status_line(settings.get('status', '?'), claim, letters, 'stream' in settings)}")
-    _print_stream(settings.get("stream"))
+    _print_stream(stream_now(store.files, settings.get("stream")))
     if tokens is not None:
         if "stream" in settings:  # the tokens count the last micro-batch's events
             aside = f", {counted(letters, 'event')} of them set aside as dead letters" if letters else ""
@@ -530,12 +531,14 @@ def _print_stream(stream: dict[str, Any] | None) -> None:
         return
     group = stream.get("commit_offsets_to")
     told = f"committed to consumer group {group}" if group else "not committed to Kafka (--commit-offsets-to)"
-    print(f"{'kafka':<15} offsets as of micro-batch {last.get('id')}, {told}")
+    ends = ("; end offsets as Spark last reported them" if stream.get("ends_at") is None
+            else f"; end offsets read from Kafka at {_when(stream['ends_at'])}")
+    print(f"{'kafka':<15} offsets as of micro-batch {last.get('id')}, {told}{ends}")
     # A record from before segack kept what the group was told: every offset was committed.
     told_group = {(topic, partition): end for topic, partition, end in stream.get(
         "group_offsets", [[topic, partition, end] for topic, partition, end, _ in partitions])}
     for topic, partition, end, latest in partitions:
-        lag = "" if latest is None else f", lag {max(latest - end, 0):,}"
+        lag = "" if latest is None else f", end {latest:,}, lag {max(latest - end, 0):,}"
         at = told_group.get((topic, partition))
         state = ("done" if not group else "committed" if at == end
                  else "done, not committed yet" if at is None else f"done, the group at {at:,}")

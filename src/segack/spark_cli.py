@@ -332,7 +332,11 @@ def stream_command(args: argparse.Namespace) -> int:
             if stop.asked.is_set():
                 print("segack stream: stopped as asked, before the query started", file=sys.stderr)
                 return ExitCode.OK
-            events = _stream_events(spark, args)
+            try:
+                events = _stream_events(spark, args)
+            except OptionError as error:  # --value-schema, which only Spark can read: a flag's error
+                print(f"segack stream: {error}", file=sys.stderr)
+                return ExitCode.USAGE
             result = stream(events, key=args.key, order=args.order, handler=handler, checkpoint=store,
                             trigger=args.trigger, commit_offsets_to=args.commit_offsets_to, stop=stop,
                             progress=_print_batch, metrics_port=args.metrics_port, **run_keywords(args))

@@ -191,6 +191,31 @@ def one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {said}" if said else type(error).__name__
 
 
+#: Where the reason in a Spark error's text ends: its stack trace, its cause, its SQL context.
+_REASON_ENDS = ("at ", "JVM stacktrace", "Caused by", "== ", "Traceback")
+
+
+def spark_reason(error: BaseException | str) -> str:
+    """The reason a Spark or Py4J error gives, on one line: its first paragraph past Py4J's
+    preamble (``An error occurred while calling ...``), without the Java exception's class name,
+    the lines that continue it joined (Delta wraps its messages), up to the stack trace. Nothing
+    found: the text itself, or an error's type name."""
+    text = error if isinstance(error, str) else str(error)
+    kept: list[str] = []
+    for line in text.splitlines():
+        line = line.strip().removeprefix(": ")
+        if not kept:
+            if line and not line.startswith("An error occurred while calling"):
+                kept.append(line.rsplit("Exception: ", 1)[-1])
+        elif not line or line.startswith(_REASON_ENDS):
+            break
+        else:
+            kept.append(line)
+    if kept:
+        return " ".join(kept)
+    return text if isinstance(error, str) else type(error).__name__
+
+
 def shown(value: Any) -> str:
     """``value`` in a message as its user wrote it: a string or bytes quoted (its bounds and
     blanks visible), anything else as ``str`` (``2024-01-14 09:30:00+00:00``, ``12.50``, not a

@@ -139,15 +139,34 @@ class CheckpointCollector(Collector):
             return
         labels = ["topic", "partition"]
         offsets = GaugeMetricFamily("segack_kafka_next_offset", "The next offset to read of each "
-                                    "topic-partition, as of the last micro-batch.", labels=labels)
-        lags = GaugeMetricFamily("segack_kafka_lag_records", "Records of each topic-partition not read "
-                                 "yet, as of the last micro-batch.", labels=labels)
+                                    "topic-partition: every record below it is done (as of the last "
+                                    "complete micro-batch).", labels=labels)
+        ends = GaugeMetricFamily("segack_kafka_end_offset", "Each topic-partition's end offset (the "
+                                 "offset its next record gets), as the run last read it from the broker "
+                                 "(every few seconds) or Spark last reported it.", labels=labels)
+        lags = GaugeMetricFamily("segack_kafka_lag_records", "Records of each topic-partition written but "
+                                 "not done yet: its end offset less its next offset.", labels=labels)
+        committed = GaugeMetricFamily("segack_kafka_committed_offset", "The offset of each topic-partition "
+                                      "committed to the consumer group (--commit-offsets-to).", labels=labels)
+        told = {(str(topic), int(partition)): int(end)
+                for topic, partition, end in stream.get("group_offsets", [])}
         for topic, partition, end, latest in partitions:
-            offsets.add_metric([topic, str(partition)], end)
+            names = [topic, str(partition)]
+            offsets.add_metric(names, end)
             if latest is not None:
-                lags.add_metric([topic, str(partition)], max(latest - end, 0))
+                ends.add_metric(names, latest)
+                lags.add_metric(names, max(latest - end, 0))
+            if (topic, partition) in told:
+                committed.add_metric(names, told[(topic, partition)])
         yield offsets
+        yield ends
         yield lags
+        if stream.get("commit_offsets_to"):
+            yield committed
+        if stream.get("ends_at") is not None:
+            yield _gauge("segack_kafka_end_offsets_timestamp_seconds", "When the run last read the "
+                         "topic-partitions' end offsets from the broker (Unix time).",
+                         float(stream["ends_at"]))
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

@@ -127,6 +127,8 @@ def page_state(store: CheckpointStore) -> dict[str, Any]:
     segments = snapshot.segments()
     live = {(view.segment_id, view.mask) for view in segments}
     stream = snapshot.stream
+    committed = {(str(topic), int(partition)): int(end)
+                 for topic, partition, end in (stream or {}).get("group_offsets", [])}
     return {
         "checkpoint": store.location, "exists": True, "at": snapshot.at,
         "kind": "stream" if stream else "replay", "state": snapshot.condition,
@@ -149,7 +151,9 @@ def page_state(store: CheckpointStore) -> dict[str, Any]:
         "stream": None if not stream else {
             "completed_batch": stream.get("completed_batch", -1), "last_batch": stream.get("last_batch"),
             "in_progress": (stream.get("batch") or {}).get("id"), "group": stream.get("commit_offsets_to"),
+            "ends_at": stream.get("ends_at"),
             "partitions": [{"topic": topic, "partition": partition, "next_offset": end,
+                            "committed": committed.get((topic, partition)), "end_offset": latest,
                             "lag": None if latest is None else max(latest - end, 0)}
                            for topic, partition, end, latest in stream.get("partitions") or []]},
         "dead_letters": {"events": total_letters, "keys": len(letters),

@@ -22,6 +22,7 @@ from segack.spark_adapter.store.checkpoint import (
     TaskLoad,
 )
 from segack.spark_adapter.store.claims import Claim, latest_claim, unmerged_progress
+from segack.spark_adapter.store.stream_view import stream_now
 from segack.spark_adapter.store.tokens import KeyGroupTokens
 
 __all__ = ["DeadLetterKey", "SegmentView", "Snapshot", "dead_letter_keys", "segment_views"]
@@ -108,6 +109,8 @@ class Snapshot:
         state = store.load()
         if state is None:
             return None
+        if "stream" in state.settings:  # the live run's view of Kafka, fresher than the record
+            state.settings["stream"] = stream_now(store.files, state.settings["stream"])
         claim = latest_claim(store)
         load = TaskLoad()
         now = time.time()

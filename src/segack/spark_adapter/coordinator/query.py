@@ -17,7 +17,10 @@ The query goes like this:
    events numbered after those of earlier batches in each key group.
 4. **Watch** it: after each micro-batch Spark reports (its end offsets, the source's latest), tell
    the caller, record the report in the checkpoint with the next batch, and, for Kafka, commit the
-   end offsets to the consumer group (:mod:`~segack.spark_adapter.sources.kafka`, rule 4).
+   end offsets to the consumer group (:mod:`~segack.spark_adapter.sources.kafka`, rule 4). For
+   Kafka, every few seconds, read each partition's end offset from the broker and keep the view
+   (the ends, the offsets done and committed) in the checkpoint, so that the lag that status, the
+   page and the metrics show moves while a micro-batch waits for its trigger.
 5. **Stop** when the input is drained (``trigger="available-now"``), when a batch fails, or when
    ``stop`` is set: then no micro-batch starts any more, the one under way finishes, and the query
    ends at that commit; set ``stop`` twice (``StopRequest.now``) to interrupt the batch instead.
@@ -47,9 +50,11 @@ from segack.spark_adapter.coordinator.streaming import BatchReplay
 from segack.spark_adapter.errors import OptionError, ReplayError, worker_error
 from segack.spark_adapter.options import RunOptions, takes_options
 from segack.spark_adapter.results import BatchReport, StreamResult
-from segack.spark_adapter.sources.kafka import PartitionOffsets, commit_offsets, parse_offsets
+from segack.spark_adapter.sources.kafka import PartitionOffsets, commit_offsets, list_offsets, parse_offsets
 from segack.spark_adapter.spark.executors import check_executors
+from segack.spark_adapter.spark.session import is_connect
 from segack.spark_adapter.store.checkpoint import STREAM_DIR, Checkpoint, CheckpointStore
+from segack.spark_adapter.store.stream_view import write_stream_view
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -64,6 +69,11 @@ log = logging.getLogger(__name__)
 
 #: Seconds between looks at the query's progress and at a stop request.
 POLL_SECONDS = 1
+#: Seconds between reads of the Kafka partitions' end offsets (the lag's measure); a read that
+#: takes longer is given up, so that a broker out of reach does not hold the watcher up.
+ENDS_SECONDS = 2.0
+#: Seconds after which the stream's view is written again though nothing in it changed.
+VIEW_REFRESH_SECONDS = 30.0
 
 
 def parse_trigger(trigger: str | float) -> dict[str, Any]:
@@ -155,8 +165,11 @@ class _Watch:
         self.spark, self.query, self.batches, self.kafka, self.group = spark, query, batches, kafka, group
         self.progress = progress
         self.last_batch: int | None = None
-        #: How long the last micro-batch took.
+        #: How long the last micro-batch took, and when it was seen complete.
         self.last_seconds: float | None = None
+        self.last_at: float | None = None
+        #: The last micro-batch as the checkpoint recorded it when this run began.
+        self.resumed_last: dict[str, Any] = {}
         #: Micro-batches complete that had events, and their events (each once).
         self.count = self.events = 0
         #: Each partition's end as of the last complete micro-batch, and its latest offset as
@@ -164,10 +177,20 @@ class _Watch:
         self.partitions: list[PartitionOffsets] = []
         #: What the group was last told, as ``(topic, partition, end)``.
         self.committed: list[tuple[str, int, int]] = []
+        #: Each partition's end offset as the broker last said, and when (``time.time()``).
+        self.broker_ends: dict[tuple[str, int], int] = {}
+        self.ends_at: float | None = None
+        self.reads_ends = kafka is not None and not is_connect(spark)
+        self._next_read = 0.0
+        self._ends_failing = False
+        #: The view last written, and when (``time.monotonic()``).
+        self._view: dict[str, Any] | None = None
+        self._view_written = 0.0
 
     def resume(self, stream: dict[str, Any]) -> None:
         """Start from the checkpoint's record of the stream (``stream``): a group commit that an
         earlier run could not make is made at the first look, with no new micro-batch needed."""
+        self.resumed_last = dict(stream.get("last_batch") or {})
         if self.kafka is None or not stream.get("completed_end"):
             return
         latest = {(topic, partition): high for topic, partition, _, high in stream.get("partitions") or []}
@@ -222,11 +245,10 @@ class _Watch:
         done = [replay.done.popleft() for _ in range(len(replay.done))]
         latest = self._latest() if done and self.kafka is not None else {}
         for batch in done:
-            self.last_batch, self.last_seconds = batch.batch_id, batch.seconds
+            self.last_batch, self.last_seconds, self.last_at = batch.batch_id, batch.seconds, time.time()
             if self.kafka is not None and batch.end is not None:
                 ends = parse_offsets({"sources": [{"endOffset": end} for end in batch.end]})
-                self.partitions = [PartitionOffsets(where.topic, where.partition, where.end,
-                                                    latest.get((where.topic, where.partition)))
+                self.partitions = [self._with_latest(where, latest.get((where.topic, where.partition)))
                                    for where in ends]
             if batch.events:
                 self.count += 1
@@ -237,6 +259,61 @@ class _Watch:
         self._commit()
         if done:
             replay.report = self.record()
+        self._read_ends()
+        self._write_view()
+
+    def _with_latest(self, where: PartitionOffsets, latest: int | None) -> PartitionOffsets:
+        """``where`` with its partition's latest offset: the later of Spark's and the broker's
+        (a partition's end only grows)."""
+        known = [offset for offset in (latest, self.broker_ends.get((where.topic, where.partition)))
+                 if offset is not None]
+        return PartitionOffsets(where.topic, where.partition, where.end, max(known) if known else None)
+
+    def _read_ends(self) -> None:
+        """Read each partition's end offset from the broker, every :data:`ENDS_SECONDS`; a read
+        that fails leaves the lag as last measured, said once per outage."""
+        if not self.reads_ends or not self.partitions or time.monotonic() < self._next_read:
+            return
+        assert self.kafka is not None
+        self._next_read = time.monotonic() + ENDS_SECONDS
+        wanted = dict.fromkeys(((where.topic, where.partition) for where in self.partitions), "latest")
+        try:
+            self.broker_ends = list_offsets(self.spark, self.kafka.options, wanted, seconds=ENDS_SECONDS)
+        except Exception as error:
+            if not self._ends_failing:
+                log.warning("cannot read the partitions' end offsets from Kafka (the lag shown is as of "
+                            "%s): %s", "the last read" if self.ends_at else "Spark's last report",
+                            worker_error(error))
+            self._ends_failing = True
+            return
+        self._ends_failing = False
+        self.ends_at = time.time()
+        self.partitions = [self._with_latest(where, None) for where in self.partitions]
+
+    def view(self) -> dict[str, Any]:
+        """What the checkpoint's stream view keeps (:mod:`~segack.spark_adapter.store.stream_view`)."""
+        last = (self.resumed_last if self.last_batch is None else
+                {"id": self.last_batch, "at": self.last_at, "seconds": self.last_seconds})
+        return {"last_batch": last, "commit_offsets_to": self.group, "ends_at": self.ends_at,
+                "partitions": [[where.topic, where.partition, where.end, where.latest]
+                               for where in self.partitions],
+                "group_offsets": [list(where) for where in self.committed]}
+
+    def _write_view(self) -> None:
+        """Write the view when it changed, or :data:`VIEW_REFRESH_SECONDS` after it was last
+        written; a failed write is said and tried again at the next look."""
+        if self.kafka is None or not self.partitions:
+            return
+        view = self.view()
+        unchanged = self._view is not None and {**view, "ends_at": None} == {**self._view, "ends_at": None}
+        if unchanged and time.monotonic() < self._view_written + VIEW_REFRESH_SECONDS:
+            return
+        try:
+            write_stream_view(self.batches.replay.store.files, view)
+        except Exception as error:
+            log.warning("could not write the stream's view of its Kafka partitions: %s", error)
+            return
+        self._view, self._view_written = view, time.monotonic()
 
     def _commit(self) -> None:
         if not self.behind or self.kafka is None or self.group is None:

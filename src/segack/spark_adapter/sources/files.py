@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from segack.spark_adapter.errors import InputError
+from segack.spark_adapter.errors import InputError, spark_reason
 from segack.spark_adapter.sources.delta import is_change_feed, with_change_order
 from segack.spark_adapter.store.storage import resolve_location
 
@@ -30,10 +30,17 @@ CONNECTORS = {
     "avro": "Spark's Avro connector: --conf spark.jars.packages="
             "org.apache.spark:spark-avro_2.13:SPARK_VERSION",
 }
+#: The session settings Delta needs to read a change feed or a table of the catalog, as flags.
+DELTA_SESSION = ("--conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension --conf "
+                 "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog")
 _PARQUET_MAGIC = b"PAR1"
 #: What delta-spark's errors say of a path that holds no Delta table.
 _NOT_DELTA = ("DELTA_TABLE_NOT_FOUND", "DELTA_MISSING_DELTA_TABLE", "DELTA_SCHEMA_NOT_SET",
               "is not a Delta table")
+#: The reader options that choose a version or a time of a table (Delta's time travel, and where a
+#: change feed starts and ends).
+_POSITIONS = ("versionAsOf", "timestampAsOf", "startingVersion", "startingTimestamp", "endingVersion",
+              "endingTimestamp")
 
 
 def _data_files(directory: str) -> list[str]:
@@ -103,19 +110,14 @@ def read_input(spark: SparkSession, path: str | None, fmt: str, options: dict[st
         return with_change_order(found) if is_change_feed(fmt, options) else found
     except Exception as error:  # Spark raises its analysis and Java errors as several classes
         what = f"table {table}" if table is not None else f"{path} as {fmt}"
+        # A refusal of a version or a time is of that option: the line says which the user gave.
+        what += "".join(f" {name}={options[name]}" for name in _POSITIONS if name in options)
         text = str(error)
         if ("Failed to find data source" in text or "DATA_SOURCE_NOT_FOUND" in text) and fmt in CONNECTORS:
             raise InputError(f"this Spark session has no {fmt} connector: add {CONNECTORS[fmt]}") from None
+        if "DELTA_CONFIGURE_SPARK_SESSION_WITH_EXTENSION_AND_CATALOG" in text:
+            raise InputError(f"cannot read {what}: Delta needs its session settings: {DELTA_SESSION}",
+                             ) from None
         if fmt == "delta" and any(sign in text for sign in _NOT_DELTA):
             raise InputError(f"{path} is not a Delta table: it has no _delta_log") from None
-        raise InputError(f"cannot read {what}: {_first_line(error)}") from None
-
-
-def _first_line(error: Exception) -> str:
-    """The reason in Spark's error text: the first line that is not Py4J's preamble, without the
-    Java exception's class name."""
-    for line in str(error).splitlines():
-        line = line.strip().removeprefix(": ")
-        if line and not line.startswith("An error occurred while calling"):
-            return line.rsplit("Exception: ", 1)[-1]
-    return type(error).__name__
+        raise InputError(f"cannot read {what}: {spark_reason(error)}") from None

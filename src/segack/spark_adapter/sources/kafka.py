@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from segack.spark_adapter.errors import InputError, OptionError, UnparsedValueError
+from segack.spark_adapter.errors import InputError, OptionError, UnparsedValueError, spark_reason
 from segack.spark_adapter.handlers import Sink, is_async, wants_identity
 from segack.spark_adapter.store.crash_points import durable_write
 
@@ -70,8 +70,8 @@ _MARK = "segack_takes_unparsed"
 def value_schema(spark: SparkSession, ddl: str) -> StructType:
     """The value schema ``ddl`` declares (``'account STRING, seq BIGINT'``), parsed by Spark.
 
-    Raises :class:`~segack.spark_adapter.InputError` for text that is not a struct's DDL, and for a
-    field named as one of the record's own columns (:data:`RECORD_COLUMNS`,
+    Raises :class:`~segack.spark_adapter.OptionError` for text that is not a struct's DDL, and for
+    a field named as one of the record's own columns (:data:`RECORD_COLUMNS`,
     :data:`~segack.spark_adapter.sources.kafka.UNPARSED`).
     """
     from pyspark.sql.types import DataType, StructType
@@ -80,14 +80,14 @@ def value_schema(spark: SparkSession, ddl: str) -> StructType:
         parsed = DataType.fromDDL(ddl) if ddl.strip() else None
     except Exception as error:  # Spark's ParseException, through Py4J or Connect
         first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
-        raise InputError(f"--value-schema {ddl!r} is not a schema Spark can read: {first}") from None
+        raise OptionError(f"--value-schema {ddl!r} is not a schema Spark can read: {first}") from None
     if not isinstance(parsed, StructType) or not parsed.fields:
-        raise InputError(f"--value-schema {ddl!r} must name the value's fields with their types, as "
-                         f"'account STRING, seq BIGINT'")
+        raise OptionError(f"--value-schema {ddl!r} must name the value's fields with their types, as "
+                          f"'account STRING, seq BIGINT'")
     clash = [field.name for field in parsed.fields if field.name in (*RECORD_COLUMNS, UNPARSED)]
     if clash:
-        raise InputError(f"--value-schema names {clash[0]!r}, a column every record has already "
-                         f"({', '.join(RECORD_COLUMNS)}, {UNPARSED}); rename the field")
+        raise OptionError(f"--value-schema names {clash[0]!r}, a column every record has already "
+                          f"({', '.join(RECORD_COLUMNS)}, {UNPARSED}); rename the field")
     return parsed
 
 
@@ -236,10 +236,12 @@ def kafka_stream(spark: SparkSession, options: Mapping[str, str], value_schema_d
     Raises
     ------
     InputError
-        The connector is missing (the message names the package to add), the schema is not one,
-        the servers do not answer, a topic does not exist.
+        The connector is missing (the message names the package to add), the servers do not
+        answer, a topic does not exist.
     OptionError
-        A value format that is not one of :data:`~segack.spark_adapter.sources.kafka.VALUE_FORMATS`.
+        A value schema that is not a struct's DDL or names a column every record has, a value
+        format that is not one of
+        :data:`~segack.spark_adapter.sources.kafka.VALUE_FORMATS`.
     """
     schema = value_schema(spark, value_schema_ddl)
     if value_format not in VALUE_FORMATS:
@@ -252,17 +254,9 @@ def kafka_stream(spark: SparkSession, options: Mapping[str, str], value_schema_d
         missing = "Failed to find data source" in text or "DATA_SOURCE_NOT_FOUND" in text
         if missing and "kafka" in text.lower():
             raise InputError(missing_connector(spark.version)) from None
-        raise InputError(f"cannot read Kafka: {_first_line(text)}") from None
+        raise InputError(f"cannot read Kafka: {spark_reason(text)}") from None
     _check_reachable(spark, bounded)
     return KafkaStream(kafka_events(records, schema, value_format), bounded, schema, value_format)
-
-
-def _first_line(text: str) -> str:
-    for line in text.splitlines():
-        line = line.strip().removeprefix(": ")
-        if line and not line.startswith("An error occurred while calling"):
-            return line.rsplit("Exception: ", 1)[-1]
-    return text
 
 
 def _check_reachable(spark: SparkSession, options: Mapping[str, str], seconds: float = 10) -> None:
@@ -282,36 +276,36 @@ def _check_reachable(spark: SparkSession, options: Mapping[str, str], seconds: f
             admin.describeCluster().clusterId().get(int(seconds * 1000), unit)
             known = set(admin.listTopics().names().get(int(seconds * 1000), unit))
         except Exception as error:
-            raise InputError(f"cannot reach Kafka at {servers}: {_first_line(str(error))}") from None
+            raise InputError(f"cannot reach Kafka at {servers}: {spark_reason(error)}") from None
     missing = [topic for topic in topics if topic not in known]
     if missing:
         raise InputError(f"Kafka at {servers} has no topic {missing[0]!r}")
 
 
 @contextlib.contextmanager
-def _admin(spark: SparkSession, options: Mapping[str, str]) -> Iterator[Any]:
+def _admin(spark: SparkSession, options: Mapping[str, str], seconds: float = 15) -> Iterator[Any]:
     """Kafka's admin client in the driver's JVM, configured as the source's consumers are (a classic
-    session), closed at the block's end."""
+    session), its calls given up after ``seconds``; closed at the block's end."""
     jvm = spark.sparkContext._jvm
     assert jvm is not None
-    admin = jvm.org.apache.kafka.clients.admin.Admin.create(_admin_settings(spark, options))
+    admin = jvm.org.apache.kafka.clients.admin.Admin.create(_admin_settings(spark, options, seconds))
     try:
         yield admin
     finally:
         admin.close()
 
 
-def _admin_settings(spark: SparkSession, options: Mapping[str, str]) -> Any:
+def _admin_settings(spark: SparkSession, options: Mapping[str, str], seconds: float) -> Any:
     """Kafka admin client settings (a ``java.util.Properties``) from the reader's ``kafka.*``
-    options, as the source configures its consumers."""
+    options, as the source configures its consumers, calls given up after ``seconds``."""
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     settings = jvm.java.util.Properties()
     for name, value in options.items():
         if name.startswith("kafka."):
             settings.put(name.removeprefix("kafka."), value)
-    settings.put("request.timeout.ms", "10000")
-    settings.put("default.api.timeout.ms", "15000")
+    settings.put("request.timeout.ms", str(round(min(seconds, 10) * 1000)))
+    settings.put("default.api.timeout.ms", str(round(seconds * 1000)))
     return settings
 
 
@@ -412,9 +406,11 @@ def subscribed_partitions(spark: SparkSession, options: Mapping[str, str]) -> li
 
 
 def list_offsets(spark: SparkSession, options: Mapping[str, str],
-                 specs: Mapping[tuple[str, int], str | int]) -> dict[tuple[str, int], int]:
+                 specs: Mapping[tuple[str, int], str | int], seconds: float = 15,
+                 ) -> dict[tuple[str, int], int]:
     """Each partition's offset for its spec: ``"earliest"``, ``"latest"``, or a timestamp in
-    milliseconds (the first offset at or after it; the partition's end if none is)."""
+    milliseconds (the first offset at or after it; the partition's end if none is); Kafka's
+    error past ``seconds``."""
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     kafka = jvm.org.apache.kafka
@@ -426,13 +422,13 @@ def list_offsets(spark: SparkSession, options: Mapping[str, str],
         asked.put(kafka.common.TopicPartition(topic, partition), chosen)
     if not specs:
         return {}
-    with _admin(spark, options) as admin:
+    with _admin(spark, options, seconds) as admin:
         found = admin.listOffsets(asked).all().get()
         offsets = {(str(where.topic()), int(where.partition())): int(info.offset())
                    for where, info in found.items()}
     missing = [where for where, offset in offsets.items() if offset < 0]
     if missing:  # a timestamp after every record: the partition's end
-        offsets.update(list_offsets(spark, options, dict.fromkeys(missing, "latest")))
+        offsets.update(list_offsets(spark, options, dict.fromkeys(missing, "latest"), seconds))
     return offsets
 
 

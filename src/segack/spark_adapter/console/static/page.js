@@ -127,6 +127,7 @@ function drawStream(state) {
   if (last.seconds != null) line += `; micro-batch ${last.id} took ${last.seconds.toFixed(1)} s`;
   if (stream.in_progress != null) line += `; micro-batch ${stream.in_progress} in progress`;
   if (stream.group) line += `; offsets committed to consumer group ${stream.group}`;
+  if (stream.ends_at != null) line += `; end offsets read from Kafka ${duration(Math.max(state.at - stream.ends_at, 0))} ago`;
   $("stream").textContent = line;
   const body = $("partitions").tBodies[0];
   body.replaceChildren();
@@ -136,6 +137,8 @@ function drawStream(state) {
     cell(row, where.topic);
     cell(row, where.partition, "number");
     cell(row, number(where.next_offset), "number");
+    cell(row, number(where.committed), "number");
+    cell(row, number(where.end_offset), "number");
     cell(row, number(where.lag), "number");
   }
 }
