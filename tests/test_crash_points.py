@@ -19,6 +19,7 @@ from segack.spark_adapter.errors import CheckpointError
 from segack.spark_adapter.store import crash_points
 from segack.spark_adapter.store.checkpoint import Checkpoint, CheckpointStore
 from segack.spark_adapter.store.crash_points import ENV, POINTS, WRITES
+from segack.spark_adapter.store.stream_view import write_stream_view
 from tests.test_checkpoint_store import _updates
 
 SOURCE = Path(__file__).resolve().parents[1] / "src" / "segack"
@@ -141,6 +142,7 @@ def test_each_write_of_the_checkpoint_passes_its_own_points(tmp_path, crash_at, 
         "dead-letters-delete": lambda: store.delete_dead_letters(store.dead_letter_files()),
         "stop-clear": lambda: store.clear_stop("run"),
         "claim-delete": lambda: store.withdraw_claim(1),
+        "stream-view": lambda: write_stream_view(store.files, {"last_batch": {"id": 0}}),
     }
     for name, write in writes.items():
         crash_at(f"{when}-{name}")
