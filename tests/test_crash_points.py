@@ -148,6 +148,17 @@ def test_each_write_of_the_checkpoint_passes_its_own_points(tmp_path, crash_at, 
         crash_at(f"{when}-{name}")
         with pytest.raises(_Crashed, match=f"^{when}-{name}$"):
             write()
+    # Each other write, alone; a write of two blocks passes its point twice.
+    others = [("claim", lambda: store.write_claim_file(1, b"{}"), 1),
+              ("segments-request", store.delete_segments_request, 1),
+              ("stop-request", lambda: store.request_stop("run", "why"), 1),
+              ("claim-delete", lambda: store.delete_claim_files([1]), 1),
+              ("claim-delete", lambda: store.withdraw_claim(1), 2)]
+    for name, write, passage in others:
+        crash_points._passed.clear()
+        crash_at(f"{when}-{name}@{passage}")
+        with pytest.raises(_Crashed, match=f"^{when}-{name}@{passage}$"):
+            write()
 
 
 def test_a_stop_request_says_why(tmp_path):
@@ -159,6 +170,9 @@ def test_a_stop_request_says_why(tmp_path):
     assert store.stop_reason("none") is None
     store.clear_stop("run")
     assert store.stop_reason("run") is None
+    # A reason that is not UTF-8 (a file another writer left) is read, not refused.
+    (tmp_path / "checkpoint" / "progress" / "torn.stop").write_bytes(b"\xffwhy")
+    assert store.stop_reason("torn") == "\ufffdwhy"
 
 
 # ---------------------------------------------------------------- Spark's checkpoint, read by segack
