@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import segack
-from segack.cli import build_parser
+from segack.cli.parser import build_parser
 
 HERE = Path(__file__).parent
 

@@ -313,7 +313,7 @@ def commands() -> list[tuple[str, list[str]]]:
                                               for where, words in commands()])
 def test_every_segack_command_shown_parses(where, words, capsys):
     """Each command a page shows is one the command line takes: its flags exist, its values parse."""
-    from segack.cli import build_parser
+    from segack.cli.parser import build_parser
 
     try:
         build_parser().parse_args(words[1:])

@@ -12,7 +12,7 @@ SOURCE = Path(__file__).resolve().parents[1] / "src" / "segack"
 LONGEST_BODY = 80
 #: Most parameters of an internal function (``self`` and ``cls`` not counted).
 MOST_PARAMETERS = 8
-#: Longest module of the adapter, in lines.
+#: Longest Python module, in lines.
 LONGEST_MODULE = 600
 #: The adapter's subpackages by role, each importing only from those after it; its modules outside
 #: them (the errors, options, handlers' and results' types users see) import from none of them.
@@ -76,9 +76,8 @@ def test_no_private_name_is_imported_from_another_module():
     assert offenders == []
 
 
-def test_the_adapters_modules_stay_small():
-    modules = (SOURCE / "spark_adapter").rglob("*.py")
-    sizes = {str(path.relative_to(SOURCE)): len(path.read_text().splitlines()) for path in modules}
+def test_the_modules_stay_small():
+    sizes = {str(path.relative_to(SOURCE)): len(path.read_text().splitlines()) for path in _modules()}
     assert {name: size for name, size in sizes.items() if size > LONGEST_MODULE} == {}
 
 
@@ -108,11 +107,16 @@ def _imports(path):
     return found
 
 
-def _adapter_graph():
-    paths = sorted((SOURCE / "spark_adapter").rglob("*.py"))
+def _graph(folder=SOURCE):
+    """Each module of ``folder`` (a package of ``segack``), and the modules of it that it imports."""
+    paths = sorted(folder.rglob("*.py"))
     modules = {_module_name(path) for path in paths}
     return {_module_name(path): {name for name in _imports(path) if name in modules} - {_module_name(path)}
             for path in paths}
+
+
+def _adapter_graph():
+    return _graph(SOURCE / "spark_adapter")
 
 
 def _cycle(graph):
@@ -139,11 +143,22 @@ def _cycle(graph):
     return []
 
 
-def test_the_adapter_has_no_import_cycle():
+def test_the_package_has_no_import_cycle():
     # A package's __init__ re-exports its modules: importing it is not a module's dependency.
     graph = {module: {target for target in targets if not (SOURCE.parent / target.replace(".", "/")).is_dir()}
-             for module, targets in _adapter_graph().items()}
+             for module, targets in _graph().items()}
     assert _cycle(graph) == []
+
+
+def test_only_the_entry_point_imports_a_commands_module():
+    # segack status must not pay for (or need) what replay imports: each command's module is
+    # imported by main() when that command runs, and by nothing else.
+    commands = {"runs", "plan", "status", "control", "ui", "demo"}
+    importers = {module: sorted(target.rpartition(".")[2] for target in targets
+                                if target.startswith("segack.cli.") and target.rpartition(".")[2] in commands)
+                 for module, targets in _graph().items()}
+    assert {module: found for module, found in importers.items() if found} == {
+        "segack.cli.entry": sorted(commands)}
 
 
 def test_the_cycle_finder_finds_one():

@@ -155,16 +155,16 @@ def test_the_watcher_says_once_why_it_ignores_a_request_and_when_it_sees_a_chang
 
 
 def test_the_command_shows_warnings_and_with_verbose_what_runs_decide(tmp_path, capsys):
-    from segack.cli import _log_to_stderr
+    from segack.cli.entry import log_to_stderr
 
     store = _checkpoint(tmp_path)
     assert main(["split", store.location, "1"]) == 0
     assert capsys.readouterr().err == ""  # quiet by default: the command says what it did itself
-    _log_to_stderr(verbose=True)
+    log_to_stderr(verbose=True)
     try:
         logging.getLogger("segack.spark_adapter.store.claims").info("%s: a decision", "here")
         logging.getLogger("segack.spark_adapter.store.claims").warning("%s: a problem", "there")
     finally:
-        _log_to_stderr(verbose=False)
+        log_to_stderr(verbose=False)
     logging.getLogger("segack.spark_adapter.store.claims").info("%s: not shown", "here")
     assert capsys.readouterr().err == "segack: here: a decision\nsegack: warning: there: a problem\n"

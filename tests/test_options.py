@@ -8,7 +8,8 @@ import inspect
 import pytest
 
 from segack._shared import SEQUENCING_POLICIES, VERIFY_CHOICES
-from segack.cli import RUN_FLAGS, build_parser, run_keywords
+from segack.cli.flags import RUN_FLAGS, run_keywords
+from segack.cli.parser import build_parser
 from segack.errors import SegackTypeError
 from segack.kernel import SegmentSet
 from segack.spark_adapter import OptionError, foreach_batch, replay

@@ -411,8 +411,8 @@ def test_replay_rejects_a_handler_it_cannot_import(tmp_path, capsys):
 def test_the_progress_line_gives_the_recent_rate_the_share_the_time_left_and_plurals():
     import io
 
+    from segack.cli.output import ProgressPrinter
     from segack.spark_adapter import Progress
-    from segack.spark_cli import ProgressPrinter
 
     printer = ProgressPrinter(io.StringIO(), window=10.0)
     # The first report has no rate: the time before it went to Spark's start, not to events.

@@ -4,6 +4,8 @@ an idle checkpoint, asked of a live run otherwise, refused (changing nothing) wh
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 import threading
 import time
 
@@ -376,3 +378,17 @@ def test_the_watcher_thread_is_named_for_a_thread_dump(tmp_path):
     store = _checkpoint(tmp_path)
     with RequestWatcher(store, SegmentSet.balanced(2), lambda change: None, poll=0.01):
         assert "segack-requests" in [thread.name for thread in threading.enumerate()]
+
+
+def test_the_commands_without_spark_import_none_of_it(tmp_path):
+    # In a fresh interpreter: what `segack status` and the operator's commands import is theirs.
+    _checkpoint(tmp_path)
+    location = str(tmp_path / "checkpoint")
+    commands = [["status", location], ["dead-letters", location], ["split", location, "1"],
+                ["scale", location, "--segments", "2"], ["release", location, "--force"],
+                ["locate", "a", "b"]]
+    script = ("import sys\nfrom segack.cli import main\n"
+              f"codes = [int(main(words)) for words in {commands!r}]\n"
+              "print(codes, sorted({name for name in sys.modules if name.startswith(('pyspark', 'py4j'))}))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines()[-1] == "[0, 0, 0, 0, 0, 0] []"

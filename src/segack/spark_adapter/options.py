@@ -6,7 +6,7 @@ options as keyword arguments and build one :class:`RunOptions`; their signatures
 flags' defaults and help from here too. Inside the adapter the object travels whole.
 
 Each field is declared with :func:`option`: its default, what it means (the API docs) and its
-help (the command's). A new option is a field here, a flag in ``segack.cli.RUN_FLAGS`` (how it
+help (the command's). A new option is a field here, a flag in ``segack.cli.flags.RUN_FLAGS`` (how it
 parses), and the code that uses it.
 """
 

@@ -1,0 +1,256 @@
+"""``segack replay`` and ``segack stream``: a run over the input, or a query over a stream, through
+the handler, with its progress, its stop on a signal and its last lines."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
+
+from segack.cli.exit_codes import ExitCode
+from segack.cli.flags import run_keywords
+from segack.cli.output import ProgressPrinter, counted, say
+from segack.cli.session import (
+    importable_from_here,
+    interrupt,
+    spark_master,
+    start_session,
+    stop_session,
+    stop_signals,
+)
+from segack.spark_adapter.coordinator.replay import ReplayResult, load_handler, replay, worker_error
+from segack.spark_adapter.errors import HandlerFailedError, OptionError, ReplayError
+from segack.spark_adapter.results import STARTUP, BatchReport, StreamResult
+from segack.spark_adapter.sources.files import check_input_files, read_input
+from segack.spark_adapter.store.checkpoint import CheckpointStore
+
+log = logging.getLogger("segack.cli")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """The run a ``replay`` or ``stream`` command line asks for, made once, as the command starts."""
+
+    handler: Callable[..., Any]
+    #: Files the handler imports, sent to the executors.
+    py_files: list[str]
+    store: CheckpointStore
+    #: The run options, as the keywords of :func:`~segack.spark_adapter.replay` and
+    #: :func:`~segack.spark_adapter.stream` take them.
+    options: dict[str, Any]
+
+
+def run(args: argparse.Namespace) -> int:
+    """``segack replay`` or ``segack stream``: an :class:`~segack.cli.ExitCode`."""
+    job = _prepare(args)
+    if isinstance(job, ExitCode):
+        return job
+    return _replay(args, job) if args.command == "replay" else _stream(args, job)
+
+
+def _prepare(args: argparse.Namespace) -> _Job | ExitCode:
+    """What ``replay`` and ``stream`` check before Spark starts: the handler, the files to ship, the
+    checkpoint's location and INPUT; a refusal prints its line and is its exit code."""
+    command = f"segack {args.command}"
+    importable_from_here()
+    py_files = [path for path in args.py_files.split(",") if path]
+    try:
+        handler = load_handler(args.handler)
+    except OptionError as error:
+        print(f"{command}: argument --handler: {error}", file=sys.stderr)
+        return ExitCode.USAGE
+    missing = [path for path in py_files if not os.path.isfile(path)]
+    if missing:
+        print(f"{command}: argument --py-files: no such file {missing[0]!r}", file=sys.stderr)
+        return ExitCode.USAGE
+    try:
+        store = CheckpointStore(args.checkpoint)
+        store.load()
+        if args.input is not None:
+            check_input_files(args.input, args.format)
+    except (ValueError, OSError) as error:
+        print(f"{command}: {error}", file=sys.stderr)
+        return ExitCode.REFUSED
+    return _Job(handler, py_files, store, run_keywords(args))
+
+
+def _failure_code(args: argparse.Namespace, error: Exception) -> int:
+    """The exit code of a run that raised ``error``, its line printed."""
+    command = f"segack {args.command}"
+    if isinstance(error, HandlerFailedError):
+        print(f"{command}: {error}", file=sys.stderr)
+        return ExitCode.HANDLER_FAILED
+    if isinstance(error, ReplayError):
+        print(f"{command}: {error}", file=sys.stderr)
+        return ExitCode.FAILED
+    if isinstance(error, (ValueError, OSError)):  # a refusal: nothing was written
+        print(f"{command}: {error}", file=sys.stderr)
+        return ExitCode.REFUSED
+    print(f"{command}: {worker_error(error)}", file=sys.stderr)
+    return ExitCode.FAILED
+
+
+def _replay(args: argparse.Namespace, job: _Job) -> int:
+    """``segack replay``: an :class:`~segack.cli.ExitCode`, with a one-line reason unless it is ``OK``.
+    SIGTERM or Ctrl-C stops the run at once, its tasks' progress up to their last flush kept."""
+    store = job.store
+    printer = ProgressPrinter()
+    spark = None
+    # A plain flag: a signal handler must not wait for a lock its own thread may hold.
+    stop = types.SimpleNamespace(asked=False)
+
+    def asked(number: int, frame: Any) -> None:
+        if not stop.asked:
+            say("\nsegack replay: stopping now; the progress saved so far is kept")
+        stop.asked = True
+        if spark is not None:
+            interrupt(spark)
+
+    try:
+        with printer.phases(args.verbose), stop_signals(asked) as again:
+            STARTUP.info("starting Spark (%s)", "Spark Connect" if args.remote else spark_master(args))
+            spark = start_session(args, job.py_files)
+            again()
+            if stop.asked:
+                print(f"segack replay: stopped as asked, before the run started ({store.location})",
+                      file=sys.stderr)
+                return ExitCode.FAILED
+            events = read_input(spark, args.input, args.format, dict(args.option), args.table)
+            source = args.input if args.table is None else f"table {args.table}"
+            result = replay(events, key=args.key, order=args.order, handler=job.handler, checkpoint=store,
+                            progress=printer, source=source, metrics_port=args.metrics_port,
+                            **job.options)
+    except Exception as error:
+        printer.close()
+        if stop.asked:
+            print(f"segack replay: stopped as asked; run it again to resume ({store.location})",
+                  file=sys.stderr)
+            return ExitCode.FAILED
+        return _failure_code(args, error)
+    finally:
+        stop_session(spark, args)
+    printer.close()
+    return _report(result, args)
+
+
+def _report(result: ReplayResult, args: argparse.Namespace) -> int:
+    """What ``segack replay`` prints at the end of a run, and its exit code."""
+    print(f"segack replay: {result.handled:,} events handled, {result.already_done:,} already done, "
+          f"{result.total:,} in all, over {result.segments} segments and {2**result.key_group_bits:,} "
+          f"key groups in {result.seconds:.1f} s")
+    if result.already_done and not result.input_checked:
+        log.info("the input is the same files, unchanged, as the last run read: the events done were not "
+                 "read again to check them (--verify always checks)")
+    if result.segment_changes:
+        times = "once" if result.segment_changes == 1 else f"{result.segment_changes} times"
+        print(f"segack replay: the segments changed {times} while it ran; `segack status "
+              f"{args.checkpoint}` shows each set")
+    if args.retry_dead_letters:
+        stay = f"; {result.retry_failed:,} failed again and stay" if result.retry_failed else ""
+        print(f"segack replay: {counted(result.retried, 'dead letter')} handled again{stay}")
+    if result.dead_letters:
+        print(f"segack replay: {counted(result.dead_letters, 'event')} set aside as dead letters in this run "
+              f"(they or an earlier event of their key failed)")
+    if result.dead_letters_left:
+        print(f"segack replay: not complete: {counted(result.dead_letters_left, 'event')} set aside as dead "
+              f"letters remain; `segack dead-letters {args.checkpoint}` lists them, and a run with "
+              f"--retry-dead-letters handles them again", file=sys.stderr)
+        return ExitCode.DEAD_LETTERS
+    if not result.complete:
+        print(f"segack replay: not complete: {result.done:,} of {result.total:,} events done",
+              file=sys.stderr)
+        return ExitCode.FAILED
+    return ExitCode.OK
+
+
+def _stream_events(spark: Any, args: argparse.Namespace) -> Any:
+    """``segack stream``'s events: Kafka records (:func:`~segack.spark_adapter.kafka_stream`), or a
+    stream of the files at INPUT (their schema read from them) or of a table."""
+    from segack.spark_adapter.sources.kafka import kafka_stream
+
+    if args.format == "kafka":
+        return kafka_stream(spark, dict(args.option), args.value_schema, args.value_format)
+    return read_input(spark, args.input, args.format, dict(args.option), args.table, streaming=True)
+
+
+def _stream(args: argparse.Namespace, job: _Job) -> int:
+    """``segack stream``: runs until the input is drained (``--trigger available-now``) or SIGTERM or
+    Ctrl-C asks it to stop; an :class:`~segack.cli.ExitCode`."""
+    from segack.spark_adapter.coordinator.query import StopRequest, stream
+
+    store = job.store
+    stop = StopRequest()
+
+    def asked(number: int, frame: Any) -> None:
+        then = "now" if stop.asked.is_set() else "at the end of the micro-batch under way (again: now)"
+        say(f"segack stream: stopping {then}")
+        # Its events' locks are not for a signal handler, which may have interrupted their holder.
+        threading.Thread(target=stop.set, name="segack-stop", daemon=True).start()
+
+    spark = None
+    try:
+        with stop_signals(asked) as again:
+            spark = start_session(args, job.py_files)
+            again()
+            if stop.asked.is_set():
+                print("segack stream: stopped as asked, before the query started", file=sys.stderr)
+                return ExitCode.OK
+            try:
+                events = _stream_events(spark, args)
+            except OptionError as error:  # --value-schema, which only Spark can read: a flag's error
+                print(f"segack stream: {error}", file=sys.stderr)
+                return ExitCode.USAGE
+            result = stream(events, key=args.key, order=args.order, handler=job.handler, checkpoint=store,
+                            trigger=args.trigger, commit_offsets_to=args.commit_offsets_to, stop=stop,
+                            progress=_print_batch, metrics_port=args.metrics_port, **job.options)
+    except Exception as error:
+        return _failure_code(args, error)
+    finally:
+        stop_session(spark, args)
+    if result.interrupted:
+        print(f"segack stream: stopped at once as asked, its micro-batch under way incomplete; its progress "
+              f"is saved: run it again to resume ({store.location})", file=sys.stderr)
+        return ExitCode.FAILED
+    return _stream_report(result, args)
+
+
+def _print_batch(report: BatchReport) -> None:
+    lag = "" if report.lag is None else f", {counted(report.lag, 'record')} behind"
+    print(f"segack stream: batch {report.batch_id}: {counted(report.events, 'event')} in "
+          f"{report.seconds:.1f} s; {report.events_so_far:,} so far{lag}")
+
+
+def _stream_report(result: StreamResult, args: argparse.Namespace) -> int:
+    """What ``segack stream`` prints at its end, and its exit code."""
+    why = "stopped as asked" if result.stopped else "the input is drained"
+    last = "no micro-batch" if result.last_batch is None else f"batch {result.last_batch} the last complete"
+    batches = "1 micro-batch" if result.batches == 1 else f"{result.batches:,} micro-batches"
+    print(f"segack stream: {why}: {batches}, {result.handled:,} events handled, {last}, in "
+          f"{result.seconds:.1f} s")
+    if result.group_behind:
+        batch = ("the last complete micro-batch" if result.last_batch is None
+                 else f"micro-batch {result.last_batch}")
+        print(f"segack stream: the offsets of {batch} are not committed to consumer group "
+              f"{args.commit_offsets_to}: the commit failed (--verbose says why); the next run commits them",
+              file=sys.stderr)
+    if result.passed_over:
+        print(f"segack stream: started at {result.started}, passing over "
+              f"{counted(result.passed_over, 'record')} the topic held before it")
+    if args.retry_dead_letters:
+        stay = f"; {result.retry_failed:,} failed again and stay" if result.retry_failed else ""
+        print(f"segack stream: {counted(result.retried, 'dead letter')} handled again{stay}")
+    if result.dead_letters:
+        print(f"segack stream: {counted(result.dead_letters, 'event')} set aside as dead letters "
+              f"(they or an earlier event of their key failed)")
+    if result.dead_letters_left:
+        print(f"segack stream: {counted(result.dead_letters_left, 'event')} set aside as dead letters "
+              f"remain; `segack dead-letters {args.checkpoint}` lists them, and a run with "
+              f"--retry-dead-letters handles them again", file=sys.stderr)
+        return ExitCode.DEAD_LETTERS
+    return ExitCode.OK
