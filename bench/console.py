@@ -81,7 +81,7 @@ def run() -> None:
                 main(["status", location])
 
         status_seconds = best_of(status, REPEATS)
-        with serve_page(location, port=0) as server:
+        with serve_page(location, port=0, read_only=True) as server:
             for path in ("api/state", "metrics", ""):
                 url = f"http://127.0.0.1:{server.port}/{path}"
 

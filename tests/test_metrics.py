@@ -29,9 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 USERS, PER_USER = 20, 100
 
 
-def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Each sample of ``/metrics`` on ``port``, by name, parsed by Prometheus' own parser."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+def scrape(port: int, token: str | None = None) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Each sample of ``/metrics`` on ``port``, by name, parsed by Prometheus' own parser; with
+    ``token``, asked as Prometheus asks with a bearer token."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(request, timeout=10) as response:
         assert response.headers["Content-Type"].startswith("text/plain")
         text = response.read().decode()
     samples: dict[str, list[tuple[dict[str, str], float]]] = {}

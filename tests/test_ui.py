@@ -24,7 +24,7 @@ import pytest
 
 from segack.cli import ExitCode, main
 from segack.kernel import SegmentSet
-from segack.spark_adapter.console.page import hash_space_layout, page_state, serve_page
+from segack.spark_adapter.console.page import create_app, hash_space_layout, page_state, serve_page
 from segack.spark_adapter.errors import OptionError
 from segack.spark_adapter.store.claims import acquire, latest_claim
 from tests.test_metrics import sample_value, scrape
@@ -32,11 +32,15 @@ from tests.test_rescale import _checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
+#: The token the tests' pages are served with; their requests carry it unless told not to.
+TOKEN = "t0ken-of-the-tests"
 
 
-def _get(url: str, headers: dict[str, str] | None = None, data: bytes | None = None
-         ) -> tuple[int, str, dict[str, str]]:
-    request = urllib.request.Request(url, headers=headers or {}, data=data)
+def _get(url: str, headers: dict[str, str] | None = None, data: bytes | None = None,
+         token: str | None = TOKEN) -> tuple[int, str, dict[str, str]]:
+    """A request with ``token`` as a bearer token (``None``: without one)."""
+    request = urllib.request.Request(url, data=data, headers=(
+        {"Authorization": f"Bearer {token}"} if token else {}) | (headers or {}))
     opener = urllib.request.build_opener(_NoRedirect)
     try:
         with opener.open(request, timeout=10) as response:
@@ -50,16 +54,17 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-def _post(base: str, action: str, body: object, csrf: str | None) -> tuple[int, str]:
+def _post(base: str, action: str, body: object, csrf: str | None, token: str | None = TOKEN
+          ) -> tuple[int, str]:
     """A control's POST as the page makes it: JSON, with the CSRF header unless ``csrf`` is None."""
     headers = {"Content-Type": "application/json"} | ({"X-Segack-CSRF": csrf} if csrf is not None else {})
-    status, said, _ = _get(f"{base}/api/{action}", headers, json.dumps(body).encode())
+    status, said, _ = _get(f"{base}/api/{action}", headers, json.dumps(body).encode(), token)
     return status, said
 
 
-def _csrf(base: str) -> str | None:
+def _csrf(base: str, token: str | None = TOKEN) -> str | None:
     """The CSRF token the page carries (None: a read-only page)."""
-    found = re.search(r'<meta name="segack-csrf" content="([^"]+)">', _get(f"{base}/")[1])
+    found = re.search(r'<meta name="segack-csrf" content="([^"]+)">', _get(f"{base}/", token=token)[1])
     return None if found is None else found.group(1)
 
 
@@ -70,13 +75,13 @@ def _checksums(path: Path) -> dict[str, str]:
 
 def test_the_state_the_page_draws_is_the_checkpoints(tmp_path):
     store = _checkpoint(tmp_path, SegmentSet.balanced(3), bits=4, counts=[7] * 16)
-    with serve_page(store, port=0) as server:
+    with serve_page(store, port=0, token=TOKEN) as server:
         status, body, headers = _get(f"http://127.0.0.1:{server.port}/api/state")
         assert status == 200 and headers["Content-Type"] == "application/json"
         state = json.loads(body)
         page_status, page, _ = _get(f"http://127.0.0.1:{server.port}/")
         script_status, script, _ = _get(f"http://127.0.0.1:{server.port}/static/page.js")
-        samples = scrape(server.port)
+        samples = scrape(server.port, TOKEN)
     assert state["exists"] and state["kind"] == "replay" and state["state"] == "stopped"
     assert state["events"] == {"done": 0, "handled": 0, "dead_letters": 0, "total": 16 * 7,
                                "in_flight": 0, "pending": 0, "retries": 0}
@@ -102,23 +107,54 @@ def test_the_state_the_page_draws_is_the_checkpoints(tmp_path):
 def test_requests_from_elsewhere_or_without_the_token_are_refused_and_change_nothing(tmp_path):
     store = _checkpoint(tmp_path)
     before = _checksums(tmp_path / "checkpoint")
-    with serve_page(store, port=0) as server:
+    # Only a read-only page on loopback goes without a token: it answers this machine alone.
+    with serve_page(store, port=0, read_only=True) as server:
+        assert server.token is None
         url = f"http://127.0.0.1:{server.port}/api/state"
-        status, body, _ = _get(url, {"Host": f"attacker.example:{server.port}"})
+        status, body, _ = _get(url, {"Host": f"attacker.example:{server.port}"}, token=None)
         assert status == 403 and "answers requests to this machine only" in body
-        assert _get(url, {"Host": f"localhost:{server.port}"})[0] == 200
+        assert _get(url, {"Host": f"localhost:{server.port}"}, token=None)[0] == 200
     with serve_page(store, host="127.0.0.1", port=0, token="s3cret") as server:
         base = f"http://127.0.0.1:{server.port}"
-        for headers in ({}, {"Cookie": "segack_token=wrong"}):
-            status, body, _ = _get(f"{base}/api/state", headers)
-            assert status == 401 and "needs its token" in body
-        assert _get(f"{base}/metrics")[0] == 401
-        assert _get(f"{base}/api/state?token=wrong")[0] == 401
-        status, _, headers = _get(f"{base}/?token=s3cret")
+        for headers in ({}, {"Cookie": "segack_token=wrong"}, {"Authorization": "Bearer wrong"},
+                        {"Authorization": "Basic s3cret"}, {"Authorization": "Bearer"}):
+            status, body, _ = _get(f"{base}/api/state", headers, token=None)
+            assert status == 401 and "needs its token" in body, headers
+        # Text that is not ASCII, in the address, the cookie or the header: refused, not a crash.
+        for headers, query in (({}, "?token=s%C3%A9cret"), ({"Cookie": "segack_token=s\u00e9cret"}, ""),
+                               ({"Authorization": "Bearer sécret".encode().decode("latin-1")}, "")):
+            assert _get(f"{base}/api/state{query}", headers, token=None)[0] == 401, (headers, query)
+        assert _get(f"{base}/metrics", token=None)[0] == 401
+        assert _get(f"{base}/api/state?token=wrong", token=None)[0] == 401
+        status, _, headers = _get(f"{base}/?token=s3cret", token=None)
         assert status == 302 and headers["Location"].endswith("/") and "s3cret" not in headers["Location"]
         assert "segack_token=s3cret" in headers["Set-Cookie"] and "HttpOnly" in headers["Set-Cookie"]
-        assert _get(f"{base}/api/state", {"Cookie": "segack_token=s3cret"})[0] == 200
+        assert _get(f"{base}/api/state", {"Cookie": "segack_token=s3cret"}, token=None)[0] == 200
+        # Prometheus scrapes with the token as a bearer token.
+        assert sample_value(scrape(server.port, "s3cret"), "segack_segments") == 2
+        # No page elsewhere may frame it, whatever the answer.
+        for answer in (_get(f"{base}/", token="s3cret"), _get(f"{base}/", token=None)):
+            assert answer[2]["X-Frame-Options"] == "DENY"
+            assert answer[2]["Content-Security-Policy"] == "frame-ancestors 'none'"
     assert _checksums(tmp_path / "checkpoint") == before
+
+
+def test_a_page_with_controls_needs_a_token_on_loopback_too(tmp_path):
+    # Any process here may read a page on loopback, and the CSRF token in it: the controls need
+    # the token only the one who started the page was told.
+    store = _checkpoint(tmp_path)
+    before = _checksums(tmp_path / "checkpoint")
+    with serve_page(store, port=0) as server:
+        assert server.token and len(server.token) >= 24 and server.url.endswith(f"/?token={server.token}")
+        base = f"http://127.0.0.1:{server.port}"
+        for path in ("/", "/api/state", "/metrics"):
+            assert _get(base + path, token=None)[0] == 401, path
+        assert _post(base, "split", {"segment_id": 0}, "any", token=None)[0] == 401
+        assert _checksums(tmp_path / "checkpoint") == before
+        csrf = _csrf(base, server.token)
+        assert _post(base, "split", {"segment_id": 0}, csrf, server.token)[0] == 200
+    with pytest.raises(OptionError, match="a page with controls needs a token"):
+        create_app(store)
 
 
 def test_a_set_is_drawn_as_the_hash_space_cut_by_its_splits():
@@ -158,7 +194,7 @@ def test_the_busiest_key_group_bounds_every_segment_set(tmp_path):
 def test_a_control_refused_answers_why_in_one_line_and_changes_nothing(tmp_path):
     store = _checkpoint(tmp_path, SegmentSet.balanced(3), bits=4, counts=[7] * 16)
     before = _checksums(tmp_path / "checkpoint")
-    with serve_page(store, port=0) as server:
+    with serve_page(store, port=0, token=TOKEN) as server:
         base = f"http://127.0.0.1:{server.port}"
         csrf = _csrf(base)
         assert csrf and len(csrf) >= 24
@@ -176,6 +212,7 @@ def test_a_control_refused_answers_why_in_one_line_and_changes_nothing(tmp_path)
             ("scale", {"segments": 4, "workers": 0}, csrf, 400, "scale: workers must be a positive int"),
             ("release", {"claim": "1"}, csrf, 400, "release: release needs the number of the claim"),
             ("release", {"claim": 99}, csrf, 409, "release: claim 99 is no longer the newest"),
+            ("release", {"claim": 1, "force": "yes"}, csrf, 400, "release: release's force is true or false"),
         ]
         for action, body, token, status, said in refusals:
             answer = _post(base, action, body, token)
@@ -199,7 +236,7 @@ def test_a_control_refused_answers_why_in_one_line_and_changes_nothing(tmp_path)
 
 def test_each_control_does_what_its_command_does(tmp_path):
     store = _checkpoint(tmp_path, SegmentSet.balanced(3), bits=4, counts=[7] * 16)
-    with serve_page(store, port=0) as server:
+    with serve_page(store, port=0, token=TOKEN) as server:
         base = f"http://127.0.0.1:{server.port}"
         csrf = _csrf(base)
         assert _post(base, "merge", {"segment_id": 2}, csrf) == (
@@ -223,8 +260,15 @@ def test_each_control_does_what_its_command_does(tmp_path):
         requested = json.loads(_get(f"{base}/api/state")[1])["requested"]
         assert requested["why"] == "split segment 0" and requested["segments"] == 5
         assert store.load().settings["segments"] == [0, 1, 2, 3]
-        # Release names the claim it saw: the run's, then (released already) nothing to do.
-        status, said = _post(base, "release", {"claim": live.number}, csrf)
+        # Release names the claim it saw. A live run's stops that run: it needs force, which the
+        # page asks its user for first; then (released already) nothing to do.
+        before = _checksums(tmp_path / "checkpoint")
+        for body in ({"claim": live.number}, {"claim": live.number, "force": False}):
+            assert _post(base, "release", body, csrf) == (
+                409, f"release: claim {live.number} is held by {owner}, which is live: releasing it stops "
+                     f"that run; send force: true to release it anyway; nothing changed\n")
+        assert _checksums(tmp_path / "checkpoint") == before
+        status, said = _post(base, "release", {"claim": live.number, "force": True}, csrf)
         assert status == 200 and said.startswith("release: released the claim of run r2"), said
         released = latest_claim(store)
         assert released.released and released.number == live.number + 1
@@ -237,7 +281,7 @@ def test_any_address_but_loopback_gets_a_token_made_for_it(tmp_path):
     store = _checkpoint(tmp_path)
     with serve_page(store, host="0.0.0.0", port=0) as server:
         assert server.token and len(server.token) >= 24 and f"?token={server.token}" in server.url
-        assert _get(f"http://127.0.0.1:{server.port}/api/state")[0] == 401
+        assert _get(f"http://127.0.0.1:{server.port}/api/state", token=None)[0] == 401
     for port, token in ((70000, None), (-1, None), (True, None), (0, "")):
         with pytest.raises(OptionError):
             serve_page(store, port=port, token=token)
@@ -260,9 +304,9 @@ def test_the_command_serves_until_sigterm_and_refuses_what_it_cannot_serve(tmp_p
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = process.stdout.readline()
     assert line.startswith(f"segack ui: serving {store.location} on http://127.0.0.1:"), line
-    url = line.split(" on ")[1].split()[0]
-    assert _get(f"{url}api/state")[0] == 200
-    assert _post(url.rstrip("/"), "split", {"segment_id": 0}, _csrf(url.rstrip("/")))[0] == 200
+    url, token = line.split(" on ")[1].split()[0].split("?token=")
+    assert _get(f"{url}api/state", token=None)[0] == 401 and _get(f"{url}api/state", token=token)[0] == 200
+    assert _post(url.rstrip("/"), "split", {"segment_id": 0}, _csrf(url.rstrip("/"), token), token)[0] == 200
     process.terminate()
     assert process.wait(30) == ExitCode.OK
     # No line per request; one per control done.
@@ -273,9 +317,35 @@ def test_the_command_serves_until_sigterm_and_refuses_what_it_cannot_serve(tmp_p
     line = process.stdout.readline()
     assert line.endswith(" (Ctrl-C stops, read-only)\n"), line
     url = line.split(" on ")[1].split()[0].rstrip("/")
-    assert _csrf(url) is None and _post(url, "split", {"segment_id": 0}, "x")[0] == 403
+    assert _csrf(url, None) is None and _post(url, "split", {"segment_id": 0}, "x", None)[0] == 403
     process.terminate()
     assert process.wait(30) == ExitCode.OK
+
+
+def test_the_commands_token_comes_from_a_file_or_the_environment_and_is_not_printed(tmp_path, capsys):
+    store = _checkpoint(tmp_path)
+    (tmp_path / "empty").write_text("\n")
+    (tmp_path / "binary").write_bytes(b"\xff\xfe")
+    refusals = {"missing": "cannot read {}: No such file or directory",
+                "empty": "{} holds no token on its first line", "binary": "{} is not UTF-8 text"}
+    for name, said in refusals.items():
+        path = tmp_path / name
+        assert main(["ui", store.location, "--port", "0", "--token-file", str(path)]) == ExitCode.USAGE
+        assert capsys.readouterr().err == f"segack ui: argument --token-file: {said.format(path)}\n"
+    (tmp_path / "token").write_text("from-a-file\nignored\n")
+    from_environment = "from-the-environment"
+    for flags, environment, token in ((["--token-file", str(tmp_path / "token")], {}, "from-a-file"),
+                                      ([], {"SEGACK_UI_TOKEN": from_environment}, from_environment)):
+        command = [sys.executable, "-m", "segack", "ui", store.location, "--port", "0", *flags]
+        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                                   env=dict(os.environ, **environment))
+        line = process.stdout.readline()
+        assert line.endswith("/ (Ctrl-C stops; requests carry the token given)\n") and token not in line, line
+        url = line.split(" on ")[1].split()[0]
+        assert _get(f"{url}api/state", token=None)[0] == 401
+        assert _get(f"{url}api/state", token=token)[0] == 200
+        process.terminate()
+        assert process.wait(30) == ExitCode.OK
 
 
 @pytest.mark.browser

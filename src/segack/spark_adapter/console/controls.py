@@ -1,7 +1,8 @@
 """The page's controls: what ``segack split``, ``merge``, ``scale`` and ``release --force`` do, asked
 by a ``POST`` to ``/api/split``, ``/api/merge``, ``/api/scale`` or ``/api/release``.
 
-Each control:
+A page with controls always has a token (:func:`~segack.spark_adapter.console.page.serve_page`):
+a request reaches them only from whoever was told it. Each control:
 
 1. is refused (403) on a read-only page, which has no CSRF token;
 2. must carry the page's CSRF token in the :data:`CSRF_HEADER` header (403 without it): the token is
@@ -11,7 +12,8 @@ Each control:
 4. does what its command does, through the same function
    (:mod:`~segack.spark_adapter.store.rescale`, :func:`~segack.spark_adapter.store.claims.force_release`),
    and answers its one line; a change the rules refuse answers 409, a request that is not one
-   answers 400, each with its reason, and neither writes anything.
+   answers 400, each with its reason, and neither writes anything. A release of a claim whose run
+   is live (which stops that run) needs ``"force": true`` too (409 without it).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +30,7 @@ from flask import Blueprint, Response, abort, make_response, request
 from segack.spark_adapter.errors import OptionError, SegmentChangeError
 from segack.spark_adapter.store import rescale
 from segack.spark_adapter.store.checkpoint import CheckpointError, CheckpointStore
-from segack.spark_adapter.store.claims import force_release
+from segack.spark_adapter.store.claims import force_release, latest_claim
 
 __all__ = ["CSRF_HEADER", "controls"]
 
@@ -43,9 +46,16 @@ def _field(body: dict[str, Any], name: str) -> Any:
 
 
 def _release(store: CheckpointStore, body: dict[str, Any]) -> str:
-    number = _field(body, "claim")
+    number, force = _field(body, "claim"), _field(body, "force")
     if isinstance(number, bool) or not isinstance(number, int):
         raise OptionError(f"release needs the number of the claim to release, not {number!r}")
+    if force not in (None, True, False):
+        raise OptionError(f"release's force is true or false, not {force!r}")
+    claim = latest_claim(store)
+    if claim is not None and claim.number == number and claim.live(time.time()) and not force:
+        # Releasing a live claim stops its run (it is fenced): the page asks its user first.
+        raise CheckpointError(f"claim {number} is held by {claim.owner()}, which is live: releasing it "
+                              f"stops that run; send force: true to release it anyway")
     released = force_release(store, f"segack ui (pid {os.getpid()}) for {request.remote_addr}", number)
     if released is None:
         return f"claim {number} is released already; nothing to do"

@@ -162,9 +162,18 @@ def page_state(store: CheckpointStore) -> dict[str, Any]:
     }
 
 
+def _same(given: str | None, token: str) -> bool:
+    """Whether ``given`` is ``token``, in constant time; any text (not only ASCII) is compared."""
+    return given is not None and hmac.compare_digest(given.encode(), token.encode())
+
+
 def create_app(store: CheckpointStore, token: str | None = None, read_only: bool = False) -> Flask:
-    """The page's Flask application for ``store``: with ``token``, every request must carry it;
-    without, only requests whose ``Host`` is this machine are answered. ``read_only``: no controls."""
+    """The page's Flask application for ``store``: with ``token``, every request must carry it (once
+    in the address, then in the page's cookie, or as ``Authorization: Bearer TOKEN``); without (a
+    read-only page), only requests whose ``Host`` is this machine are answered. ``read_only``: no
+    controls. No page of another site may frame it."""
+    if token is None and not read_only:
+        raise OptionError("a page with controls needs a token")
     app = Flask(__name__)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(CheckpointCollector(store))
@@ -177,15 +186,23 @@ def create_app(store: CheckpointStore, token: str | None = None, read_only: bool
             if not is_loopback(host):
                 abort(403, f"segack ui answers requests to this machine only, not to host {host!r}")
             return None
-        given = request.args.get("token")
-        if given is not None and hmac.compare_digest(given, token):
+        if _same(request.args.get("token"), token):
             response = redirect(request.path)
             response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict")
             return response
-        if not hmac.compare_digest(request.cookies.get(TOKEN_COOKIE, ""), token):
+        scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
+        if not (_same(request.cookies.get(TOKEN_COOKIE), token)
+                or (scheme.lower() == "bearer" and _same(bearer.strip(), token))):
             abort(401, "segack ui needs its token: open the address it printed when it started "
-                       "(with ?token=...)")
+                       "(with ?token=...), or send Authorization: Bearer TOKEN")
         return None
+
+    @app.after_request
+    def framed_nowhere(response: Response) -> Response:
+        # A page elsewhere that frames this one could have its buttons pressed through its own.
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers["Content-Security-Policy"] = "frame-ancestors 'none'"
+        return response
 
     @app.errorhandler(400)
     @app.errorhandler(401)
@@ -243,12 +260,16 @@ class PageServer:
         self._thread.start()
 
     @property
-    def url(self) -> str:
-        """The page's address, with its token if it has one (this machine's name when it listens on
-        every address)."""
+    def address(self) -> str:
+        """The page's address (this machine's name when it listens on every address)."""
         host = socket.gethostname() if self.host in ("0.0.0.0", "::") else self.host
         host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.port}/" + (f"?token={self.token}" if self.token else "")
+        return f"http://{host}:{self.port}/"
+
+    @property
+    def url(self) -> str:
+        """The page's :attr:`address`, with its token if it has one: what to open."""
+        return self.address + (f"?token={self.token}" if self.token else "")
 
     def close(self) -> None:
         """Stop serving and free the port."""
@@ -273,12 +294,14 @@ def serve_page(checkpoint: str | CheckpointStore, host: str = "127.0.0.1", port:
     checkpoint : str or CheckpointStore
         Any checkpoint location segack reads, with a run under way or not.
     host : str, default ``'127.0.0.1'``
-        The address to listen on; any but a loopback one needs a ``token`` (one is made when none
-        is given: ``server.url`` carries it).
+        The address to listen on.
     port : int, default :data:`DEFAULT_PORT`
         0 picks a free one (``server.port``).
     token : str, optional
-        What every request must carry (``?token=`` once, then the page's cookie).
+        What every request must carry (``?token=`` once, then the page's cookie; or an
+        ``Authorization: Bearer`` header, as a Prometheus scrape sends it). A page with controls
+        always has one, and so does one on any address but loopback: when none is given, one is
+        made (``server.url`` carries it). Only a read-only page on loopback may go without.
     read_only : bool, default ``False``
         Serve no controls (split, merge, scale, release), and refuse their POSTs with a 403.
 
@@ -292,6 +315,8 @@ def serve_page(checkpoint: str | CheckpointStore, host: str = "127.0.0.1", port:
         raise OptionError(f"port must be an int in 0..65535, not {port!r}")
     if token is not None and not token:
         raise OptionError("token must not be empty")
-    if token is None and not is_loopback(host):
+    if token is None and not (read_only and is_loopback(host)):
+        # Any process of this machine may read a page on loopback, and with it its CSRF token: the
+        # controls need what only the one who started the page was told.
         token = secrets.token_urlsafe(24)
     return PageServer(store, host, port, token, read_only)

@@ -284,7 +284,7 @@ if (CSRF) {
     if (!claim) return;
     const live = claim.live ? "It is live: release it only if that run is gone. " : "";
     if (confirm(`Release the claim of ${claim.owner}? ${live}Should it come back, it is fenced.`)) {
-      ask("release", {claim: claim.number});
+      ask("release", {claim: claim.number, force: Boolean(claim.live)});
     }
   });
   $("scale-form").addEventListener("submit", (event) => {
