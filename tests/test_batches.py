@@ -81,12 +81,18 @@ def test_a_failing_list_is_narrowed_so_only_the_failures_and_their_keys_later_ev
     assert not result.complete and result.dead_letters == result.dead_letters_left == len(expected_dead)
 
 
-def test_a_list_that_fails_stops_the_run_at_its_first_event(spark, tmp_path):
+def test_a_list_that_fails_stops_the_run_naming_the_event_that_failed_not_the_lists_first(spark, tmp_path):
     table = generate_events(500, seed=43)
-    refused = frozenset({_pairs(table)[300]})
+    user, seq = _pairs(table)[300]
+    log = str(tmp_path / "log.jsonl")
     with pytest.raises(HandlerFailedError) as failure:
         replay(spark.createDataFrame(table), key="user", order="ts",
-               handler=ListRecorder(str(tmp_path / "log.jsonl"), refused=refused),
+               handler=ListRecorder(log, refused=frozenset({(user, seq)})),
                checkpoint=str(tmp_path / "checkpoint"), segments=1, batch_size=50)
-    assert failure.value.reason.startswith("ValueError: part ")
-    assert failure.value.reason.endswith("(a call with a list of 50 events, this one first)")
+    ts = table.column("ts")[300].as_py()
+    assert (failure.value.key, failure.value.order) == (user, ts)
+    assert failure.value.reason == (f"ValueError: part {seq} of {user} is refused (called alone after its "
+                                    f"list of 50 events failed)")
+    # Narrowed to it: no event of its user after it was handled.
+    handled = [tuple(pair) for call in read_log(log) for pair in call["events"]]
+    assert not [pair for pair in handled if pair[0] == user and pair[1] >= seq]

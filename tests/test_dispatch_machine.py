@@ -72,8 +72,8 @@ class DispatcherMachine(RuleBasedStateMachine):
             assert row in self.running
             assert event["key"] not in self.parked, f"row {row} of parked key {event['key']} ran"
         if self.fail_next.intersection(rows):
-            # A list fails as a whole; a list that may be narrowed fails for good only alone.
-            if len(rows) == 1 or self.on_error == "stop":
+            # A list that fails is narrowed: an event fails for good only alone.
+            if len(rows) == 1:
                 self.failed.add(rows[0])
             raise RuntimeError(f"a row of {rows} fails")
         self.finished.update(rows)
@@ -157,12 +157,16 @@ class DispatcherMachine(RuleBasedStateMachine):
         done = self.finished | self.skipped | set(self.dead)
         committed = dispatcher.committed_rows
         assert all(row in done for row in range(committed))
-        assert committed == self.rows or committed not in done
+        # (A run that failed commits no row of the list it failed in: its rows handled while it was
+        # narrowed are handled again by the next run.)
+        assert committed == self.rows or committed not in done or dispatcher.failure is not None
         assert 0 <= dispatcher.pending == self.rows - committed <= self.max_pending
         assert dispatcher.peak_pending <= self.max_pending
         if self.failed and self.on_error == "stop":
-            assert dispatcher.failure is not None and dispatcher.failure.row in self.failed
-            assert committed <= min(self.failed)
+            assert dispatcher.failure is not None and committed <= min(self.failed)
+        if dispatcher.failure is not None:
+            # The run's failure is an event that failed alone (a list's, narrowed to it).
+            assert self.on_error == "stop" and dispatcher.failure.row in self.failed
         if self.on_error == "dead-letter":
             # A failure stops only its key: the failed event and its key's later ones are dead
             # letters, and the run goes on.
@@ -441,6 +445,45 @@ def _one_task(tmp_path, name, handling, parked, keys, failing, flaky):
             "retries": result.column("retries")[0].as_py(),
             "failure": None if error is None else str(error),
             "failed_at": None if error is None else error.order}
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_a_failing_list_of_kafka_records_stops_the_run_naming_the_record_that_failed(tmp_path, concurrency):
+    """Under on_error="stop" a list that fails is narrowed to the record that fails alone: the
+    run's error names it (topic, partition, offset), not the list's first record."""
+    import numpy as np
+    import pyarrow as pa
+
+    from segack.spark_adapter.options import Handling, RunOptions
+    from segack.spark_adapter.store.checkpoint import CheckpointStore
+    from segack.spark_adapter.store.tokens import KeyGroupTokens
+    from segack.spark_adapter.worker.task import KG, TIE, TaskPlan, TaskStart, run_task
+
+    calls = []
+
+    def handler(records):
+        calls.append([record["offset"] for record in records])
+        if any(record["offset"] == 506 for record in records):
+            raise ValueError("cannot apply")
+
+    store = CheckpointStore(str(tmp_path / "checkpoint"))
+    handling = Handling(batch_size=8, concurrency=concurrency, retries=1, retry_delay=0)
+    plan = TaskPlan(store=store.for_tasks("run", 0), handler=handler,
+                    columns=("key", "topic", "partition", "offset"), key="key", order="offset",
+                    options=RunOptions(handling=handling), start=TaskStart.of(KeyGroupTokens.empty(
+                        0, pa.null(), pa.null())))
+    batch = pa.RecordBatch.from_pydict({"key": ["u1", "u2"] * 4, "topic": ["orders"] * 8,
+                                        "partition": [3] * 8, "offset": list(range(500, 508)),
+                                        KG: np.zeros(8, np.int32), TIE: np.arange(8, dtype=np.int64)})
+    [result] = run_task(plan, iter([batch]))
+    error = pickle.loads(result.column("failure")[0].as_py())
+    assert (error.key, error.order, error.record) == ("u1", 506, "orders/3 at offset 506")
+    assert str(error).startswith("handler failed on the event with key 'u1' and order 506 (record orders/3 "
+                                 "at offset 506, ")
+    assert error.reason == ("ValueError: cannot apply (after 2 attempts, called alone after its list of 8 "
+                            "events failed)")
+    assert calls[-2:] == [[506], [506]]  # alone, with its retry; nothing after it was called
+    assert result.column("handled")[0].as_py() == 0  # the list's events are handled again on resume
 
 
 @settings(max_examples=40, deadline=None)

@@ -41,6 +41,20 @@ def test_a_handler_failure_pickles_with_everything_it_says():
         "handler failed on the event with key 'k' and order 3 (position 7 of key group 2): ValueError: no")
 
 
+def test_a_kafka_records_failure_names_its_topic_partition_and_offset_and_pickles_with_them():
+    record = errors.record_of({"key": "u1", "topic": "orders", "partition": 2, "offset": 500, "amount": 5})
+    assert record == "orders/2 at offset 500"
+    failure = errors.HandlerFailedError("u1", 500, 7, 2, "ValueError: no", "", record)
+    back = pickle.loads(pickle.dumps(failure))
+    assert back.record == record and str(back) == str(failure) == (
+        "handler failed on the event with key 'u1' and order 500 (record orders/2 at offset 500, position 7 "
+        "of key group 2): ValueError: no")
+    # Events of other sources have none: a file's rows, or a Kafka column missing or null.
+    assert errors.record_of({"user": "u1", "seq": 3}) is None
+    assert errors.record_of({"topic": "orders", "partition": 2}) is None
+    assert errors.record_of({"topic": "orders", "partition": None, "offset": 5}) is None
+
+
 @pytest.mark.parametrize(("key", "order", "said"), [
     ("acct-7", datetime.datetime(2024, 1, 14, 9, 30, tzinfo=datetime.UTC),
      "key 'acct-7' and order 2024-01-14 09:30:00+00:00"),

@@ -94,7 +94,7 @@ def _gives_up_after(retries):
 
 def test_a_list_that_returns_is_one_call_and_an_empty_outcome():
     calls = _Calls()
-    assert drive(call_plan(_items("abc"), 0.0, _gives_up_after(3), narrow=True), calls) == Outcome()
+    assert drive(call_plan(_items("abc"), 0.0, _gives_up_after(3), "dead-letter"), calls) == Outcome()
     assert calls.calls == [[0, 1, 2]]
 
 
@@ -102,21 +102,40 @@ def test_a_list_that_fails_once_is_made_again_whole_not_narrowed(monkeypatch):
     slept = []
     monkeypatch.setattr("time.sleep", slept.append)
     calls = _Calls(flaky={2})
-    assert drive(call_plan(_items("abcd"), 0.5, _gives_up_after(2), narrow=True), calls) == Outcome(repeats=1)
+    outcome = drive(call_plan(_items("abcd"), 0.5, _gives_up_after(2), "dead-letter"), calls)
+    assert outcome == Outcome(repeats=1)
     assert calls.calls == [[0, 1, 2, 3], [0, 1, 2, 3]] and slept == [0.5]
 
 
-def test_a_list_not_narrowed_fails_whole_after_its_retries_at_its_first_event(monkeypatch):
+def test_under_stop_a_list_is_narrowed_to_its_first_failing_event_and_no_further(monkeypatch):
     slept = []
     monkeypatch.setattr("time.sleep", slept.append)
-    calls = _Calls(failing={2})
-    outcome = drive(call_plan(_items("abcd"), 0.5, _gives_up_after(2), narrow=False), calls)
-    assert calls.calls == [[0, 1, 2, 3]] * 3 and slept == [0.5, 1.0] and outcome.repeats == 2
+    calls = _Calls(failing={2, 6})
+    outcome = drive(call_plan(_items("abcdefgh"), 0.5, _gives_up_after(1), "stop"), calls)
+    # The list and its retry; its first half fails, [0, 1] returns, [2, 3] fails, [2] fails with its
+    # retry: the run's failure. Row 3 and the second half (row 6 fails too) are never called again.
+    assert calls.calls == [[0, 1, 2, 3, 4, 5, 6, 7]] * 2 + [[0, 1, 2, 3], [0, 1], [2, 3], [2], [2]]
+    assert slept == [0.5, 0.5] and outcome.repeats == 6
     ((failure, value),) = outcome.failures
-    assert (failure.row, failure.event, failure.attempts, failure.size) == (0, {"row": 0, "key": "a"}, 3, 4)
-    assert value == "a"
-    assert isinstance(failure.error, ValueError) and "ValueError: [0, 1, 2, 3] fail" in failure.traceback
-    assert [row for row, _, _ in outcome.behind] == [1, 2, 3]
+    assert (failure.row, failure.event, failure.attempts, failure.size, value) == (
+        2, {"row": 2, "key": "c"}, 2, 8, "c")
+    assert isinstance(failure.error, ValueError) and "ValueError: [2] fail" in failure.traceback
+    assert outcome.behind == ()
+
+
+@given(keys=st.lists(st.sampled_from("abcd"), min_size=1, max_size=24),
+       failing=st.sets(st.integers(0, 23), min_size=1, max_size=4), retries=st.integers(0, 2))
+def test_under_stop_a_failing_list_names_its_first_failing_event_having_handled_only_those_before(
+        keys, failing, retries):
+    failing = {row % len(keys) for row in failing}
+    calls = _Calls(failing=failing)
+    outcome = drive(call_plan(_items(keys), 0.0, _gives_up_after(retries), "stop"), calls)
+    first = min(failing)
+    ((failure, value),) = outcome.failures
+    assert (failure.row, value, failure.attempts) == (first, keys[first], retries + 1)
+    assert failure.size == len(keys)
+    assert sorted(calls.succeeded) == list(range(first)) and outcome.behind == ()
+    assert outcome.repeats == len(calls.calls) - 1
 
 
 def test_narrowing_sets_aside_only_the_failing_event_and_its_keys_later_ones(monkeypatch):
@@ -124,13 +143,13 @@ def test_narrowing_sets_aside_only_the_failing_event_and_its_keys_later_ones(mon
     calls = _Calls(failing={1})
     #           rows: 01234567
     items = _items("abacbdef")
-    outcome = drive(call_plan(items, 0.1, _gives_up_after(1), narrow=True), calls)
+    outcome = drive(call_plan(items, 0.1, _gives_up_after(1), "dead-letter"), calls)
     # The list and its retry; its first half, then its quarters: [0] returns, [1] fails with its
     # retry; [2, 3] returns; the second half without row 4 (key b, behind row 1) returns.
     assert calls.calls == [[0, 1, 2, 3, 4, 5, 6, 7]] * 2 + [[0, 1, 2, 3], [0, 1], [0], [1], [1], [2, 3],
                                                             [5, 6, 7]]
     ((failure, value),) = outcome.failures
-    assert (failure.row, failure.attempts, failure.size, value) == (1, 2, 1, "b")
+    assert (failure.row, failure.attempts, failure.size, value) == (1, 2, 8, "b")
     assert outcome.behind == (items[4],)
     assert sorted(calls.succeeded) == [0, 2, 3, 5, 6, 7]
     assert outcome.repeats == 8  # every call after the first: its retry, then the narrowed parts
@@ -141,7 +160,7 @@ def test_narrowing_sets_aside_only_the_failing_event_and_its_keys_later_ones(mon
 def test_a_narrowed_list_handles_each_event_before_its_keys_first_failure_once(keys, failing, retries):
     items = _items(keys)
     calls = _Calls(failing={row for row in failing if row < len(keys)})
-    outcome = drive(call_plan(items, 0.0, _gives_up_after(retries), narrow=True), calls)
+    outcome = drive(call_plan(items, 0.0, _gives_up_after(retries), "dead-letter"), calls)
     first_failure = {}
     for row, key in enumerate(keys):
         if row in calls.failing:
@@ -150,7 +169,8 @@ def test_a_narrowed_list_handles_each_event_before_its_keys_first_failure_once(k
     # in exactly one call that returned; no call holds an event behind its key's failure.
     assert sorted((failure.row, value) for failure, value in outcome.failures) == sorted(
         (row, key) for key, row in first_failure.items())
-    assert all(failure.size == 1 and failure.attempts == retries + 1 for failure, _ in outcome.failures)
+    assert all(failure.size == len(keys) and failure.attempts == retries + 1
+               for failure, _ in outcome.failures)
     assert outcome.repeats == len(calls.calls) - 1
     assert sorted(row for row, _, _ in outcome.behind) == [
         row for row, key in enumerate(keys) if key in first_failure and row > first_failure[key]]

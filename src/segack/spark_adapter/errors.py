@@ -147,22 +147,35 @@ class HandlerFailedError(SegackError, RuntimeError):
     ``key`` and ``order`` are the event's values, ``position`` its place in its
     key group (``key_group``), ``reason`` the handler's exception as
     ``"Type: message"`` and ``traceback`` its formatted traceback from the worker.
+    ``record`` is where a Kafka record came from (``topic/partition at offset N``,
+    :func:`record_of`), ``None`` for other events.
     """
 
     def __init__(self, key: Any, order: Any, position: int, key_group: int, reason: str,
-                 traceback: str = "") -> None:
+                 traceback: str = "", record: str | None = None) -> None:
+        source = f"record {record}, " if record else ""
         super().__init__(f"handler failed on the event with key {shown(key)} and order {shown(order)} "
-                         f"(position {position} of key group {key_group}): {reason}")
+                         f"({source}position {position} of key group {key_group}): {reason}")
         self.key = key
         self.order = order
         self.position = position
         self.key_group = key_group
         self.reason = reason
         self.traceback = traceback
+        self.record = record
 
     def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
         return (HandlerFailedError, (self.key, self.order, self.position, self.key_group, self.reason,
-                                self.traceback))
+                                self.traceback, self.record))
+
+
+def record_of(event: dict[str, Any]) -> str | None:
+    """Where an event that is a Kafka record came from, ``topic/partition at offset N`` (an event
+    with the ``topic``, ``partition`` and ``offset`` columns of
+    :func:`~segack.spark_adapter.kafka_stream`); ``None`` for any other."""
+    if any(event.get(name) is None for name in ("topic", "partition", "offset")):
+        return None
+    return f"{event['topic']}/{event['partition']} at offset {event['offset']}"
 
 
 class ReplayError(SegackError, RuntimeError):

@@ -29,8 +29,8 @@ taken in row order from the events whose value has no call in flight, with each 
 events behind them (so a list may hold many events of one key, in its order), never an event of a
 value another call holds. A list waits to fill up to ``batch_size``; it starts not full once the
 task has nothing more to offer for now (:meth:`Dispatcher.send_partial`: the end of the batch
-of input it has, a flush, the end) or when the pending bound is reached. Its retries and, under
-``on_error="dead-letter"``, its narrowing to the events that fail follow
+of input it has, a flush, the end) or when the pending bound is reached. Its retries and its
+narrowing to the events that fail (to the first, under ``on_error="stop"``) follow
 :func:`~segack.spark_adapter.worker.sequencing.call_plan`.
 
 A dispatcher is not itself a thread: ``offer`` and the waits are called by the task's thread.
@@ -368,9 +368,8 @@ class Dispatcher:
         return attempt > self.retries or self.failure is not None
 
     def _plan(self, items: list[Item]) -> Generator[Attempt, Reply, Outcome]:
-        """The call's plan: its retries, and its narrowing if it is a list that may set events aside."""
-        return call_plan(items, self.retry_delay, self._gives_up,
-                         narrow=self.batched and self.handling.on_error == OnError.DEAD_LETTER)
+        """The call's plan: its retries, and its narrowing if it is a list."""
+        return call_plan(items, self.retry_delay, self._gives_up, self.handling.on_error)
 
     def _arguments(self, items: list[Item]) -> Any:
         """What the handler is called with: the list of events, or the one event."""

@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from segack.spark_adapter.errors import HandlerFailedError, ReplayError, one_line
+from segack.spark_adapter.errors import HandlerFailedError, ReplayError, one_line, record_of
 from segack.spark_adapter.handlers import (
     close_handler,
     identified_events,
@@ -151,7 +151,7 @@ class _RetryTask:
             return HandlerFailedError(
                 failure.event.get(self.plan.key), None, int(batch.column(DEAD_POSITION)[row].as_py()),
                 int(batch.column(DEAD_KEY_GROUP)[row].as_py()),
-                f"{one_line(error)} (retrying a dead letter)", failure.traceback)
+                f"{one_line(error)} (retrying a dead letter)", failure.traceback, record_of(failure.event))
         if self.kept and not self.plan.store.fenced():
             name = f"{retry_file_prefix(self.plan.store.run_id)}s{self.partition:05d}-a{self.attempt}"
             self.plan.store.write_dead_letters(name, pa.concat_tables(self.kept))

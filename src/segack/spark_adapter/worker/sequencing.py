@@ -19,11 +19,12 @@ a list) after the other (concurrency 1, the fastest way), and through the
    is a dead letter at once, whatever ``on_error`` says, so none runs before the ones that failed.
    The ``concurrent`` policy keeps no order, so it parks nothing.
 5. **Lists.** A batch handler is called with a list of events, each value's in its order. A list
-   that still fails after its retries, under ``on_error="dead-letter"``, is *narrowed*: cut in
-   two halves, the first called before the second, each half that fails cut again, down to
-   single events, which get their retries; an event whose value failed earlier in the list is
-   not called but set aside behind that failure. Only the failing events and their values'
-   later events become dead letters. Under ``on_error="stop"`` the list's failure stops the run.
+   that still fails after its retries is *narrowed*: cut in two halves, the first called before
+   the second, each half that fails cut again, down to single events, which get their retries;
+   an event whose value failed earlier in the list is not called but set aside behind that
+   failure. Under ``on_error="dead-letter"`` only the failing events and their values' later
+   events become dead letters. Under ``on_error="stop"`` narrowing ends at the first event that
+   fails alone, which stops the run: its failure names that event, not the list's first.
 
 A call's retries and narrowing are its *plan* (:func:`call_plan`): a generator that says whom
 to call the handler with next, after what wait, and learns how each call went. The task's own
@@ -39,6 +40,7 @@ from collections.abc import Callable, Collection, Generator, Hashable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from segack.spark_adapter.errors import one_line
 from segack.spark_adapter.options import Handling, OnError, Policy
 
 __all__ = ["PARKED", "Attempt", "DeadLetter", "Failure", "Item", "Outcome", "Reply", "Rules", "call_plan",
@@ -70,8 +72,16 @@ class Failure:
     traceback: str
     #: How many times the call was made (1 + the retries it used).
     attempts: int = 1
-    #: Events in the failed call (a batch handler's list); ``row`` and ``event`` are its first.
+    #: Events in the call it failed in first: 1, or a batch handler's list it was narrowed from.
     size: int = 1
+
+    @property
+    def reason(self) -> str:
+        """``"Type: message"``, with the attempts made and the list it was narrowed from, if any."""
+        notes = [f"after {self.attempts} attempts"] if self.attempts > 1 else []
+        if self.size > 1:
+            notes.append(f"called alone after its list of {self.size} events failed")
+        return one_line(self.error) + (f" ({', '.join(notes)})" if notes else "")
 
 
 #: One event in a call: its row (the task's numbering), its sequencing value, the event.
@@ -121,32 +131,35 @@ def _attempts(items: list[Item], retry_delay: float, gives_up: Callable[[int], b
     return Failure(row, event, reply[0], reply[1], attempt, len(items))
 
 
-def call_plan(items: list[Item], retry_delay: float, gives_up: Callable[[int], bool], narrow: bool,
+def call_plan(items: list[Item], retry_delay: float, gives_up: Callable[[int], bool], on_error: str,
               ) -> Generator[Attempt, Reply, Outcome]:
     """The plan of one call with ``items`` (rules 2, 3 and 5): its attempts until one returns or
-    ``gives_up(attempts made)``; then, with ``narrow`` and more than one event, the list's
-    narrowing. Once the driver has sent the last reply, the generator returns the
-    :class:`Outcome`."""
+    ``gives_up(attempts made)``; then, for a list, its narrowing, to every event that fails
+    (``on_error`` ``"dead-letter"``) or to the first (``"stop"``). Once the driver has sent the
+    last reply, the generator returns the :class:`Outcome`."""
     failure = yield from _attempts(items, retry_delay, gives_up)
     if failure is None:
         return Outcome()
-    if not narrow or len(items) == 1:
-        return Outcome(((failure, items[0][1]),), tuple(items[1:]))
+    if len(items) == 1:
+        return Outcome(((failure, items[0][1]),))
     failures: dict[Hashable, Failure] = {}
     behind: list[Item] = []
+    to_first = on_error != OnError.DEAD_LETTER
 
     def narrowed(part: list[Item]) -> Generator[Attempt, Reply, None]:
         """The halves of ``part`` (a list that failed), the first before the second: a half of
         one event with its retries, a longer one called once and narrowed again if it fails."""
         middle = len(part) // 2
         for half in (part[:middle], part[middle:]):
+            if to_first and failures:
+                return
             runnable: list[Item] = []
             for item in half:
                 (behind if item[1] in failures else runnable).append(item)
             if len(runnable) == 1:
                 single = yield from _attempts(runnable, retry_delay, gives_up)
                 if single is not None:
-                    failures[runnable[0][1]] = single
+                    failures[runnable[0][1]] = replace(single, size=len(items))
             elif runnable and (yield (0.0, runnable)) is not None:
                 yield from narrowed(runnable)
 
@@ -188,7 +201,7 @@ def retry_after_failure(
     the n-th retry after ``retry_delay * 2**(n - 1)`` seconds (rule 2), until a call succeeds
     (``None``) or ``gives_up(attempts made)``: then the last attempt's :class:`Failure`. With it,
     the retries made."""
-    plan = call_plan([(row, None, event)], retry_delay, gives_up, narrow=False)
+    plan = call_plan([(row, None, event)], retry_delay, gives_up, OnError.STOP)
     outcome = drive(plan, lambda items: handler(items[0][2]), (error, traceback.format_exc()))
     return (outcome.failures[0][0] if outcome.failures else None), outcome.repeats
 

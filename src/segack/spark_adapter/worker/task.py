@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from segack.spark_adapter.errors import HandlerFailedError, one_line
+from segack.spark_adapter.errors import HandlerFailedError, record_of
 from segack.spark_adapter.handlers import (
     close_handler,
     identified_events,
@@ -48,7 +48,7 @@ from segack.spark_adapter.handlers import (
     wants_identity,
     with_identities_passed,
 )
-from segack.spark_adapter.options import OnError, RunOptions
+from segack.spark_adapter.options import RunOptions
 from segack.spark_adapter.store.checkpoint import (
     DEAD_ATTEMPTS,
     DEAD_ERROR,
@@ -323,7 +323,7 @@ class _SegmentTask:
         except Exception as error:
             handling = self.handling
             plan = call_plan(items, handling.retry_delay, lambda attempt: attempt > handling.retries,
-                             narrow=handling.on_error == OnError.DEAD_LETTER)
+                             handling.on_error)
             outcome = drive(plan, lambda part: handler([event for _, _, event in part]),
                             (error, traceback.format_exc()))
         self.repeats += outcome.repeats
@@ -340,13 +340,9 @@ class _SegmentTask:
 
     def _handler_failed(self, failure: Failure, batch: _Batch, row: int) -> HandlerFailedError:
         """The run's error for ``failure``, the call for ``row`` of ``batch``."""
-        tries = f" (after {failure.attempts} attempts)" if failure.attempts > 1 else ""
-        within = f" (a call with a list of {failure.size} events, this one first)" if failure.size > 1 else ""
-        error = failure.error
         return HandlerFailedError(
             failure.event.get(self.plan.key), failure.event.get(self.plan.order), int(batch.positions[row]),
-            int(batch.groups[row]), f"{one_line(error)}{tries}{within}", failure.traceback,
-        )
+            int(batch.groups[row]), failure.reason, failure.traceback, record_of(failure.event))
 
     def _commit_in_order(self, current: _Batch, upto: int) -> None:
         """:meth:`_commit`, after holding the dead letters set aside so far for the next flush."""
