@@ -136,6 +136,69 @@ def test_a_table_version_replayed_killed_and_resumed_is_exact(spark, tmp_path):
     assert handled == {(user, seq) for user, seq, _ in rows[:2400]}
 
 
+def _as_written(command: str, tmp_path: Path) -> list[str]:
+    """docs/delta.rst's ``segack COMMAND`` word for word, its bucket a local folder and its handler
+    one that logs each event."""
+    from tests.test_doc_examples import commands
+
+    [words] = [words for where, words in commands()
+               if where.startswith("docs/delta.rst:") and words[1] == command]
+    local = {"s3://bucket/": f"{tmp_path}/", "my_handlers:apply": "tests.spark_handlers:record_event"}
+    for shown, here in local.items():
+        words = [word.replace(shown, here) for word in words]
+    return [sys.executable, "-m", *words, *_conf()]
+
+
+@pytest.mark.command
+def test_the_guides_commands_run_as_written(spark, tmp_path):
+    """The guide's replay of version 42 and its change feed streamed every 30 s, each flag as the page
+    gives it: each event once, each key's in the order the page says to use."""
+    events = tmp_path / "tables" / "events"
+    for version in range(44):  # version 42 holds the first 43 commits
+        spark.createDataFrame([(f"acct-{n % 7}", version * 10 + n) for n in range(10)],
+                              "account string, event_time long").write.format("delta").mode("append").save(
+            str(events))
+    log = tmp_path / "log.jsonl"
+    environment = dict(os.environ, **{LOG_ENV: str(log)})
+    replayed = subprocess.run(_as_written("replay", tmp_path), cwd=ROOT, env=environment, capture_output=True,
+                              text=True, timeout=600)
+    assert replayed.returncode == ExitCode.OK, replayed.stderr
+    assert "430 events handled, 0 already done, 430 in all" in replayed.stdout
+    handled = [(event["account"], event["event_time"]) for event in read_log(str(log))]
+    assert sorted(handled) == sorted((f"acct-{n % 7}", version * 10 + n)
+                                     for version in range(43) for n in range(10))
+    assert all(times == sorted(times) for times in _by_key(handled).values())
+
+    _accounts_table(spark, tmp_path / "tables" / "accounts", commits=6, seed=3)
+    expected = [(row["account"], row["_commit_version"], row["_change_type"]) for row in
+                spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0)
+                .load(str(tmp_path / "tables" / "accounts")).collect()]
+    log.unlink()
+    streaming = subprocess.Popen(_as_written("stream", tmp_path), cwd=ROOT, env=environment, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while len(read_log(str(log))) < len(expected):
+        assert streaming.poll() is None and time.monotonic() < deadline, streaming.communicate()[1][-3000:]
+        time.sleep(0.2)
+    time.sleep(1.0)  # the micro-batch ends in the checkpoint; then it waits for its next trigger
+    streaming.send_signal(signal.SIGTERM)
+    out, err = streaming.communicate(timeout=120)
+    assert streaming.returncode == ExitCode.OK, err
+    assert "segack stream: stopped as asked: 1 micro-batch" in out, out
+    changes = [(event["account"], event["_commit_version"], event["_change_type"])
+               for event in read_log(str(log))]
+    assert sorted(changes) == sorted(expected) and len(changes) == len(set(changes))
+    ranks = _by_key([(account, (version, RANK[kind])) for account, version, kind in changes])
+    assert all(order == sorted(order) for order in ranks.values())
+
+
+def _by_key(pairs):
+    found: dict[str, list] = {}
+    for key, value in pairs:
+        found.setdefault(key, []).append(value)
+    return found
+
+
 def test_a_directory_that_is_not_a_delta_table_is_refused_in_one_line(tmp_path):
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "data.txt").write_text("not a table\n")
