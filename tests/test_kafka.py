@@ -217,9 +217,10 @@ def test_the_lag_is_read_from_the_broker_while_the_stream_waits_and_agrees_with_
     make_topic(bootstrap, topic, 3)
     produce(bootstrap, topic, account_events(600, users=30, seed=11))
     [port] = free_ports(1)
+    # Spark fires an interval's micro-batches at multiples of it on the clock (10min: at :00, :10, ...):
+    # an interval this long cannot fire a second one during the test, which CI once saw at 13:30.
     process = start_stream(tmp_path, bootstrap, topic, "tests.spark_handlers:record_kafka", "--trigger",
-                           "10min",
-                           "--commit-offsets-to", group, "--metrics-port", str(port))
+                           "100000min", "--commit-offsets-to", group, "--metrics-port", str(port))
     try:
         _wait_for(lambda: committed_offsets(bootstrap, topic, group) == end_offsets(bootstrap, topic), 180,
                   "the first micro-batch committed", process)
