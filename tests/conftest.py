@@ -79,6 +79,7 @@ AREAS = {
     "test_sequencing.py": ("handlers",),
     "test_sinks.py": ("sinks",),
     "test_spark_adapter.py": ("replay",),
+    "test_storage_faults.py": ("checkpoint",),
     "test_stream_faults.py": ("streams",),
     "test_tokens.py": ("checkpoint",),
     "test_ui.py": ("console",),
