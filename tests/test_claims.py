@@ -343,6 +343,17 @@ def test_a_keeper_stops_extending_once_its_claim_is_lost(store):
     assert keeper.tick() is False
 
 
+def test_a_keeper_whose_claim_file_cannot_be_read_stops_as_if_lost_and_says_why(store, caplog):
+    claim = acquire(store, "run", 60)
+    lost = threading.Event()
+    keeper = ClaimKeeper(store, claim, on_lost=lost.set)
+    store.write_claim_file(claim.number, b"{\"torn")
+    assert keeper.tick() is True and lost.is_set()
+    [record] = [record for record in caplog.records if record.levelname == "ERROR"]
+    assert record.getMessage().startswith(f"{store.location}: cannot tell whether run run still holds its "
+                                          f"claim: claim {claim.number} of checkpoint")
+
+
 @pytest.mark.parametrize(("timeout", "interval"), [(8.0, 2.0), (20.0, 5.0), (60.0, 5.0)])
 def test_a_keeper_extends_four_times_per_timeout_at_most_every_five_seconds_on_a_named_daemon_thread(
         store, timeout, interval):

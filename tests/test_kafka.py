@@ -217,8 +217,9 @@ def test_the_lag_is_read_from_the_broker_while_the_stream_waits_and_agrees_with_
     make_topic(bootstrap, topic, 3)
     produce(bootstrap, topic, account_events(600, users=30, seed=11))
     [port] = free_ports(1)
-    # Spark fires an interval's micro-batches at multiples of it on the clock (10min: at :00, :10, ...):
-    # an interval this long cannot fire a second one during the test, which CI once saw at 13:30.
+    # Spark fires an interval's micro-batches at multiples of it since 1970 (10min: at :00, :10, ...;
+    # CI once saw a second micro-batch at 13:30 commit the group mid-test); 100000 min: next on
+    # 2027-01-15, then every 69 days.
     process = start_stream(tmp_path, bootstrap, topic, "tests.spark_handlers:record_kafka", "--trigger",
                            "100000min", "--commit-offsets-to", group, "--metrics-port", str(port))
     try:

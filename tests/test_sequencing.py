@@ -123,6 +123,29 @@ def test_under_stop_a_list_is_narrowed_to_its_first_failing_event_and_no_further
     assert outcome.behind == ()
 
 
+@pytest.mark.parametrize("failing_after", [0, 2], ids=["before-narrowing", "while-narrowing"])
+def test_under_stop_a_list_that_fails_once_the_run_is_failing_is_not_narrowed_and_fails_whole(failing_after):
+    calls = _Calls(failing={5})
+    outcome = drive(call_plan(_items("abcdefgh"), 0.0, _gives_up_after(0), "stop",
+                              lambda: len(calls.calls) > failing_after), calls)
+    ((failure, value),) = outcome.failures
+    assert (failure.row, failure.size, value) == (0, 8, "a") and len(outcome.behind) == 7
+    assert len(calls.calls) == 1 + failing_after  # no call once the run is failing
+
+
+def test_a_list_that_fails_only_whole_is_handled_in_its_parts_whatever_on_error_says():
+    for on_error in ("stop", "dead-letter"):
+        calls = []
+
+        def handler(items, calls=calls):
+            calls.append([row for row, _, _ in items])
+            if len(items) == 8:
+                raise ValueError("too many at once")
+
+        outcome = drive(call_plan(_items("abcdefgh"), 0.0, _gives_up_after(0), on_error), handler)
+        assert outcome == Outcome(repeats=2) and calls == [list(range(8)), [0, 1, 2, 3], [4, 5, 6, 7]]
+
+
 @given(keys=st.lists(st.sampled_from("abcd"), min_size=1, max_size=24),
        failing=st.sets(st.integers(0, 23), min_size=1, max_size=4), retries=st.integers(0, 2))
 def test_under_stop_a_failing_list_names_its_first_failing_event_having_handled_only_those_before(

@@ -115,27 +115,42 @@ def test_requests_from_elsewhere_or_without_the_token_are_refused_and_change_not
         assert status == 403 and "answers requests to this machine only" in body
         assert _get(url, {"Host": f"localhost:{server.port}"}, token=None)[0] == 200
     with serve_page(store, host="127.0.0.1", port=0, token="s3cret") as server:
-        base = f"http://127.0.0.1:{server.port}"
-        for headers in ({}, {"Cookie": "segack_token=wrong"}, {"Authorization": "Bearer wrong"},
-                        {"Authorization": "Basic s3cret"}, {"Authorization": "Bearer"}):
+        base, cookie = f"http://127.0.0.1:{server.port}", f"segack_token_{server.port}"
+        for headers in ({}, {"Cookie": f"{cookie}=wrong"}, {"Cookie": "segack_token=s3cret"},
+                        {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret"},
+                        {"Authorization": "Bearer"}, {"Authorization": "s3cret"}):
             status, body, _ = _get(f"{base}/api/state", headers, token=None)
             assert status == 401 and "needs its token" in body, headers
         # Text that is not ASCII, in the address, the cookie or the header: refused, not a crash.
-        for headers, query in (({}, "?token=s%C3%A9cret"), ({"Cookie": "segack_token=s\u00e9cret"}, ""),
+        for headers, query in (({}, "?token=s%C3%A9cret"), ({"Cookie": f"{cookie}=s\u00e9cret"}, ""),
                                ({"Authorization": "Bearer sécret".encode().decode("latin-1")}, "")):
             assert _get(f"{base}/api/state{query}", headers, token=None)[0] == 401, (headers, query)
         assert _get(f"{base}/metrics", token=None)[0] == 401
         assert _get(f"{base}/api/state?token=wrong", token=None)[0] == 401
         status, _, headers = _get(f"{base}/?token=s3cret", token=None)
         assert status == 302 and headers["Location"].endswith("/") and "s3cret" not in headers["Location"]
-        assert "segack_token=s3cret" in headers["Set-Cookie"] and "HttpOnly" in headers["Set-Cookie"]
-        assert _get(f"{base}/api/state", {"Cookie": "segack_token=s3cret"}, token=None)[0] == 200
+        # The cookie is named after the port: two pages on one machine keep their own.
+        assert f"{cookie}=s3cret" in headers["Set-Cookie"] and "HttpOnly" in headers["Set-Cookie"]
+        assert _get(f"{base}/api/state", {"Cookie": f"{cookie}=s3cret"}, token=None)[0] == 200
+        assert _get(f"{base}/api/state", {"Authorization": "bearer\ts3cret "}, token=None)[0] == 200
         # Prometheus scrapes with the token as a bearer token.
         assert sample_value(scrape(server.port, "s3cret"), "segack_segments") == 2
         # No page elsewhere may frame it, whatever the answer.
         for answer in (_get(f"{base}/", token="s3cret"), _get(f"{base}/", token=None)):
             assert answer[2]["X-Frame-Options"] == "DENY"
             assert answer[2]["Content-Security-Policy"] == "frame-ancestors 'none'"
+    # A token that is not ASCII works wherever it may be carried (a header as its UTF-8 bytes).
+    with serve_page(store, port=0, token="sécret") as server:
+        base = f"http://127.0.0.1:{server.port}"
+        assert _get(f"{base}/?token=s%C3%A9cret", token=None)[0] == 302
+        sent = "Bearer sécret".encode().decode("latin-1")
+        assert _get(f"{base}/api/state", {"Authorization": sent}, token=None)[0] == 200
+        # A CSRF header that is not ASCII is refused as any other wrong one.
+        headers = {"Authorization": sent, "Content-Type": "application/json",
+                   "X-Segack-CSRF": "jé".encode().decode("latin-1")}
+        status, said, _ = _get(f"{base}/api/split", headers, b'{"segment_id": 0}', token=None)
+        assert (status, said) == (
+            403, "split needs the page's CSRF token in the X-Segack-CSRF header: reload the page\n")
     assert _checksums(tmp_path / "checkpoint") == before
 
 

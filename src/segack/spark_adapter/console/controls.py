@@ -32,12 +32,20 @@ from segack.spark_adapter.store import rescale
 from segack.spark_adapter.store.checkpoint import CheckpointError, CheckpointStore
 from segack.spark_adapter.store.claims import force_release, latest_claim
 
-__all__ = ["CSRF_HEADER", "controls"]
+__all__ = ["CSRF_HEADER", "controls", "same_secret"]
 
 log = logging.getLogger(__name__)
 
 #: The request header a control's CSRF token comes in.
 CSRF_HEADER = "X-Segack-CSRF"
+
+
+def same_secret(given: str | None, secret: str, *, header: bool = False) -> bool:
+    """Whether ``given`` is ``secret``, compared in constant time as bytes: any text is compared, not
+    only ASCII (a header's value comes decoded as Latin-1, and is compared as the bytes sent)."""
+    if given is None:
+        return False
+    return hmac.compare_digest(given.encode("latin-1" if header else "utf-8", "replace"), secret.encode())
 
 
 def _field(body: dict[str, Any], name: str) -> Any:
@@ -78,7 +86,7 @@ def controls(store: CheckpointStore, csrf: str | None) -> Blueprint:
         # 1-3: who may ask, and how.
         if csrf is None:
             abort(403, "this page is read-only (segack ui --read-only): it changes nothing")
-        if not hmac.compare_digest(request.headers.get(CSRF_HEADER, ""), csrf):
+        if not same_secret(request.headers.get(CSRF_HEADER), csrf, header=True):
             abort(403, f"{name} needs the page's CSRF token in the {CSRF_HEADER} header: reload the page")
         body = request.get_json(silent=True)
         if not isinstance(body, dict):

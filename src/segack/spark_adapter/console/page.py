@@ -19,9 +19,9 @@ site.
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import logging
+import re
 import secrets
 import socket
 import threading
@@ -34,7 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from segack.kernel import Segment, SegmentSet
-from segack.spark_adapter.console.controls import controls
+from segack.spark_adapter.console.controls import controls, same_secret
 from segack.spark_adapter.console.metrics import CheckpointCollector
 from segack.spark_adapter.console.snapshot import SegmentView, Snapshot, dead_letter_keys
 from segack.spark_adapter.errors import OptionError
@@ -50,8 +50,10 @@ log = logging.getLogger(__name__)
 
 #: ``segack ui``'s port unless ``--port`` says otherwise.
 DEFAULT_PORT = 8642
-#: The cookie the page keeps its token in.
+#: The cookie the page keeps its token in, with its server's port after it (``segack_token_8642``).
 TOKEN_COOKIE = "segack_token"
+#: An ``Authorization`` header's bearer token.
+_BEARER = re.compile(r"\s*bearer\s+(.+?)\s*", re.IGNORECASE)
 #: Dead-letter keys the page lists at most (``segack dead-letters --top`` shows more).
 DEAD_LETTER_KEYS = 200
 #: Segment sets the page draws (the newest); it lists the others.
@@ -162,9 +164,10 @@ def page_state(store: CheckpointStore) -> dict[str, Any]:
     }
 
 
-def _same(given: str | None, token: str) -> bool:
-    """Whether ``given`` is ``token``, in constant time; any text (not only ASCII) is compared."""
-    return given is not None and hmac.compare_digest(given.encode(), token.encode())
+def _cookie() -> str:
+    """The token's cookie for this server: named after its port, since a browser sends a host's
+    cookies to each of its ports, and two pages on one machine would replace each other's."""
+    return f"{TOKEN_COOKIE}_{request.environ.get('SERVER_PORT', '')}"
 
 
 def create_app(store: CheckpointStore, token: str | None = None, read_only: bool = False) -> Flask:
@@ -186,13 +189,13 @@ def create_app(store: CheckpointStore, token: str | None = None, read_only: bool
             if not is_loopback(host):
                 abort(403, f"segack ui answers requests to this machine only, not to host {host!r}")
             return None
-        if _same(request.args.get("token"), token):
+        if same_secret(request.args.get("token"), token):
             response = redirect(request.path)
-            response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict")
+            response.set_cookie(_cookie(), token, httponly=True, samesite="Strict")
             return response
-        scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
-        if not (_same(request.cookies.get(TOKEN_COOKIE), token)
-                or (scheme.lower() == "bearer" and _same(bearer.strip(), token))):
+        bearer = _BEARER.fullmatch(request.headers.get("Authorization", ""))
+        if not (same_secret(request.cookies.get(_cookie()), token)
+                or (bearer is not None and same_secret(bearer.group(1), token, header=True))):
             abort(401, "segack ui needs its token: open the address it printed when it started "
                        "(with ?token=...), or send Authorization: Bearer TOKEN")
         return None

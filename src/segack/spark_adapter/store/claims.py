@@ -281,6 +281,14 @@ class ClaimKeeper(Periodic):
             log.warning("%s: could not extend the claim of run %s (it expires %g s after %s): %s",
                         self.store.location, self.claim.run_id, self.claim.timeout,
                         time.strftime("%H:%M:%S", time.localtime(self.claim.extended_at)), error)
+        except CheckpointError as error:
+            # A claim file that cannot be read: whether this run still holds the checkpoint cannot be
+            # told, so it stops as if it had lost it (its next save raises the same error).
+            log.error("%s: cannot tell whether run %s still holds its claim: %s", self.store.location,
+                      self.claim.run_id, error)
+            if self.on_lost is not None:
+                self.on_lost()
+            return True
         return False
 
     def __exit__(self, *exc_info: Any) -> None:

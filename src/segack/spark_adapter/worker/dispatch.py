@@ -369,7 +369,8 @@ class Dispatcher:
 
     def _plan(self, items: list[Item]) -> Generator[Attempt, Reply, Outcome]:
         """The call's plan: its retries, and its narrowing if it is a list."""
-        return call_plan(items, self.retry_delay, self._gives_up, self.handling.on_error)
+        return call_plan(items, self.retry_delay, self._gives_up, self.handling.on_error,
+                         lambda: self.failure is not None)
 
     def _arguments(self, items: list[Item]) -> Any:
         """What the handler is called with: the list of events, or the one event."""

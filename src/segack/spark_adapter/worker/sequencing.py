@@ -132,11 +132,12 @@ def _attempts(items: list[Item], retry_delay: float, gives_up: Callable[[int], b
 
 
 def call_plan(items: list[Item], retry_delay: float, gives_up: Callable[[int], bool], on_error: str,
-              ) -> Generator[Attempt, Reply, Outcome]:
+              failing: Callable[[], bool] | None = None) -> Generator[Attempt, Reply, Outcome]:
     """The plan of one call with ``items`` (rules 2, 3 and 5): its attempts until one returns or
     ``gives_up(attempts made)``; then, for a list, its narrowing, to every event that fails
-    (``on_error`` ``"dead-letter"``) or to the first (``"stop"``). Once the driver has sent the
-    last reply, the generator returns the :class:`Outcome`."""
+    (``on_error`` ``"dead-letter"``) or to the first (``"stop"``), unless ``failing()`` says the
+    run is failing already (another call's failure named its event): then the list fails whole.
+    Once the driver has sent the last reply, the generator returns the :class:`Outcome`."""
     failure = yield from _attempts(items, retry_delay, gives_up)
     if failure is None:
         return Outcome()
@@ -145,13 +146,18 @@ def call_plan(items: list[Item], retry_delay: float, gives_up: Callable[[int], b
     failures: dict[Hashable, Failure] = {}
     behind: list[Item] = []
     to_first = on_error != OnError.DEAD_LETTER
+    cut_short = False
 
     def narrowed(part: list[Item]) -> Generator[Attempt, Reply, None]:
         """The halves of ``part`` (a list that failed), the first before the second: a half of
         one event with its retries, a longer one called once and narrowed again if it fails."""
+        nonlocal cut_short
         middle = len(part) // 2
         for half in (part[:middle], part[middle:]):
             if to_first and failures:
+                return
+            if to_first and failing is not None and failing():
+                cut_short = True
                 return
             runnable: list[Item] = []
             for item in half:
@@ -164,6 +170,9 @@ def call_plan(items: list[Item], retry_delay: float, gives_up: Callable[[int], b
                 yield from narrowed(runnable)
 
     yield from narrowed(items)
+    if cut_short and not failures:
+        # Not every event of the list was handled: it fails whole (the run fails anyway).
+        return Outcome(((failure, items[0][1]),), tuple(items[1:]))
     return Outcome(tuple((failure, value) for value, failure in failures.items()), tuple(behind))
 
 
