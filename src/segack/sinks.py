@@ -39,6 +39,8 @@ _KEYS_PER_QUERY = 500
 #: How a sink's PostgreSQL sessions are named: this, the checkpoint's id, ``:`` and the run's claim
 #: number (``application_name``, 63 bytes at most: 7 + 32 + 1 + up to 12 digits).
 SESSION_PREFIX = "segack:"
+#: How long ending a fenced run's session waits for it to be gone (PostgreSQL 14 and later).
+TERMINATE_WAIT_MS = 5000
 
 
 def _placeholders(paramstyle: str, count: int) -> list[str]:
@@ -167,13 +169,17 @@ class _Postgres(_Dialect):
         prefix = f"{SESSION_PREFIX}{checkpoint_id}:"
         cursor.execute("SELECT pid, application_name FROM pg_stat_activity "
                        "WHERE starts_with(application_name, %s) AND pid <> pg_backend_pid()", (prefix,))
+        # PostgreSQL 14 and later wait for the session to be gone (its locks released), not only
+        # for the signal to be sent: the run's tasks start after.
+        waits = getattr(cursor.connection.info, "server_version", 0) >= 140000
+        wait = f", {TERMINATE_WAIT_MS}" if waits else ""
         ended, refused = [], []
         for pid, name in cursor.fetchall():
             number = name[len(prefix):]
             if not number.isdigit() or int(number) >= claim:
                 continue
             try:
-                cursor.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                cursor.execute(f"SELECT pg_terminate_backend(%s{wait})", (pid,))
                 if cursor.fetchone()[0]:
                     ended.append(pid)
             except Exception as error:
