@@ -123,6 +123,17 @@ def test_under_stop_a_list_is_narrowed_to_its_first_failing_event_and_no_further
     assert outcome.behind == ()
 
 
+@pytest.mark.parametrize(("attempts", "size", "reason"), [
+    (1, 1, "ValueError: no"),
+    (2, 1, "ValueError: no (after 2 attempts)"),
+    (1, 2, "ValueError: no (called alone after its list of 2 events failed)"),
+    (3, 5_000, "ValueError: no (after 3 attempts, called alone after its list of 5,000 events failed)"),
+])
+def test_a_failures_reason_says_its_attempts_and_the_list_it_was_narrowed_from(attempts, size, reason):
+    failure = Failure(4, {"key": "a"}, ValueError("no"), "Traceback ...", attempts, size)
+    assert failure.reason == reason
+
+
 @pytest.mark.parametrize("failing_after", [0, 2], ids=["before-narrowing", "while-narrowing"])
 def test_under_stop_a_list_that_fails_once_the_run_is_failing_is_not_narrowed_and_fails_whole(failing_after):
     calls = _Calls(failing={5})

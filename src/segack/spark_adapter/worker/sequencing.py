@@ -80,7 +80,7 @@ class Failure:
         """``"Type: message"``, with the attempts made and the list it was narrowed from, if any."""
         notes = [f"after {self.attempts} attempts"] if self.attempts > 1 else []
         if self.size > 1:
-            notes.append(f"called alone after its list of {self.size} events failed")
+            notes.append(f"called alone after its list of {self.size:,} events failed")
         return one_line(self.error) + (f" ({', '.join(notes)})" if notes else "")
 
 
