@@ -147,8 +147,8 @@ class HandlerFailedError(SegackError, RuntimeError):
     ``key`` and ``order`` are the event's values, ``position`` its place in its
     key group (``key_group``), ``reason`` the handler's exception as
     ``"Type: message"`` and ``traceback`` its formatted traceback from the worker.
-    ``record`` is where a Kafka record came from (``topic/partition at offset N``,
-    :func:`record_of`), ``None`` for other events.
+    ``record`` is where a Kafka record came from (``topic/partition at offset N``),
+    ``None`` for other events.
     """
 
     def __init__(self, key: Any, order: Any, position: int, key_group: int, reason: str,
