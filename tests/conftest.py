@@ -57,6 +57,7 @@ AREAS = {
     "test_executors.py": ("clusters",),
     "test_fingerprint.py": ("checkpoint",),
     "test_footers.py": ("checkpoint",),
+    "test_handler_refusals.py": ("handlers",),
     "test_hashes.py": ("kernel",),
     "test_hashes_jvm.py": ("kernel",),
     "test_kafka.py": ("streams",),

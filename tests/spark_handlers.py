@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Any
 
+from segack.spark_adapter.handlers import takes_unorderable as _takes_unorderable
 from segack.spark_adapter.sources.kafka import takes_unparsed as _takes_unparsed
 
 LOG_ENV = "SEGACK_TEST_LOG"
@@ -282,6 +283,16 @@ def _record_kafka_unparsed(event: dict[str, Any]) -> None:
 
 #: ``--handler tests.spark_handlers:record_kafka_unparsed``: the fixed handler of a dead letter.
 record_kafka_unparsed = _takes_unparsed(_record_kafka_unparsed)
+
+
+def _record_kafka_any(event: dict[str, Any]) -> None:
+    """:func:`record_kafka`, taking records whose value did not parse and records with no key or
+    no order."""
+    record_kafka(event)
+
+
+#: ``--handler tests.spark_handlers:record_kafka_any``.
+record_kafka_any = _takes_unorderable(_takes_unparsed(_record_kafka_any))
 
 
 def record_refusing_tenth_until_fixed(event: dict[str, Any]) -> None:

@@ -272,6 +272,12 @@ def test_a_catalog_table_is_read_by_name_and_its_change_feed_gets_its_order(spar
                              table="accounts_by_name")
         seen = [(row.account, row._change_type, row.balance)
                 for row in changes.orderBy("account", CHANGE_ORDER).collect()]
+        # Spark reads option names in any case, and Delta's other name for the feed: so does segack.
+        for options in ({"readchangefeed": "TRUE", "STARTINGVERSION": "0"},
+                        {"readChangeData": "true", "startingVersion": "0"}):
+            again = read_input(spark, None, "parquet", options, table="accounts_by_name")
+            assert [(row.account, row._change_type, row.balance)
+                    for row in again.orderBy("account", CHANGE_ORDER).collect()] == seen
     finally:
         spark.sql("DROP TABLE accounts_by_name")
     assert seen == [("a", "insert", 1), ("a", "update_preimage", 1), ("a", "update_postimage", 11),

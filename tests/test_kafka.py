@@ -29,15 +29,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = "user STRING, seq BIGINT, amount BIGINT"
 
 
-def produce(bootstrap: str, topic: str, records: list[tuple[str, bytes | None]]) -> None:
-    """Write ``(key, value)`` records to ``topic``: each key to one partition, in the list's order."""
+def produce(bootstrap: str, topic: str, records: list[tuple[str | None, bytes | None]]) -> None:
+    """Write ``(key, value)`` records to ``topic``: each key to one partition, in the list's order
+    (a key of ``None``: a record without one)."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
     for key, value in records:
         while True:
             try:
-                producer.produce(topic, key=key.encode(), value=value)
+                producer.produce(topic, key=None if key is None else key.encode(), value=value)
                 break
             except BufferError:
                 producer.poll(0.1)
@@ -389,6 +390,13 @@ def test_what_it_cannot_read_is_refused_in_one_line_before_any_event(tmp_path, k
         # A flag only Spark can read is still a flag: exit 2, as argparse's own refusals.
         (["--value-schema", "user STRING, seq"], "segack stream: --value-schema 'user STRING, seq' is not a "
                                                  "schema Spark can read", ExitCode.USAGE),
+        (["--option", "failondataloss=False"], "segack stream: failOnDataLoss=false makes Spark pass over "
+                                               "records gone from Kafka", ExitCode.USAGE),
+        # Spark reads option names without regard to case, and so does segack.
+        (["--option", "startingoffsets=latest"], "startingOffsets applies only to a new query",
+         ExitCode.REFUSED),
+        (["--option", "startingOffsets=latest", "--option", "STARTINGOFFSETS=earliest"],
+         "option 'STARTINGOFFSETS' is given twice (also as 'startingOffsets')", ExitCode.USAGE),
     ]
     for extra, reason, code in cases:
         refused = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
@@ -453,6 +461,44 @@ def test_a_value_that_does_not_parse_is_a_dead_letter_with_its_keys_later_record
     assert [event["seq"] for event in again] == [None, *range(10, 10 + later)]
     # The record that did not parse has no fields (its user is null), but its key is user-1's.
     assert {event["key"] for event in again} == {"user-1"} and again[0]["user"] is None
+
+
+@pytest.mark.handlers
+def test_records_with_no_key_no_order_or_a_field_missing_are_dead_letters_until_a_handler_takes_them(
+        tmp_path, kafka_broker, capsys):
+    topic = "accounts-unorderable"
+    make_topic(kafka_broker.bootstrap, topic, 1)
+
+    def value(**fields):
+        return json.dumps({"amount": 1, **fields}).encode()
+
+    produce(kafka_broker.bootstrap, topic, [
+        ("a", value(user="a", seq=0)), ("b", value(user="b", seq=0)), (None, value(user="n", seq=0)),
+        ("d", value(user="d", seq=0)), ("b", value(user="b", seq=None)), ("a", value(user="a", seq=1)),
+        ("d", value(user="d", Seq=1)), (None, value(user="n", seq=1)), ("b", value(user="b", seq=2)),
+        ("d", value(user="d")),
+    ])
+    first = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
+                       "--order", "seq", "--on-error", "dead-letter")
+    assert first.returncode == ExitCode.DEAD_LETTERS, first.stderr
+    # b's null order sorts first and parks b; the records without a key are one key, refused; d's
+    # values that lack seq (one has Seq) did not parse, and sort first too.
+    assert "8 events set aside as dead letters" in first.stdout, first.stdout
+    handled = read_log(str(tmp_path / "log.jsonl"))
+    assert [(event["key"], event["seq"]) for event in handled] == [("a", 0), ("a", 1)]
+    assert main(["dead-letters", str(tmp_path / "checkpoint")]) == ExitCode.OK
+    listed = capsys.readouterr().out
+    for said in ("UnorderableEventError", "its order ('seq') is null", "its key ('key') is null",
+                 "UnparsedValueError", "(it lacks 'seq')"):
+        assert said in listed, listed
+    retried = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka_any",
+                         "--order", "seq", "--retry-dead-letters", run="fixed")
+    assert retried.returncode == ExitCode.OK, retried.stderr
+    again: dict[str | None, list] = {}
+    for event in read_log(str(tmp_path / "log.jsonl")):
+        if event["run"] == "fixed":
+            again.setdefault(event["key"], []).append(event["seq"])
+    assert again == {"b": [None, 0, 2], None: [0, 1], "d": [None, None, 0]}
 
 
 class _Producer:

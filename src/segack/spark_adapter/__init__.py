@@ -31,9 +31,10 @@ from segack.spark_adapter.errors import (
     SessionError,
     SinkError,
     TokenError,
+    UnorderableEventError,
     UnparsedValueError,
 )
-from segack.spark_adapter.handlers import EventIdentity, RunContext, Sink, with_identity
+from segack.spark_adapter.handlers import EventIdentity, RunContext, Sink, takes_unorderable, with_identity
 from segack.spark_adapter.results import BatchReport, StreamResult
 from segack.spark_adapter.sources.kafka import KafkaStream, kafka_stream, takes_unparsed
 from segack.spark_adapter.spark.columns import hash_column, member_index_column, segment_column
@@ -79,6 +80,7 @@ __all__ = [
     "StopRequest",
     "StreamResult",
     "TokenError",
+    "UnorderableEventError",
     "UnparsedValueError",
     "foreach_batch",
     "hash_column",
@@ -98,6 +100,7 @@ __all__ = [
     "spark_session",
     "split",
     "stream",
+    "takes_unorderable",
     "takes_unparsed",
     "with_identity",
     "worker_error",

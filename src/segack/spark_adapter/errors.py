@@ -28,6 +28,8 @@ Refusals (``ValueError``)          why
                                    its table not made, a policy it cannot keep
 :class:`UnparsedValueError`        a Kafka record whose value does not parse: raised in
                                    the run, for that record only (a dead letter)
+:class:`UnorderableEventError`     a stream's event whose key is null, or its order null
+                                   or NaN: raised in the run, for that event only
 =================================  ========================================================
 
 A run that stopped (``RuntimeError``): :class:`HandlerFailedError` (the handler raised, after
@@ -59,6 +61,7 @@ __all__ = [
     "SessionError",
     "SinkError",
     "TokenError",
+    "UnorderableEventError",
     "UnparsedValueError",
     "worker_error",
 ]
@@ -135,6 +138,13 @@ class UnparsedValueError(SegackValueError):
     """A Kafka record's value did not parse as the declared value schema: the handler was not called
     with it (:mod:`~segack.spark_adapter.sources.kafka`, rule 2). Raised inside the run, where it
     makes the record a dead letter or stops the run as ``on_error`` says."""
+
+
+class UnorderableEventError(SegackValueError):
+    """A stream's event has no place among its key's events: its key is null, or its order value
+    null or NaN. The handler was not called with it; raised inside the run, where it makes the event
+    a dead letter (its key's later events parked behind it) or stops the run as ``on_error`` says.
+    A handler marked with :func:`~segack.spark_adapter.takes_unorderable` gets such events."""
 
 
 class SinkError(SegackValueError):

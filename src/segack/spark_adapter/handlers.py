@@ -19,16 +19,19 @@ import hashlib
 import inspect
 import itertools
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from segack.spark_adapter.errors import UnorderableEventError
 from segack.spark_adapter.options import Policy
 
-__all__ = ["EventIdentity", "RunContext", "Sink", "close_handler", "identified_events", "is_async",
-           "prepare_handler", "wants_identity", "with_identity", "with_identities_passed"]
+__all__ = ["EventIdentity", "Refusal", "RunContext", "Sink", "close_handler", "identified_events", "is_async",
+           "orderable_refusal", "prepare_handler", "refusing", "takes_unorderable", "wants_identity",
+           "with_identity", "with_identities_passed"]
 
 _MARK = "segack_identity"
+_UNORDERABLE_MARK = "segack_takes_unorderable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,3 +186,102 @@ def close_handler(handler: Callable[..., Any]) -> None:
     """Tell a :class:`~segack.spark_adapter.Sink` that its task is over."""
     if isinstance(handler, Sink):
         handler.close()
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Events a run does not hand to a handler unless the handler is marked to take them: a Kafka
+    record whose value did not parse, a stream's event with no place in its key's order."""
+
+    #: The attribute (``True``) that marks a handler as taking them.
+    mark: str
+    #: Raises, naming the event, for an event it refuses; returns for the others.
+    check: Callable[[dict[str, Any]], None]
+
+
+def refusing(handler: Callable[..., Any], refusals: Sequence[Refusal]) -> Callable[..., Any]:
+    """``handler`` as a run calls it: each call that holds an event one of ``refusals`` refuses
+    fails (with that refusal's error, naming the event) before the handler is called, but for
+    the refusals whose mark ``handler`` bears."""
+    checks = tuple(refusal.check for refusal in refusals if getattr(handler, refusal.mark, False) is not True)
+    if not checks:
+        return handler
+    if isinstance(handler, Sink):
+        return _RefusingSink(handler, checks)
+    return (_RefusingAsync if is_async(handler) else _Refusing)(handler, checks)
+
+
+def _check_all(checks: _Checks, events: Any) -> None:
+    for event in events if isinstance(events, list) else (events,):
+        for check in checks:
+            check(event)
+
+
+_Checks = tuple[Callable[[dict[str, Any]], None], ...]
+
+
+class _Refusing:
+    def __init__(self, handler: Callable[..., Any], checks: _Checks) -> None:
+        self.handler, self.checks = handler, checks
+        self.segack_identity = wants_identity(handler)
+
+    def __call__(self, events: Any, *identities: Any) -> Any:
+        _check_all(self.checks, events)
+        return self.handler(events, *identities)
+
+
+class _RefusingAsync(_Refusing):
+    async def __call__(self, events: Any, *identities: Any) -> Any:
+        _check_all(self.checks, events)
+        return await self.handler(events, *identities)
+
+
+class _RefusingSink(Sink):
+    def __init__(self, sink: Sink, checks: _Checks) -> None:
+        self.sink, self.checks = sink, checks
+        self.preferred_batch_size = sink.preferred_batch_size
+
+    def __call__(self, events: list[dict[str, Any]], identities: list[EventIdentity]) -> Any:
+        _check_all(self.checks, events)
+        return self.sink(events, identities)
+
+    def prepare(self, run: RunContext) -> None:
+        self.sink.prepare(run)
+
+    def close(self) -> None:
+        self.sink.close()
+
+
+def takes_unorderable(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark ``handler`` to get a stream's events whose key is null or whose order is null or NaN
+    (which a stream otherwise refuses: :class:`~segack.spark_adapter.UnorderableEventError`). Each
+    comes where Spark sorts it: a null order before its key's other events of the micro-batch, NaN
+    after them. A class sets ``segack_takes_unorderable = True``."""
+    setattr(handler, _UNORDERABLE_MARK, True)
+    return handler
+
+
+@dataclass(frozen=True)
+class _OrderableCheck:
+    key: str
+    order: str
+    exempt: str | None
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if self.exempt is not None and event.get(self.exempt) is not None:
+            return
+        order = event.get(self.order)
+        if event.get(self.key) is None:
+            why = f"its key ({self.key!r}) is null"
+        elif order is None or order != order:  # NaN is not equal to itself
+            why = f"its order ({self.order!r}) is {'null' if order is None else 'NaN'}"
+        else:
+            return
+        raise UnorderableEventError(f"{why}: the event has no place among its key's events")
+
+
+def orderable_refusal(key: str, order: str, exempt: str | None = None) -> Refusal:
+    """What a stream does not hand a handler unless it :func:`takes_unorderable`: an event whose
+    ``key`` is null, or whose ``order`` is null or NaN, but for one whose ``exempt`` column is set
+    (a Kafka record whose value did not parse, refused on its own)."""
+    return Refusal(_UNORDERABLE_MARK, _OrderableCheck(key, order, exempt))

@@ -48,9 +48,16 @@ from segack.spark_adapter.coordinator.run import (
 )
 from segack.spark_adapter.coordinator.streaming import BatchReplay
 from segack.spark_adapter.errors import OptionError, ReplayError, worker_error
+from segack.spark_adapter.handlers import orderable_refusal, refusing
 from segack.spark_adapter.options import RunOptions, takes_options
 from segack.spark_adapter.results import BatchReport, StreamResult
-from segack.spark_adapter.sources.kafka import PartitionOffsets, commit_offsets, list_offsets, parse_offsets
+from segack.spark_adapter.sources.kafka import (
+    UNPARSED,
+    PartitionOffsets,
+    commit_offsets,
+    list_offsets,
+    parse_offsets,
+)
 from segack.spark_adapter.spark.executors import check_executors
 from segack.spark_adapter.spark.session import is_connect
 from segack.spark_adapter.store.checkpoint import STREAM_DIR, Checkpoint, CheckpointStore
@@ -382,7 +389,10 @@ def stream(
     order : str
         The column that orders each key's events (for Kafka records of one key, ``offset``).
     handler : callable
-        Called with each event as a dict of its columns, in the key's order.
+        Called with each event as a dict of its columns, in the key's order. An event whose key is
+        null, or whose order is null or NaN, fails its call with
+        :class:`~segack.spark_adapter.UnorderableEventError` (a dead letter, or the run stopped),
+        unless the handler :func:`~segack.spark_adapter.takes_unorderable`.
     checkpoint : str or CheckpointStore
         Where progress is kept, as for :func:`~segack.spark_adapter.replay`.
     trigger : str or float, default ``'available-now'``
@@ -440,7 +450,9 @@ def stream(
     if isinstance(start.events, KafkaStream):
         kafka, frame = start.events, start.events.events
     check_executors(spark)  # the last refusal: the only one that asks the executors
-    replay = BatchReplay(kafka.guard(handler) if kafka else handler, key, order, store, run_options, start)
+    refusals = [kafka.refusal, orderable_refusal(key, order, exempt=UNPARSED)] if kafka else [
+        orderable_refusal(key, order)]
+    replay = BatchReplay(refusing(handler, refusals), key, order, store, run_options, start)
     stop = stop or StopRequest()
     with metrics_served(store, metrics_port), \
             claimed(spark, store, new_run_id(), run_options) as keeper:  # 2

@@ -42,6 +42,7 @@ from segack.spark_adapter.coordinator.run import (
     resolution,
 )
 from segack.spark_adapter.errors import CheckpointError, ReplayError
+from segack.spark_adapter.handlers import orderable_refusal, refusing
 from segack.spark_adapter.options import RunOptions, takes_options
 from segack.spark_adapter.spark.events import EventInput, check_same_setup
 from segack.spark_adapter.spark.executors import check_executors
@@ -98,7 +99,10 @@ def foreach_batch(
     Parameters
     ----------
     handler : callable
-        Called with each event as a dict of its columns, in the key's order.
+        Called with each event as a dict of its columns, in the key's order. An event whose key is
+        null, or whose order is null or NaN, fails its call with
+        :class:`~segack.spark_adapter.UnorderableEventError` (a dead letter, or the run stopped),
+        unless the handler :func:`~segack.spark_adapter.takes_unorderable`.
     key : str
         The column whose equal values are handled one after another.
     order : str
@@ -116,7 +120,7 @@ def foreach_batch(
     """
     run_options = RunOptions.from_keywords(options, handler=handler, streams=True, caller="foreach_batch")
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
-    return BatchReplay(handler, key, order, store, run_options)
+    return BatchReplay(refusing(handler, [orderable_refusal(key, order)]), key, order, store, run_options)
 
 
 class BatchReplay:

@@ -4,11 +4,14 @@ The rules:
 
 1. **A table, or a version of it** (``--option versionAsOf=N`` or ``timestampAsOf``), is input like
    any other: each row an event, ordered within its key by the column the user names.
-2. **A change data feed** (``--option readChangeFeed=true``) has a row per change, with
+2. **A change data feed** (``--option readChangeFeed=true``, or Delta's other name for it,
+   ``readChangeData``; option names in any case, as Spark reads them) has a row per change, with
    ``_change_type``, ``_commit_version`` and ``_commit_timestamp``. segack adds :data:`CHANGE_ORDER`,
    the order of a key's changes: by commit version, and within one commit the row that went before
    the row that came (``delete``, then ``update_preimage``, then ``update_postimage``, then
-   ``insert``). Give it as the order column (``--order _change_order``).
+   ``insert``). Give it as the order column (``--order _change_order``). Delta records no order
+   among the changes of one key in one commit of the same type (two inserts of a key that is not
+   unique): segack places them by a hash of the whole row, the same in every run.
 """
 
 from __future__ import annotations
@@ -19,18 +22,22 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["CHANGE_ORDER", "CHANGE_RANKS", "is_change_feed", "with_change_order"]
+__all__ = ["CHANGE_FEED_OPTIONS", "CHANGE_ORDER", "CHANGE_RANKS", "is_change_feed", "with_change_order"]
 
 #: The order column segack adds to a change feed (rule 2).
 CHANGE_ORDER = "_change_order"
 #: Each change type's place among a key's changes in one commit (rule 2).
 CHANGE_RANKS = {"delete": 0, "update_preimage": 1, "update_postimage": 2, "insert": 3}
+#: The reader options that make a read of a Delta table its change data feed.
+CHANGE_FEED_OPTIONS = ("readChangeFeed", "readChangeData")
 
 
 def is_change_feed(fmt: str | None, options: Mapping[str, str]) -> bool:
     """Whether a read of ``fmt`` (``None``: a catalog table, whatever its format) with ``options``
-    is a Delta change data feed."""
-    return fmt in ("delta", None) and str(options.get("readChangeFeed", "")).lower() == "true"
+    is a Delta change data feed (its option's name in any case, as Spark reads it)."""
+    wanted = {name.lower() for name in CHANGE_FEED_OPTIONS}
+    return fmt in ("delta", None) and any(
+        name.lower() in wanted and str(value).strip().lower() == "true" for name, value in options.items())
 
 
 def with_change_order(changes: DataFrame) -> DataFrame:

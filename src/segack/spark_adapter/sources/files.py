@@ -13,7 +13,8 @@ import os
 from typing import TYPE_CHECKING
 
 from segack.spark_adapter.errors import InputError, spark_reason
-from segack.spark_adapter.sources.delta import is_change_feed, with_change_order
+from segack.spark_adapter.sources.delta import CHANGE_FEED_OPTIONS, is_change_feed, with_change_order
+from segack.spark_adapter.sources.reader_options import spelled
 from segack.spark_adapter.store.storage import resolve_location
 
 if TYPE_CHECKING:
@@ -41,6 +42,10 @@ _NOT_DELTA = ("DELTA_TABLE_NOT_FOUND", "DELTA_MISSING_DELTA_TABLE", "DELTA_SCHEM
 #: change feed starts and ends).
 _POSITIONS = ("versionAsOf", "timestampAsOf", "startingVersion", "startingTimestamp", "endingVersion",
               "endingTimestamp")
+#: The reader options segack reads or sets, in Spark's spelling: given in any case, they are spelled
+#: so (:func:`~segack.spark_adapter.sources.reader_options.spelled`).
+_KNOWN = (*_POSITIONS, *CHANGE_FEED_OPTIONS, "maxFilesPerTrigger", "maxBytesPerTrigger", "header",
+          "inferSchema")
 
 
 def _data_files(directory: str) -> list[str]:
@@ -91,6 +96,7 @@ def read_input(spark: SparkSession, path: str | None, fmt: str, options: dict[st
 
     With ``streaming``, a stream of them (``spark.readStream``): of a file format, with the schema
     its files have now."""
+    options = spelled(options, _KNOWN)
     try:
         if table is not None:
             found = (spark.readStream if streaming else spark.read).options(**options).table(table)

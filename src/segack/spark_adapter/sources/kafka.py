@@ -5,15 +5,17 @@ The rules:
 1. **Columns.** An event read from a record has the columns ``key`` (the record's key as text,
    null for none), ``topic``, ``partition``, ``offset`` and ``timestamp``, then the fields the
    declared value schema names, parsed from the record's value (JSON), then ``unparsed_value``.
-   A field the value lacks is null; a record with no value (a tombstone) has every field null.
-2. **A value that does not parse** (not JSON, or not of the declared types) leaves every field
-   null and its text in ``unparsed_value`` (null for every record that parsed). Such a record never
-   reaches the handler as if it were empty: its call fails with
-   :class:`~segack.spark_adapter.UnparsedValueError`, so it
+   A record with no value (a tombstone) has every field null.
+2. **A value that does not parse** (not JSON, not of the declared types, or an object that lacks a
+   declared field: names match exactly, case included; a field may be present as ``null``) leaves
+   every field null and its text in ``unparsed_value`` (null for every record that parsed). Such a
+   record never reaches the handler as if it were empty: its call fails with
+   :class:`~segack.spark_adapter.UnparsedValueError`, naming the fields it lacks, so it
    becomes a dead letter under ``on_error="dead-letter"`` (with its key's later records parked
    behind it) or stops the run. A handler marked with :func:`~segack.spark_adapter.takes_unparsed`
    gets it instead, its fields null: deploy one and retry the dead letters to handle what was set
-   aside.
+   aside. (A stream also refuses an event whose key or order is null:
+   :class:`~segack.spark_adapter.UnorderableEventError`; a record with no Kafka key is one.)
 3. **Micro-batches are bounded**: :data:`DEFAULT_MAX_OFFSETS_PER_TRIGGER` records each unless the
    reader's options say otherwise, so that a backlog moves the committed offsets batch by batch
    instead of once at its end.
@@ -29,19 +31,25 @@ The rules:
    elsewhere, and the records they pass over are counted (:func:`passed_over`). Spark applies them
    only to a new query: given to a checkpoint that has a position, they are refused
    (:mod:`~segack.spark_adapter.coordinator.query_record`).
+6. **Records gone are never passed over in silence.** ``failOnDataLoss=false`` (Spark reading on
+   past records deleted before it read them) is refused; with Spark's default, a micro-batch that
+   finds records gone fails, and the stream stops before anything of it is done or committed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
+import operator
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from segack.spark_adapter.errors import InputError, OptionError, UnparsedValueError, spark_reason
-from segack.spark_adapter.handlers import Sink, is_async, wants_identity
+from segack.spark_adapter.handlers import Refusal
+from segack.spark_adapter.sources.reader_options import spelled
 from segack.spark_adapter.store.crash_points import durable_write
 
 if TYPE_CHECKING:
@@ -50,9 +58,9 @@ if TYPE_CHECKING:
 
 __all__ = ["CONNECTORS_SPARK", "DEFAULT_MAX_OFFSETS_PER_TRIGGER", "RECORD_COLUMNS", "STARTING_OPTIONS",
            "UNPARSED", "KafkaStream", "PartitionOffsets", "commit_offsets", "connector_package",
-           "group_offsets", "guard_unparsed", "kafka_events", "kafka_stream", "list_offsets",
+           "group_offsets", "kafka_events", "kafka_stream", "list_offsets",
            "missing_connector", "offsets_json", "parse_offsets", "passed_over", "starting_offsets",
-           "subscribed_partitions", "takes_unparsed", "value_schema"]
+           "subscribed_partitions", "takes_unparsed", "unparsed_refusal", "value_schema"]
 
 #: The record's own columns, before the value's fields.
 RECORD_COLUMNS = ("key", "topic", "partition", "offset", "timestamp")
@@ -62,6 +70,10 @@ UNPARSED = "unparsed_value"
 DEFAULT_MAX_OFFSETS_PER_TRIGGER = 100_000
 #: The reader's options that start a new query somewhere other than rule 5's default.
 STARTING_OPTIONS = ("startingOffsets", "startingTimestamp", "startingOffsetsByTimestamp")
+#: The reader's options segack reads, in Spark's spelling: given in any case, they are spelled so
+#: (:func:`~segack.spark_adapter.sources.reader_options.spelled`).
+KNOWN_OPTIONS = ("subscribe", "subscribePattern", "assign", "maxOffsetsPerTrigger", "minOffsetsPerTrigger",
+                 "failOnDataLoss", "endingOffsets", "minPartitions", *STARTING_OPTIONS)
 #: The value formats a record's value is parsed from.
 VALUE_FORMATS = ("json",)
 _MARK = "segack_takes_unparsed"
@@ -98,12 +110,25 @@ def kafka_events(records: DataFrame, schema: StructType, value_format: str = "js
     from pyspark.sql.types import StringType, StructField, StructType
 
     with_text = StructType([*schema.fields, StructField(UNPARSED, StringType())])
-    value = F.from_json(F.col("value").cast("string"), with_text,
-                        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": UNPARSED})
-    return records.select(
+    parsed = records.select(
         F.col("key").cast("string").alias("key"), "topic", "partition", "offset", "timestamp",
-        value.alias("__segack_value"),
-    ).select(*RECORD_COLUMNS, *(f"__segack_value.{field.name}" for field in with_text.fields))
+        F.col("value").cast("string").alias("__segack_text"),
+    ).withColumn("__segack_value", F.from_json("__segack_text", with_text,
+                                               {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": UNPARSED}))
+    value, text = F.col("__segack_value"), F.col("__segack_text")
+    # A field is null both where the object lacks it and where it holds null: the object's keys
+    # tell them apart, read only for the values with a null field (Spark evaluates a branch of
+    # CASE WHEN only where its condition holds).
+    some_null = functools.reduce(operator.or_, (value[field.name].isNull() for field in schema.fields))
+    declared = F.array(*(F.lit(field.name) for field in schema.fields))
+    lacks = F.size(F.array_except(declared, F.json_object_keys(text))) > 0
+    incomplete = F.when(text.isNotNull() & value[UNPARSED].isNull() & some_null,
+                        F.coalesce(lacks, F.lit(False))).otherwise(F.lit(False))
+    unparsed = F.struct(*(F.lit(None).cast(field.dataType).alias(field.name) for field in schema.fields),
+                        text.alias(UNPARSED))
+    checked = F.when(incomplete, unparsed).otherwise(value).alias("__segack_value")
+    fields = (f"__segack_value.{field.name}" for field in with_text.fields)
+    return parsed.select(*RECORD_COLUMNS, checked).select(*RECORD_COLUMNS, *fields)
 
 
 def takes_unparsed(handler: Callable[..., Any]) -> Callable[..., Any]:
@@ -114,58 +139,33 @@ def takes_unparsed(handler: Callable[..., Any]) -> Callable[..., Any]:
     return handler
 
 
-def _refuse_unparsed(events: Any) -> None:
-    for event in events if isinstance(events, list) else [events]:
+@dataclass(frozen=True)
+class _UnparsedCheck:
+    """Raises :class:`~segack.spark_adapter.UnparsedValueError` for a record whose value did not
+    parse as a schema of ``fields``, naming the fields a JSON object lacks."""
+
+    fields: tuple[str, ...]
+
+    def __call__(self, event: dict[str, Any]) -> None:
         text = event.get(UNPARSED)
-        if text is not None:
-            shown = text if len(text) <= 80 else text[:77] + "..."
-            raise UnparsedValueError(f"the value of the record at offset {event.get('offset')} of "
-                                     f"{event.get('topic')}/{event.get('partition')} does not parse as the "
-                                     f"value schema: {shown!r}")
+        if text is None:
+            return
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        lacking = [name for name in self.fields if isinstance(value, dict) and name not in value]
+        why = f" (it lacks {', '.join(map(repr, lacking))})" if lacking else ""
+        raise UnparsedValueError(f"the value of the record at offset {event.get('offset')} of "
+                                 f"{event.get('topic')}/{event.get('partition')} does not parse as the "
+                                 f"value schema{why}: {shown!r}")
 
 
-class _Guarded:
-    """``handler``, called only with events whose value parsed."""
-
-    def __init__(self, handler: Callable[..., Any]) -> None:
-        self.handler = handler
-        self.segack_identity = wants_identity(handler)
-
-    def __call__(self, events: Any, *identities: Any) -> Any:
-        _refuse_unparsed(events)
-        return self.handler(events, *identities)
-
-
-class _GuardedAsync(_Guarded):
-    async def __call__(self, events: Any, *identities: Any) -> Any:
-        _refuse_unparsed(events)
-        return await self.handler(events, *identities)
-
-
-class _GuardedSink(Sink):
-    def __init__(self, sink: Sink) -> None:
-        self.sink = sink
-
-    def __call__(self, events: list[dict[str, Any]], identities: list[Any]) -> Any:
-        _refuse_unparsed(events)
-        return self.sink(events, identities)
-
-    def prepare(self, run: Any) -> None:
-        self.sink.prepare(run)
-
-    def close(self) -> None:
-        self.sink.close()
-
-
-def guard_unparsed(handler: Callable[..., Any]) -> Callable[..., Any]:
-    """``handler`` as a run over Kafka records calls it (rule 2): as it is if it
-    :func:`~segack.spark_adapter.takes_unparsed`, else failing each call that holds a record whose
-    value did not parse."""
-    if getattr(handler, _MARK, False) is True:
-        return handler
-    if isinstance(handler, Sink):
-        return _GuardedSink(handler)
-    return _GuardedAsync(handler) if is_async(handler) else _Guarded(handler)
+def unparsed_refusal(schema: StructType) -> Refusal:
+    """What a run over Kafka records of ``schema`` does not hand a handler (rule 2), unless it
+    :func:`takes_unparsed`."""
+    return Refusal(_MARK, _UnparsedCheck(tuple(field.name for field in schema.fields)))
 
 
 #: The newest Spark whose Kafka connector (and delta-spark) this release of segack has seen on Maven
@@ -209,10 +209,10 @@ class KafkaStream:
     schema: StructType
     value_format: str = "json"
 
-    @staticmethod
-    def guard(handler: Callable[..., Any]) -> Callable[..., Any]:
-        """``handler`` as the run calls it (rule 2: :func:`guard_unparsed`)."""
-        return guard_unparsed(handler)
+    @property
+    def refusal(self) -> Refusal:
+        """The records a run does not hand a handler (rule 2)."""
+        return unparsed_refusal(self.schema)
 
     def starting_at(self, starting_offsets: str) -> KafkaStream:
         """The same records, read by a new query from ``starting_offsets`` (Spark's
@@ -227,8 +227,8 @@ class KafkaStream:
 def kafka_stream(spark: SparkSession, options: Mapping[str, str], value_schema_ddl: str,
                  value_format: str = "json") -> KafkaStream:
     """The records of the Kafka topics ``options`` name (``kafka.bootstrap.servers`` and
-    ``subscribe``, ``subscribePattern`` or ``assign``, as Spark's Kafka source takes them), as events
-    whose value fields ``value_schema_ddl`` declares.
+    ``subscribe``, ``subscribePattern`` or ``assign``, as Spark's Kafka source takes them: their
+    names in any case), as events whose value fields ``value_schema_ddl`` declares.
 
     Checks, before anything runs, that the session has Spark's Kafka connector, that the schema is
     one, and (on a classic session) that the servers answer and the subscribed topics exist.
@@ -239,11 +239,18 @@ def kafka_stream(spark: SparkSession, options: Mapping[str, str], value_schema_d
         The connector is missing (the message names the package to add), the servers do not
         answer, a topic does not exist.
     OptionError
-        A value schema that is not a struct's DDL or names a column every record has, a value
-        format that is not one of
+        A value schema that is not a struct's DDL or names a column every record has, an option
+        given twice in two cases (``startingOffsets`` and ``startingoffsets``),
+        ``failOnDataLoss=false`` (rule 6), a value format that is not one of
         :data:`~segack.spark_adapter.sources.kafka.VALUE_FORMATS`.
     """
     schema = value_schema(spark, value_schema_ddl)
+    options = spelled(options, KNOWN_OPTIONS, prefixes=("kafka.",))
+    if options.get("failOnDataLoss", "true").strip().lower() == "false":
+        raise OptionError("failOnDataLoss=false makes Spark pass over records gone from Kafka (deleted by "
+                          "retention, or with their topic) without a word, and segack skips nothing unless "
+                          "told: leave it out, and a stream that finds records gone stops; to go on past "
+                          "them, start a new checkpoint at startingOffsets (it counts what it passes over)")
     if value_format not in VALUE_FORMATS:
         raise OptionError(f"value format must be one of {', '.join(VALUE_FORMATS)}, not {value_format!r}")
     bounded = {"maxOffsetsPerTrigger": str(DEFAULT_MAX_OFFSETS_PER_TRIGGER), **options}
