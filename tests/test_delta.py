@@ -57,13 +57,19 @@ def _kill_when(process: subprocess.Popen[str], condition, what: str) -> None:
 def _accounts_table(spark, path: Path, commits: int, seed: int) -> None:
     """A Delta table of accounts with its change data feed on, written in ``commits`` commits:
     inserts, updates of many accounts (some in every commit), deletes, inserts again."""
-    rng = random.Random(seed)
     where = f"delta.`{path}`"
     spark.sql(f"CREATE TABLE {where} (account STRING, balance BIGINT, version_written BIGINT) USING delta "
               f"TBLPROPERTIES (delta.enableChangeDataFeed = true)")
     spark.createDataFrame([(f"acct-{n}", 0, 1) for n in range(300)], "account string, balance long, "
                           "version_written long").write.format("delta").mode("append").save(str(path))
-    for commit in range(2, commits + 1):
+    _more_commits(spark, path, range(2, commits + 1), seed)
+
+
+def _more_commits(spark, path: Path, commits: range, seed: int) -> None:
+    """Commits ``commits`` (numbered from 2) of :func:`_accounts_table`'s table."""
+    rng = random.Random(seed)
+    where = f"delta.`{path}`"
+    for commit in commits:
         kind = commit % 4
         if kind == 0:
             spark.sql(f"DELETE FROM {where} WHERE account IN ({_names(rng, 10)})")
@@ -96,18 +102,26 @@ def _applied(dsn: str) -> list[tuple[str, int, str]]:
 def test_a_change_feed_killed_and_resumed_applies_each_change_once_in_version_order(spark, tmp_path,
                                                                                     pg_database):
     table = tmp_path / "accounts"
-    _accounts_table(spark, table, commits=9, seed=1)
-    expected = [(row["account"], row["_commit_version"], row["_change_type"]) for row in
+    _accounts_table(spark, table, commits=5, seed=1)
+
+    def changes():
+        return [(row["account"], row["_commit_version"], row["_change_type"]) for row in
                 spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0)
                 .load(str(table)).collect()]
+
+    first_commits = changes()
     _changes_table(pg_database)
     stream = ["stream", str(table), "--format", "delta", "--option", "readChangeFeed=true",
-              "--option", "startingVersion=0", "--option", "maxFilesPerTrigger=3", "--key", "account",
-              "--order", CHANGE_ORDER, "--handler", "tests.spark_handlers:changes_sink", "--batch-size", "20"]
+              "--option", "startingVersion=0", "--key", "account", "--order", CHANGE_ORDER,
+              "--handler", "tests.spark_handlers:changes_sink", "--batch-size", "20"]
     first = _segack(tmp_path, *stream, "--segments", "3", dsn=pg_database, wait=False)
-    _kill_when(first, lambda: len(_applied(pg_database)) > len(expected) // 3, "a third of the changes")
+    _kill_when(first, lambda: len(_applied(pg_database)) > len(first_commits) // 3, "a third of the changes")
+    # The resume takes the rest of the first micro-batch, then a second one of the commits since.
+    _more_commits(spark, table, range(6, 10), seed=2)
+    expected = changes()
     done = _segack(tmp_path, *stream, "--segments", "5", dsn=pg_database)
     assert done.returncode == 0, done.stderr
+    assert "2 micro-batches" in done.stdout, done.stdout
     applied = _applied(pg_database)
     assert sorted(applied) == sorted(expected) and len(applied) == len(set(applied))
     by_account: dict[str, list[tuple[int, int]]] = {}
@@ -282,3 +296,27 @@ def test_a_catalog_table_is_read_by_name_and_its_change_feed_gets_its_order(spar
         spark.sql("DROP TABLE accounts_by_name")
     assert seen == [("a", "insert", 1), ("a", "update_preimage", 1), ("a", "update_postimage", 11),
                     ("b", "insert", 2), ("b", "delete", 2)]
+
+
+def test_a_commit_of_a_change_feed_is_never_split_across_micro_batches(spark, tmp_path):
+    table = tmp_path / "accounts"
+    spark.sql(f"CREATE TABLE delta.`{table}` (account STRING, balance BIGINT) USING delta "
+              f"TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+    for balance in (1, 2):  # the second commit an overwrite: its changes are in no change-data file
+        (spark.range(12).selectExpr("concat('acct-', id) AS account", f"CAST({balance} AS BIGINT) AS balance").repartition(12)
+         .write.format("delta").mode("overwrite").save(str(table)))
+    stream = ["stream", str(table), "--format", "delta", "--option", "readChangeFeed=true",
+              "--option", "startingVersion=2", "--key", "account", "--order", CHANGE_ORDER,
+              "--handler", "tests.spark_handlers:record_event"]
+    # Delta would admit its 24 files two by two, all the inserts before the deletes.
+    for limit in ("maxFilesPerTrigger=2", "maxbytespertrigger=1k"):
+        refused = _segack(tmp_path, *stream, "--option", limit)
+        lines = [line for line in refused.stderr.splitlines() if line.startswith("segack")]
+        assert refused.returncode == ExitCode.USAGE, refused.stderr
+        assert len(lines) == 1 and "would let Delta split a commit of the change feed" in lines[0], lines
+        assert not (tmp_path / "checkpoint").exists()
+    done = _segack(tmp_path, *stream)
+    assert done.returncode == ExitCode.OK, done.stderr
+    applied = _by_key((event["account"], (event["_change_type"], event["balance"]))
+                      for event in read_log(str(tmp_path / "log.jsonl")))
+    assert applied == {f"acct-{n}": [("delete", 1), ("insert", 2)] for n in range(12)}

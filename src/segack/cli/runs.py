@@ -203,7 +203,7 @@ def _stream(args: argparse.Namespace, job: _Job) -> int:
                 return ExitCode.OK
             try:
                 events = _stream_events(spark, args)
-            except OptionError as error:  # --value-schema, which only Spark can read: a flag's error
+            except OptionError as error:  # of --value-schema or --option, read with Spark: a flag's error
                 print(f"segack stream: {error}", file=sys.stderr)
                 return ExitCode.USAGE
             result = stream(events, key=args.key, order=args.order, handler=job.handler, checkpoint=store,

@@ -13,7 +13,13 @@ import os
 from typing import TYPE_CHECKING
 
 from segack.spark_adapter.errors import InputError, spark_reason
-from segack.spark_adapter.sources.delta import CHANGE_FEED_OPTIONS, is_change_feed, with_change_order
+from segack.spark_adapter.sources.delta import (
+    ADMISSION_LIMITS,
+    CHANGE_FEED_OPTIONS,
+    change_feed_stream_options,
+    is_change_feed,
+    with_change_order,
+)
 from segack.spark_adapter.sources.reader_options import spelled
 from segack.spark_adapter.store.storage import resolve_location
 
@@ -44,8 +50,7 @@ _POSITIONS = ("versionAsOf", "timestampAsOf", "startingVersion", "startingTimest
               "endingTimestamp")
 #: The reader options segack reads or sets, in Spark's spelling: given in any case, they are spelled
 #: so (:func:`~segack.spark_adapter.sources.reader_options.spelled`).
-_KNOWN = (*_POSITIONS, *CHANGE_FEED_OPTIONS, "maxFilesPerTrigger", "maxBytesPerTrigger", "header",
-          "inferSchema")
+_KNOWN = (*_POSITIONS, *CHANGE_FEED_OPTIONS, *ADMISSION_LIMITS, "header", "inferSchema")
 
 
 def _data_files(directory: str) -> list[str]:
@@ -95,8 +100,12 @@ def read_input(spark: SparkSession, path: str | None, fmt: str, options: dict[st
     (``readChangeFeed=true``, of a path or a table) gets its ``_change_order`` column.
 
     With ``streaming``, a stream of them (``spark.readStream``): of a file format, with the schema
-    its files have now."""
+    its files have now; a change feed in micro-batches of whole commits (rule 3 of
+    :mod:`~segack.spark_adapter.sources.delta`: its admission limits refused,
+    :class:`~segack.spark_adapter.OptionError`)."""
     options = spelled(options, _KNOWN)
+    if streaming and is_change_feed(None if table is not None else fmt, options):
+        options = change_feed_stream_options(options)
     try:
         if table is not None:
             found = (spark.readStream if streaming else spark.read).options(**options).table(table)
