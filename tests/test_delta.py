@@ -303,8 +303,8 @@ def test_a_commit_of_a_change_feed_is_never_split_across_micro_batches(spark, tm
     spark.sql(f"CREATE TABLE delta.`{table}` (account STRING, balance BIGINT) USING delta "
               f"TBLPROPERTIES (delta.enableChangeDataFeed = true)")
     for balance in (1, 2):  # the second commit an overwrite: its changes are in no change-data file
-        (spark.range(12).selectExpr("concat('acct-', id) AS account", f"CAST({balance} AS BIGINT) AS balance").repartition(12)
-         .write.format("delta").mode("overwrite").save(str(table)))
+        rows = spark.range(12).selectExpr("concat('acct-', id) AS account", f"{balance}L AS balance")
+        rows.repartition(12).write.format("delta").mode("overwrite").save(str(table))
     stream = ["stream", str(table), "--format", "delta", "--option", "readChangeFeed=true",
               "--option", "startingVersion=2", "--key", "account", "--order", CHANGE_ORDER,
               "--handler", "tests.spark_handlers:record_event"]

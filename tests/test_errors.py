@@ -145,3 +145,28 @@ def test_a_claimed_checkpoint_says_who_holds_it_since_when_and_what_to_do():
 
 def test_a_handler_failure_without_a_traceback_has_an_empty_one():
     assert errors.HandlerFailedError("k", 1, 2, 3, "ValueError: no").traceback == ""
+
+
+#: Spark 4.2's words for records its Kafka source had to read and Kafka no longer had (a static read
+#: of a partition whose records before 80 were deleted, starting at 50), inside Py4J's wrapping.
+KAFKA_DATA_LOSS = (
+    "An error occurred while calling o36.collectToPython.\n"
+    ": org.apache.spark.sql.kafka010.KafkaIllegalStateException: Some data may have been lost because they "
+    "are not available in Kafka any more;\n"
+    "either the data was aged out by Kafka or the topic may have been deleted before all the data in the\n"
+    "topic was processed.\n"
+    "If you don't want your streaming query to fail on such cases, set the source option failOnDataLoss to "
+    "false.\n"
+    "Reason: Could not read records in offset [50, 100) for topic partition accounts-lost-0\n"
+    "with consumer group spark-kafka-relation-3a0e8846-executor.\n"
+    "\tat org.apache.spark.sql.kafka010.KafkaExceptions$.couldNotReadOffsetRange(KafkaExceptions.scala:94)\n"
+)
+
+
+def test_records_gone_from_kafka_are_told_from_other_failures():
+    assert errors.kafka_data_loss(RuntimeError(KAFKA_DATA_LOSS)) == (
+        "Could not read records in offset [50, 100) for topic partition accounts-lost-0")
+    # Another release's wording of the reason, or none: still a loss, said plainly.
+    bare = KAFKA_DATA_LOSS.replace("Reason: ", "Cause: ")
+    assert errors.kafka_data_loss(RuntimeError(bare)) == "records it had to read are gone"
+    assert errors.kafka_data_loss(RuntimeError("Job aborted due to stage failure: Reason: disk full")) is None

@@ -501,6 +501,36 @@ def test_records_with_no_key_no_order_or_a_field_missing_are_dead_letters_until_
     assert again == {"b": [None, 0, 2], None: [0, 1], "d": [None, None, 0]}
 
 
+@pytest.mark.faults
+def test_records_deleted_before_the_stream_read_them_stop_it_naming_them_and_nothing_is_committed(
+        tmp_path, kafka_broker):
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    topic, group = "accounts-lost", "segack-lost"
+    make_topic(kafka_broker.bootstrap, topic, 1)
+    produce(kafka_broker.bootstrap, topic, account_events(50, users=5, seed=1))
+    first = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
+                       "--commit-offsets-to", group)
+    assert first.returncode == ExitCode.OK, first.stderr
+    produce(kafka_broker.bootstrap, topic, account_events(50, users=5, seed=2))
+    # Retention, as Kafka applies it: the log's start moves past records no consumer has read.
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, 0, 80)]).values():
+        future.result(30)
+    for run in ("1", "2"):  # the same answer each time: nothing is passed over by running again
+        lost = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
+                          "--commit-offsets-to", group, run=run)
+        lines = [line for line in lost.stderr.splitlines() if line.startswith("segack")]
+        assert lost.returncode == ExitCode.FAILED, lost.stderr
+        assert len(lines) == 1 and lines[0].startswith(
+            "segack stream: Kafka no longer has records this micro-batch must read (Could not read records "
+            f"in offset [50, 100) for topic partition {topic}-0)"), lines
+        assert "Traceback" not in lost.stderr
+    assert len(read_log(str(tmp_path / "log.jsonl"))) == 50
+    assert committed_offsets(kafka_broker.bootstrap, topic, group) == {0: 50}
+
+
 class _Producer:
     """Writes account records to ``topic`` while a test runs, a batch every tenth of a second, and
     remembers where each landed: ``(user, seq) -> (partition, offset)``."""

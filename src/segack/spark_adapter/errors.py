@@ -250,6 +250,22 @@ def shown(value: Any) -> str:
 _TASK_FAILURE = re.compile(r"most recent failure: Lost task [^\n]*?\): ([^\n]+)")
 
 
+#: The words of Spark's Kafka source for records gone before a query read them (under its default
+#: ``failOnDataLoss``), and its line that says which.
+_KAFKA_DATA_LOSS = "Some data may have been lost because they are not available in Kafka any more"
+_KAFKA_LOSS_REASON = re.compile(r"Reason: ([^\n]+)")
+
+
+def kafka_data_loss(error: BaseException) -> str | None:
+    """Spark's reason (``Could not read records in offset [50, 100) for topic partition t-0``) when
+    ``error`` is its Kafka source's finding that records it had to read are gone; else ``None``."""
+    text = str(error)
+    if _KAFKA_DATA_LOSS not in text:
+        return None
+    reason = _KAFKA_LOSS_REASON.search(text[text.index(_KAFKA_DATA_LOSS):])
+    return reason.group(1).strip() if reason else "records it had to read are gone"
+
+
 def worker_error(error: BaseException) -> str:
     """The exception a Spark task raised, as ``"Type: message"``, read out of Spark's wrapping.
 

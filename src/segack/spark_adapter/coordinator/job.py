@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from segack.kernel import SegmentSet
-from segack.spark_adapter.errors import HandlerFailedError, ReplayError, TokenError
+from segack.spark_adapter.errors import HandlerFailedError, ReplayError, TokenError, kafka_data_loss
 from segack.spark_adapter.results import STARTUP, Progress
 from segack.spark_adapter.spark.executors import task_failure
 from segack.spark_adapter.store.checkpoint import CheckpointStore, TaskLoad
@@ -248,4 +248,13 @@ class Job:
         if ending.stopped_early is not None:
             raise ReplayError(f"{ending.stopped_early}; the progress before it is saved: run it again")
         if ending.job_error is not None:
+            lost = kafka_data_loss(ending.job_error)
+            if lost is not None:
+                # Spark reads the records in the job's first stage: no handler has seen one of them.
+                raise ReplayError(f"Kafka no longer has records this micro-batch must read ({lost}): they "
+                                  f"were deleted (by retention, or with their topic) before the stream read "
+                                  f"them. Nothing of the micro-batch is done or committed, and segack does "
+                                  f"not pass over them: to go on past them, start a new checkpoint, which "
+                                  f"starts where Kafka's records begin (this one keeps its dead letters)"
+                                  ) from ending.job_error
             raise ReplayError(f"a Spark task failed: {task_failure(ending.job_error)}") from ending.job_error

@@ -249,8 +249,8 @@ def kafka_stream(spark: SparkSession, options: Mapping[str, str], value_schema_d
     if options.get("failOnDataLoss", "true").strip().lower() == "false":
         raise OptionError("failOnDataLoss=false makes Spark pass over records gone from Kafka (deleted by "
                           "retention, or with their topic) without a word, and segack skips nothing unless "
-                          "told: leave it out, and a stream that finds records gone stops; to go on past "
-                          "them, start a new checkpoint at startingOffsets (it counts what it passes over)")
+                          "told: leave it out, and a stream that finds records gone stops, saying which; to "
+                          "go on past them, start a new checkpoint")
     if value_format not in VALUE_FORMATS:
         raise OptionError(f"value format must be one of {', '.join(VALUE_FORMATS)}, not {value_format!r}")
     bounded = {"maxOffsetsPerTrigger": str(DEFAULT_MAX_OFFSETS_PER_TRIGGER), **options}
