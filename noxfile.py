@@ -230,7 +230,7 @@ def mutation(session: nox.Session) -> None:
     in ``mutants/``) and run the tests that need no Spark against each mutant; fails when one
     survives that ``tests/mutation-equivalents.txt`` and ``tests/mutation-survivors.txt`` do not
     list, or an area's score is under its floor (95 % for the spec, 90 % for the adapter).
-    ``-- --sample`` tests a fixed tenth (CI)."""
+    ``-- --sample`` tests a fixed twentieth (CI)."""
     install_segack(session, "test", "mutmut==3.8.1", "setuptools>=77", "wheel")
     # mutmut tests a copy of src/: the compiled kernel must be built inside it.
     session.run("python", "setup.py", "-q", "build_ext", "--inplace")

@@ -170,3 +170,6 @@ def test_records_gone_from_kafka_are_told_from_other_failures():
     bare = KAFKA_DATA_LOSS.replace("Reason: ", "Cause: ")
     assert errors.kafka_data_loss(RuntimeError(bare)) == "records it had to read are gone"
     assert errors.kafka_data_loss(RuntimeError("Job aborted due to stage failure: Reason: disk full")) is None
+    # The reason is the one after Spark's words for the loss, not an earlier one.
+    wrapped = "Job aborted due to stage failure. Reason: task lost\n" + KAFKA_DATA_LOSS
+    assert errors.kafka_data_loss(RuntimeError(wrapped)).startswith("Could not read records in offset")

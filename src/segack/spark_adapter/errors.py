@@ -263,7 +263,7 @@ def kafka_data_loss(error: BaseException) -> str | None:
     if _KAFKA_DATA_LOSS not in text:
         return None
     reason = _KAFKA_LOSS_REASON.search(text[text.index(_KAFKA_DATA_LOSS):])
-    return reason.group(1).strip() if reason else "records it had to read are gone"
+    return reason.group(1) if reason else "records it had to read are gone"
 
 
 def worker_error(error: BaseException) -> str:
