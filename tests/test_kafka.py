@@ -531,6 +531,39 @@ def test_records_deleted_before_the_stream_read_them_stop_it_naming_them_and_not
     assert committed_offsets(kafka_broker.bootstrap, topic, group) == {0: 50}
 
 
+@pytest.mark.faults
+def test_partitions_added_while_a_stream_runs_stop_it_before_a_key_spans_two(tmp_path, kafka_broker):
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    topic, group = "accounts-grown", "segack-grown"
+    make_topic(kafka_broker.bootstrap, topic, 1)
+    produce(kafka_broker.bootstrap, topic, account_events(40, users=5, seed=1))
+    first = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
+                       "--commit-offsets-to", group)
+    assert first.returncode == ExitCode.OK, first.stderr
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    for future in admin.create_partitions([NewPartitions(topic, 3)]).values():
+        future.result(30)
+    # Kafka's partitioner now places each key by three partitions: a user's records may change partition.
+    later = account_events(60, users=5, seed=2)
+    produce(kafka_broker.bootstrap, topic, later)
+    refused = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
+                         "--commit-offsets-to", group, run="1")
+    lines = [line for line in refused.stderr.splitlines() if line.startswith("segack")]
+    assert refused.returncode == ExitCode.REFUSED, refused.stderr
+    said = ("micro-batch 1 reads partitions 1, 2 of topic accounts-grown, which the stream did not have "
+            "when micro-batch 0 ended")
+    assert len(lines) == 1 and said in lines[0], lines
+    assert len(read_log(str(tmp_path / "log.jsonl"))) == 40
+    assert committed_offsets(kafka_broker.bootstrap, topic, group) == {0: 40}
+    # The way on that the line gives: a new checkpoint, from the group's offsets.
+    again = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
+                       "--commit-offsets-to", group, run="2", checkpoint=str(tmp_path / "checkpoint-2"))
+    assert again.returncode == ExitCode.OK, again.stderr
+    handled = [event for event in read_log(str(tmp_path / "log.jsonl")) if event["run"] == "2"]
+    assert len(handled) == len(later)
+
+
 class _Producer:
     """Writes account records to ``topic`` while a test runs, a batch every tenth of a second, and
     remembers where each landed: ``(user, seq) -> (partition, offset)``."""

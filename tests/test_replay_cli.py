@@ -62,6 +62,7 @@ def _done_events(tmp_path, table):
     return expected.done_events(table, tokens)
 
 
+@pytest.mark.faults
 @pytest.mark.rescale
 def test_sigkilled_replays_resume_rescale_and_finish(tmp_path, capsys):
     total = 12_000

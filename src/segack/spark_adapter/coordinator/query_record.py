@@ -22,7 +22,8 @@ the query's id and each batch's end offsets as Spark's checkpoint gave them: the
 one in progress, the last one complete (delivered again: skipped), or the next, of the same query
 and, where recorded, with the same offsets. Anything else means that Spark's checkpoint was lost,
 replaced or restored from an older copy (or segack's was), and is refused before any event is
-handled or any offset committed.
+handled or any offset committed. A batch that reads partitions added to a topic since the last
+complete one is refused too: a key's records may now be in two partitions, in no order Kafka keeps.
 """
 
 from __future__ import annotations
@@ -245,10 +246,33 @@ def check_batch(stream: dict[str, Any], batch_id: int, query_log: QueryLog | Non
                               f"complete: it is behind {spark} (restored from an older copy?)")
     else:
         expected = None
+        _refuse_added_partitions(stream.get("completed_end"), ends, batch_id)
     if expected is not None and ends != expected:
         raise CheckpointError(f"micro-batch {batch_id} ends at {_shown(ends)} in {spark}, but at "
                               f"{_shown(expected)} in segack's record of it")
     return query_id, ends
+
+
+def _refuse_added_partitions(previous: Any, ends: Any, batch_id: int) -> None:
+    """Refuse micro-batch ``batch_id`` when it reads partitions of a topic that the last complete
+    micro-batch (which ended at ``previous``) read without them: partitions were added to the topic
+    while the stream ran."""
+    before, now = _kafka_ends(previous), _kafka_ends(ends)
+    if before is None or now is None:
+        return
+    topics = {topic for topic, _ in before}
+    added = sorted(where for where in now if where not in before and where[0] in topics)
+    if not added:
+        return
+    topic = added[0][0]
+    named = ", ".join(str(partition) for name, partition in added if name == topic)
+    raise CheckpointError(
+        f"micro-batch {batch_id} reads partitions {named} of topic {topic}, which the stream did not have "
+        f"when micro-batch {batch_id - 1} ended: they were added while it ran, so a key's later records may "
+        f"be in another partition than its earlier ones, and Kafka keeps no order between partitions. "
+        f"Nothing of micro-batch {batch_id} is done. If the producers do not place keys by the partition "
+        f"count, or a key's order across partitions does not matter, go on with a new checkpoint: it starts "
+        f"at the consumer group's committed offsets (--commit-offsets-to)")
 
 
 def _shown(offsets: Any) -> str:
