@@ -281,7 +281,8 @@ class _OrderableCheck:
 
 
 def orderable_refusal(key: str, order: str, exempt: str | None = None) -> Refusal:
-    """What a stream does not hand a handler unless it :func:`takes_unorderable`: an event whose
-    ``key`` is null, or whose ``order`` is null or NaN, but for one whose ``exempt`` column is set
-    (a Kafka record whose value did not parse, refused on its own)."""
+    """What a stream does not hand a handler unless it
+    :func:`~segack.spark_adapter.takes_unorderable`: an event whose ``key`` is null, or whose
+    ``order`` is null or NaN, but for one whose ``exempt`` column is set (a Kafka record whose value
+    did not parse, refused on its own)."""
     return Refusal(_UNORDERABLE_MARK, _OrderableCheck(key, order, exempt))

@@ -164,7 +164,7 @@ class _UnparsedCheck:
 
 def unparsed_refusal(schema: StructType) -> Refusal:
     """What a run over Kafka records of ``schema`` does not hand a handler (rule 2), unless it
-    :func:`takes_unparsed`."""
+    :func:`~segack.spark_adapter.takes_unparsed`."""
     return Refusal(_MARK, _UnparsedCheck(tuple(field.name for field in schema.fields)))
 
 
