@@ -11,6 +11,7 @@ import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from segack.spark_adapter import (
+    OptionError,
     Sink,
     UnorderableEventError,
     UnparsedValueError,
@@ -18,7 +19,8 @@ from segack.spark_adapter import (
     takes_unparsed,
     with_identity,
 )
-from segack.spark_adapter.handlers import orderable_refusal, refusing, wants_identity
+from segack.spark_adapter.handlers import is_async, orderable_refusal, refusing, wants_identity
+from segack.spark_adapter.sources.delta import change_feed_stream_options, is_change_feed
 from segack.spark_adapter.sources.kafka import UNPARSED, _UnparsedCheck, unparsed_refusal
 
 handled: list = []
@@ -61,11 +63,12 @@ def test_a_marked_handler_gets_them_and_an_exempt_column_leaves_them_to_its_own_
 
     assert refusing(takes_unorderable(taker), [orderable_refusal("user", "seq")]) is taker
     schema = StructType([StructField("user", StringType()), StructField("seq", LongType())])
-    refusals = [unparsed_refusal(schema), orderable_refusal("user", "seq", exempt=UNPARSED)]
+    fields = frozenset({"user", "seq"})
+    refusals = [unparsed_refusal(schema), orderable_refusal("user", "seq", UNPARSED, fields)]
     unparsed = {"user": None, "seq": None, UNPARSED: "not json"}
     with pytest.raises(UnparsedValueError, match="does not parse"):
         refusing(record, refusals)(unparsed)
-    # Taking unparsed records takes them whole: their null key and order are parsing's, not the data's.
+    # Taking unparsed records takes their value's nulls too: they are parsing's, not the data's.
     def unparsed_taker(event):
         handled.append(event)
 
@@ -74,6 +77,12 @@ def test_a_marked_handler_gets_them_and_an_exempt_column_leaves_them_to_its_own_
     assert handled == [unparsed]
     with pytest.raises(UnorderableEventError):
         refusing(unparsed_taker, refusals)({"user": None, "seq": 1, UNPARSED: None})
+    # A record's own columns are not the value's: a Kafka record without a key is refused, parsed or not.
+    by_record = [unparsed_refusal(schema), orderable_refusal("key", "offset", UNPARSED, fields)]
+    keyless = {"key": None, "offset": 3, "user": None, "seq": None, UNPARSED: "x"}
+    with pytest.raises(UnorderableEventError, match="its key"):
+        refusing(unparsed_taker, by_record)(keyless)
+    refusing(unparsed_taker, by_record)({**keyless, "key": "k"})
 
 
 def test_a_value_that_lacks_a_declared_field_is_named_in_the_refusal():
@@ -83,6 +92,9 @@ def test_a_value_that_lacks_a_declared_field_is_named_in_the_refusal():
     with pytest.raises(UnparsedValueError, match=r"offset 7 of t/0 does not parse as the value schema: 'x'"):
         check({"offset": 7, "topic": "t", "partition": 0, UNPARSED: "x"})
     check({"offset": 7, "topic": "t", "partition": 0, UNPARSED: None})
+    # Deeper than Python's json reads: still the record's refusal, naming it.
+    with pytest.raises(UnparsedValueError, match="offset 7 of t/0"):
+        check({"offset": 7, "topic": "t", "partition": 0, UNPARSED: "[" * 100_000})
 
 
 class _Ledger(Sink):
@@ -120,7 +132,21 @@ def test_each_kind_of_handler_keeps_what_the_run_asks_of_it_once_guarded():
     async def handle(event):
         handled.append(event)
 
+    class _AsyncLedger(_Ledger):
+        async def __call__(self, events, identities):
+            handled.append((events, identities))
+
+    # An async sink stays one: the run awaits what it returns.
+    guarded_sink = refusing(_AsyncLedger(), refusals)
+    assert is_async(guarded_sink) and isinstance(guarded_sink, Sink)
+    assert guarded_sink.preferred_batch_size == 500
+    asyncio.run(guarded_sink([GOOD], [2]))
+    assert handled[-1] == ([GOOD], [2])
+    with pytest.raises(UnorderableEventError):
+        asyncio.run(guarded_sink([{"user": None, "seq": 1}], [3]))
+
     guarded_async = refusing(handle, refusals)
+    assert is_async(guarded_async)
     with pytest.raises(UnorderableEventError):
         asyncio.run(guarded_async({"user": "a", "seq": None}))
     asyncio.run(guarded_async(GOOD))
@@ -130,3 +156,16 @@ def test_each_kind_of_handler_keeps_what_the_run_asks_of_it_once_guarded():
     again = pickle.loads(pickle.dumps(refusing(record, refusals)))
     with pytest.raises(UnorderableEventError):
         again({"user": None, "seq": 1})
+
+
+def test_a_streamed_change_feed_gets_no_admission_limit_and_refuses_one():
+    assert is_change_feed("Delta", {"ReadChangeFeed": "TRUE"})
+    assert is_change_feed(None, {"readChangeData": "true"})
+    assert not is_change_feed("parquet", {"readChangeFeed": "true"})
+    assert not is_change_feed("delta", {"readChangeFeed": "false"})
+    options = {"readChangeFeed": "true", "startingVersion": "3"}
+    # Java's largest int: Delta admits any commit whole (a test of more than 1,000 files is too slow here).
+    assert change_feed_stream_options(options) == {**options, "maxFilesPerTrigger": "2147483647"}
+    for limit in ("maxFilesPerTrigger", "maxBytesPerTrigger"):
+        with pytest.raises(OptionError, match=f"{limit} would let Delta split a commit"):
+            change_feed_stream_options({**options, limit: "10"})

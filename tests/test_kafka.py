@@ -476,14 +476,14 @@ def test_records_with_no_key_no_order_or_a_field_missing_are_dead_letters_until_
         ("a", value(user="a", seq=0)), ("b", value(user="b", seq=0)), (None, value(user="n", seq=0)),
         ("d", value(user="d", seq=0)), ("b", value(user="b", seq=None)), ("a", value(user="a", seq=1)),
         ("d", value(user="d", Seq=1)), (None, value(user="n", seq=1)), ("b", value(user="b", seq=2)),
-        ("d", value(user="d")),
+        ("d", value(user="d")), ("e", b""),
     ])
     first = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
                        "--order", "seq", "--on-error", "dead-letter")
     assert first.returncode == ExitCode.DEAD_LETTERS, first.stderr
     # b's null order sorts first and parks b; the records without a key are one key, refused; d's
-    # values that lack seq (one has Seq) did not parse, and sort first too.
-    assert "8 events set aside as dead letters" in first.stdout, first.stdout
+    # values that lack seq (one has Seq) did not parse, and sort first too; so did e's empty value.
+    assert "9 events set aside as dead letters" in first.stdout, first.stdout
     handled = read_log(str(tmp_path / "log.jsonl"))
     assert [(event["key"], event["seq"]) for event in handled] == [("a", 0), ("a", 1)]
     assert main(["dead-letters", str(tmp_path / "checkpoint")]) == ExitCode.OK
@@ -498,7 +498,7 @@ def test_records_with_no_key_no_order_or_a_field_missing_are_dead_letters_until_
     for event in read_log(str(tmp_path / "log.jsonl")):
         if event["run"] == "fixed":
             again.setdefault(event["key"], []).append(event["seq"])
-    assert again == {"b": [None, 0, 2], None: [0, 1], "d": [None, None, 0]}
+    assert again == {"b": [None, 0, 2], None: [0, 1], "d": [None, None, 0], "e": [None]}
 
 
 @pytest.mark.faults

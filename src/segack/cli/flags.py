@@ -176,7 +176,8 @@ def add_input(command: argparse.ArgumentParser, streams: bool = False) -> None:
                          if streams else "a file or directory Spark can read (or give --table)")
     command.add_argument("--table", default=None, metavar="NAME",
                          help="read a table the Spark session knows (spark.read.table) instead of INPUT")
-    command.add_argument("--format", default="parquet", metavar="FORMAT",
+    # Spark reads a format's name in any case; segack's own rules for kafka, delta and csv do too.
+    command.add_argument("--format", default="parquet", metavar="FORMAT", type=str.lower,
                          help="INPUT's format: any Spark's reader takes, with its connector on the session "
                          "(delta, avro, ...; default: parquet; csv reads a header line and infers types)")
     command.add_argument("--option", action="append", type=key_value, default=[], metavar="KEY=VALUE",

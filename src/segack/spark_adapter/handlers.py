@@ -207,7 +207,7 @@ def refusing(handler: Callable[..., Any], refusals: Sequence[Refusal]) -> Callab
     if not checks:
         return handler
     if isinstance(handler, Sink):
-        return _RefusingSink(handler, checks)
+        return (_RefusingAsyncSink if is_async(handler) else _RefusingSink)(handler, checks)
     return (_RefusingAsync if is_async(handler) else _Refusing)(handler, checks)
 
 
@@ -252,6 +252,12 @@ class _RefusingSink(Sink):
         self.sink.close()
 
 
+class _RefusingAsyncSink(_RefusingSink):
+    async def __call__(self, events: list[dict[str, Any]], identities: list[EventIdentity]) -> Any:
+        _check_all(self.checks, events)
+        return await self.sink(events, identities)
+
+
 def takes_unorderable(handler: Callable[..., Any]) -> Callable[..., Any]:
     """Mark ``handler`` to get a stream's events whose key is null or whose order is null or NaN
     (which a stream otherwise refuses: :class:`~segack.spark_adapter.UnorderableEventError`). Each
@@ -265,24 +271,27 @@ def takes_unorderable(handler: Callable[..., Any]) -> Callable[..., Any]:
 class _OrderableCheck:
     key: str
     order: str
+    #: Set in an event whose value did not parse (refused on its own): its nulls in ``parsed`` are
+    #: parsing's, not the data's.
     exempt: str | None
+    parsed: frozenset[str]
 
     def __call__(self, event: dict[str, Any]) -> None:
-        if self.exempt is not None and event.get(self.exempt) is not None:
-            return
-        order = event.get(self.order)
-        if event.get(self.key) is None:
+        unparsed = self.exempt is not None and event.get(self.exempt) is not None
+        key, order = event.get(self.key), event.get(self.order)
+        if key is None and not (unparsed and self.key in self.parsed):
             why = f"its key ({self.key!r}) is null"
-        elif order is None or order != order:  # NaN is not equal to itself
+        elif (order is None or order != order) and not (unparsed and self.order in self.parsed):  # NaN != NaN
             why = f"its order ({self.order!r}) is {'null' if order is None else 'NaN'}"
         else:
             return
         raise UnorderableEventError(f"{why}: the event has no place among its key's events")
 
 
-def orderable_refusal(key: str, order: str, exempt: str | None = None) -> Refusal:
+def orderable_refusal(key: str, order: str, exempt: str | None = None,
+                      parsed: frozenset[str] = frozenset()) -> Refusal:
     """What a stream does not hand a handler unless it
     :func:`~segack.spark_adapter.takes_unorderable`: an event whose ``key`` is null, or whose
-    ``order`` is null or NaN, but for one whose ``exempt`` column is set (a Kafka record whose value
-    did not parse, refused on its own)."""
-    return Refusal(_UNORDERABLE_MARK, _OrderableCheck(key, order, exempt))
+    ``order`` is null or NaN; but where the event's ``exempt`` column is set (a Kafka record whose
+    value did not parse, refused on its own), not for the columns in ``parsed`` (the value's)."""
+    return Refusal(_UNORDERABLE_MARK, _OrderableCheck(key, order, exempt, parsed))

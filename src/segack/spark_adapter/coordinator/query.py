@@ -450,8 +450,8 @@ def stream(
     if isinstance(start.events, KafkaStream):
         kafka, frame = start.events, start.events.events
     check_executors(spark)  # the last refusal: the only one that asks the executors
-    refusals = [kafka.refusal, orderable_refusal(key, order, exempt=UNPARSED)] if kafka else [
-        orderable_refusal(key, order)]
+    refusals = [kafka.refusal, orderable_refusal(key, order, UNPARSED, frozenset(kafka.schema.fieldNames()))
+                ] if kafka else [orderable_refusal(key, order)]
     replay = BatchReplay(refusing(handler, refusals), key, order, store, run_options, start)
     stop = stop or StopRequest()
     with metrics_served(store, metrics_port), \

@@ -49,7 +49,7 @@ def is_change_feed(fmt: str | None, options: Mapping[str, str]) -> bool:
     """Whether a read of ``fmt`` (``None``: a catalog table, whatever its format) with ``options``
     is a Delta change data feed (its option's name in any case, as Spark reads it)."""
     wanted = {name.lower() for name in CHANGE_FEED_OPTIONS}
-    return fmt in ("delta", None) and any(
+    return (fmt is None or fmt.lower() == "delta") and any(
         name.lower() in wanted and str(value).strip().lower() == "true" for name, value in options.items())
 
 

@@ -120,10 +120,13 @@ def kafka_events(records: DataFrame, schema: StructType, value_format: str = "js
     # tell them apart, read only for the values with a null field (Spark evaluates a branch of
     # CASE WHEN only where its condition holds).
     some_null = functools.reduce(operator.or_, (value[field.name].isNull() for field in schema.fields))
+    # The keys as the same parser reads them (NaN and all); a text that is no object (empty, say)
+    # has none, and lacks every field.
     declared = F.array(*(F.lit(field.name) for field in schema.fields))
-    lacks = F.size(F.array_except(declared, F.json_object_keys(text))) > 0
+    keys = F.map_keys(F.from_json(text, "map<string,string>"))
+    lacks = F.size(F.array_except(declared, keys)) > 0
     incomplete = F.when(text.isNotNull() & value[UNPARSED].isNull() & some_null,
-                        F.coalesce(lacks, F.lit(False))).otherwise(F.lit(False))
+                        F.coalesce(lacks, F.lit(True))).otherwise(F.lit(False))
     unparsed = F.struct(*(F.lit(None).cast(field.dataType).alias(field.name) for field in schema.fields),
                         text.alias(UNPARSED))
     checked = F.when(incomplete, unparsed).otherwise(value).alias("__segack_value")
@@ -153,7 +156,7 @@ class _UnparsedCheck:
         shown = text if len(text) <= 80 else text[:77] + "..."
         try:
             value = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # Spark reads deeper values than Python's json does
             value = None
         lacking = [name for name in self.fields if isinstance(value, dict) and name not in value]
         why = f" (it lacks {', '.join(map(repr, lacking))})" if lacking else ""
@@ -246,7 +249,7 @@ def kafka_stream(spark: SparkSession, options: Mapping[str, str], value_schema_d
     """
     schema = value_schema(spark, value_schema_ddl)
     options = spelled(options, KNOWN_OPTIONS, prefixes=("kafka.",))
-    if options.get("failOnDataLoss", "true").strip().lower() == "false":
+    if str(options.get("failOnDataLoss", "true")).strip().lower() == "false":
         raise OptionError("failOnDataLoss=false makes Spark pass over records gone from Kafka (deleted by "
                           "retention, or with their topic) without a word, and segack skips nothing unless "
                           "told: leave it out, and a stream that finds records gone stops, saying which; to "
