@@ -63,9 +63,8 @@ def _post(base: str, action: str, body: object, csrf: str | None, token: str | N
 
 
 def _csrf(base: str, token: str | None = TOKEN) -> str | None:
-    """The CSRF token the page carries (None: a read-only page)."""
-    found = re.search(r'<meta name="segack-csrf" content="([^"]+)">', _get(f"{base}/", token=token)[1])
-    return None if found is None else found.group(1)
+    """The CSRF token the page's state gives (None: a read-only page)."""
+    return json.loads(_get(f"{base}/api/state", token=token)[1]).get("csrf")
 
 
 def _checksums(path: Path) -> dict[str, str]:
@@ -99,7 +98,9 @@ def test_the_state_the_page_draws_is_the_checkpoints(tmp_path):
     assert root["mask"] == 0 and not root["mergeable"]
     assert state["history"][-1]["segments"] == 3 and state["history"][-1]["why"] == "start of run r1"
     assert state["claim"]["released"] and not state["claim"]["live"]
-    assert page_status == 200 and store.location in page and "page.js" in page
+    # The page's shell holds nothing of the checkpoint: its script fills it in from the state.
+    assert page_status == 200 and "page.js" in page and store.location not in page
+    assert state["checkpoint"] == store.location
     assert script_status == 200 and "api/state" in script
     assert sample_value(samples, "segack_segments") == 3
 
@@ -115,23 +116,30 @@ def test_requests_from_elsewhere_or_without_the_token_are_refused_and_change_not
         assert status == 403 and "answers requests to this machine only" in body
         assert _get(url, {"Host": f"localhost:{server.port}"}, token=None)[0] == 200
     with serve_page(store, host="127.0.0.1", port=0, token="s3cret") as server:
-        base, cookie = f"http://127.0.0.1:{server.port}", f"segack_token_{server.port}"
-        for headers in ({}, {"Cookie": f"{cookie}=wrong"}, {"Cookie": "segack_token=s3cret"},
-                        {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret"},
-                        {"Authorization": "Bearer"}, {"Authorization": "s3cret"}):
+        base = f"http://127.0.0.1:{server.port}"
+        # A cookie carries nothing: a browser would send it to every port of the host.
+        for headers in ({}, {"Cookie": f"segack_token_{server.port}=s3cret"},
+                        {"Cookie": "segack_token=s3cret"}, {"Authorization": "Bearer wrong"},
+                        {"Authorization": "Basic s3cret"}, {"Authorization": "Bearer"},
+                        {"Authorization": "s3cret"}):
             status, body, _ = _get(f"{base}/api/state", headers, token=None)
-            assert status == 401 and "needs its token" in body, headers
-        # Text that is not ASCII, in the address, the cookie or the header: refused, not a crash.
-        for headers, query in (({}, "?token=s%C3%A9cret"), ({"Cookie": f"{cookie}=s\u00e9cret"}, ""),
+            assert status == 401 and "needs its token" in body and "#token=" in body, headers
+        # Text that is not ASCII, in the address or the header: refused, not a crash.
+        for headers, query in (({}, "?token=s%C3%A9cret"),
                                ({"Authorization": "Bearer sécret".encode().decode("latin-1")}, "")):
             assert _get(f"{base}/api/state{query}", headers, token=None)[0] == 401, (headers, query)
         assert _get(f"{base}/metrics", token=None)[0] == 401
         assert _get(f"{base}/api/state?token=wrong", token=None)[0] == 401
+        # An address as earlier releases printed it: the token moves to the fragment, no cookie set.
         status, _, headers = _get(f"{base}/?token=s3cret", token=None)
-        assert status == 302 and headers["Location"].endswith("/") and "s3cret" not in headers["Location"]
-        # The cookie is named after the port: two pages on one machine keep their own.
-        assert f"{cookie}=s3cret" in headers["Set-Cookie"] and "HttpOnly" in headers["Set-Cookie"]
-        assert _get(f"{base}/api/state", {"Cookie": f"{cookie}=s3cret"}, token=None)[0] == 200
+        assert status == 302 and headers["Location"].endswith("/#token=s3cret")
+        assert "Set-Cookie" not in headers
+        # The shell and its script, without the token: nothing of the checkpoint, no CSRF token.
+        csrf = _csrf(base, "s3cret")
+        assert csrf
+        for path in ("/", "/static/page.js"):
+            status, body, _ = _get(base + path, token=None)
+            assert status == 200 and store.location not in body and csrf not in body, path
         assert _get(f"{base}/api/state", {"Authorization": "bearer\ts3cret "}, token=None)[0] == 200
         # Prometheus scrapes with the token as a bearer token.
         assert sample_value(scrape(server.port, "s3cret"), "segack_segments") == 2
@@ -142,7 +150,8 @@ def test_requests_from_elsewhere_or_without_the_token_are_refused_and_change_not
     # A token that is not ASCII works wherever it may be carried (a header as its UTF-8 bytes).
     with serve_page(store, port=0, token="sécret") as server:
         base = f"http://127.0.0.1:{server.port}"
-        assert _get(f"{base}/?token=s%C3%A9cret", token=None)[0] == 302
+        status, _, headers = _get(f"{base}/?token=s%C3%A9cret", token=None)
+        assert status == 302 and headers["Location"].endswith("/#token=s%C3%A9cret")
         sent = "Bearer sécret".encode().decode("latin-1")
         assert _get(f"{base}/api/state", {"Authorization": sent}, token=None)[0] == 200
         # A CSRF header that is not ASCII is refused as any other wrong one.
@@ -160,9 +169,9 @@ def test_a_page_with_controls_needs_a_token_on_loopback_too(tmp_path):
     store = _checkpoint(tmp_path)
     before = _checksums(tmp_path / "checkpoint")
     with serve_page(store, port=0) as server:
-        assert server.token and len(server.token) >= 24 and server.url.endswith(f"/?token={server.token}")
+        assert server.token and len(server.token) >= 24 and server.url.endswith(f"/#token={server.token}")
         base = f"http://127.0.0.1:{server.port}"
-        for path in ("/", "/api/state", "/metrics"):
+        for path in ("/api/state", "/metrics"):
             assert _get(base + path, token=None)[0] == 401, path
         assert _post(base, "split", {"segment_id": 0}, "any", token=None)[0] == 401
         assert _checksums(tmp_path / "checkpoint") == before
@@ -295,7 +304,7 @@ def test_each_control_does_what_its_command_does(tmp_path):
 def test_any_address_but_loopback_gets_a_token_made_for_it(tmp_path):
     store = _checkpoint(tmp_path)
     with serve_page(store, host="0.0.0.0", port=0) as server:
-        assert server.token and len(server.token) >= 24 and f"?token={server.token}" in server.url
+        assert server.token and len(server.token) >= 24 and f"#token={server.token}" in server.url
         assert _get(f"http://127.0.0.1:{server.port}/api/state", token=None)[0] == 401
     for port, token in ((70000, None), (-1, None), (True, None), (0, "")):
         with pytest.raises(OptionError):
@@ -319,7 +328,7 @@ def test_the_command_serves_until_sigterm_and_refuses_what_it_cannot_serve(tmp_p
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = process.stdout.readline()
     assert line.startswith(f"segack ui: serving {store.location} on http://127.0.0.1:"), line
-    url, token = line.split(" on ")[1].split()[0].split("?token=")
+    url, token = line.split(" on ")[1].split()[0].split("#token=")
     assert _get(f"{url}api/state", token=None)[0] == 401 and _get(f"{url}api/state", token=token)[0] == 200
     assert _post(url.rstrip("/"), "split", {"segment_id": 0}, _csrf(url.rstrip("/"), token), token)[0] == 200
     process.terminate()
@@ -363,6 +372,35 @@ def test_the_commands_token_comes_from_a_file_or_the_environment_and_is_not_prin
         assert process.wait(30) == ExitCode.OK
 
 
+def _headers_sent_elsewhere(context) -> dict[str, str]:
+    """The headers ``context``'s browser sends to a server on another port of this machine."""
+    import http.server
+    import threading
+
+    sent: list[dict[str, str]] = []
+
+    class Capture(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            sent.append(dict(self.headers))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"elsewhere")
+
+        def log_message(self, format, *args):
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Capture)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        page = context.new_page()
+        page.goto(f"http://127.0.0.1:{other.server_port}/")
+        page.close()
+    finally:
+        other.shutdown()
+        other.server_close()
+    return sent[0]
+
+
 @pytest.mark.browser
 def test_the_page_in_a_browser_follows_a_split_without_a_reload(tmp_path):
     from playwright.sync_api import sync_playwright
@@ -372,11 +410,17 @@ def test_the_page_in_a_browser_follows_a_split_without_a_reload(tmp_path):
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"])
         try:
-            page = browser.new_page()
+            page = browser.new_context().new_page()
             errors: list[str] = []
             page.on("pageerror", lambda error: errors.append(str(error)))
             page.goto(server.url)
             page.wait_for_function("document.querySelectorAll('#segments tbody tr').length === 2")
+            # The token left the address for the tab's storage; no cookie holds it, so another
+            # server of this machine the browser visits gets nothing of it.
+            assert page.evaluate("[location.hash, document.cookie]") == ["", ""]
+            elsewhere = _headers_sent_elsewhere(page.context)
+            assert "Cookie" not in elsewhere and server.token not in str(elsewhere), elsewhere
+            assert page.title() == f"segack · {store.location}"
             assert page.inner_text("#state") == "replay: stopped before its end: the next run resumes it"
             assert "0 of 48 done" in page.inner_text("#events")
             page.evaluate("window.loads = (window.loads || 0) + 1")

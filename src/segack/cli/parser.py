@@ -156,9 +156,10 @@ def _add_ui(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     ui.add_argument("--read-only", action="store_true",
                     help="no controls: the page and its API change nothing (their POSTs answer 403); on "
                     "loopback, such a page needs no token")
-    ui.epilog = ("Every request carries the token (?token=TOKEN once, then the page's cookie, or "
-                 "Authorization: Bearer TOKEN) unless the page is read-only on loopback. Without "
-                 "--token-file, --token or SEGACK_UI_TOKEN, one is made and printed once in the address.")
+    ui.epilog = ("Every request but the page's shell carries the token as Authorization: Bearer TOKEN "
+                 "(the page's script sends the one in its address, after #token=) unless the page is "
+                 "read-only on loopback. Without --token-file, --token or SEGACK_UI_TOKEN, one is made and "
+                 "printed once in the address.")
 
 
 def _add_dead_letters(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -8,9 +8,14 @@ reads the checkpoint as ``segack status`` does and writes nothing, except the pa
 
 Who may ask: on a loopback address with no token, requests whose ``Host`` names this machine (so
 that another site's page cannot reach it through a name of its own); with a token (needed to listen
-on any other address), requests that carry it, as ``?token=`` once (the page then keeps it in a
-cookie) or as that cookie. A control must also carry the page's CSRF token, made for each server
-and written into the page; ``read_only`` serves no controls and refuses their POSTs.
+on any other address, and for controls), requests that carry it as ``Authorization: Bearer TOKEN``.
+The page's own address holds the token in its fragment (``#token=``), which no request carries: the
+script keeps it in the tab's ``sessionStorage`` (which no page of another port or site reads) and
+sends it with each request. A cookie would not do: a browser sends a host's cookies to every one of
+its ports, so any server on this machine the browser visits would get it. The page's shell and its
+script hold nothing of the checkpoint and need no token; its state, its metrics and its controls do.
+A control must also carry the page's CSRF token, made for each server and given with the state;
+``read_only`` serves no controls and refuses their POSTs.
 
 Flask makes the pages; the standard library's WSGI server serves them, a thread a request, as
 prometheus_client serves its metrics: an operator's console for one checkpoint, not a public web
@@ -27,6 +32,7 @@ import socket
 import threading
 from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from flask import Flask, Response, abort, jsonify, make_response, redirect, render_template, request
@@ -50,8 +56,6 @@ log = logging.getLogger(__name__)
 
 #: ``segack ui``'s port unless ``--port`` says otherwise.
 DEFAULT_PORT = 8642
-#: The cookie the page keeps its token in, with its server's port after it (``segack_token_8642``).
-TOKEN_COOKIE = "segack_token"
 #: An ``Authorization`` header's bearer token.
 _BEARER = re.compile(r"\s*bearer\s+(.+?)\s*", re.IGNORECASE)
 #: Dead-letter keys the page lists at most (``segack dead-letters --top`` shows more).
@@ -164,17 +168,11 @@ def page_state(store: CheckpointStore) -> dict[str, Any]:
     }
 
 
-def _cookie() -> str:
-    """The token's cookie for this server: named after its port, since a browser sends a host's
-    cookies to each of its ports, and two pages on one machine would replace each other's."""
-    return f"{TOKEN_COOKIE}_{request.environ.get('SERVER_PORT', '')}"
-
-
 def create_app(store: CheckpointStore, token: str | None = None, read_only: bool = False) -> Flask:
-    """The page's Flask application for ``store``: with ``token``, every request must carry it (once
-    in the address, then in the page's cookie, or as ``Authorization: Bearer TOKEN``); without (a
-    read-only page), only requests whose ``Host`` is this machine are answered. ``read_only``: no
-    controls. No page of another site may frame it."""
+    """The page's Flask application for ``store``: with ``token``, every request but the page's shell
+    and script must carry it as ``Authorization: Bearer TOKEN``; without (a read-only page), only
+    requests whose ``Host`` is this machine are answered. ``read_only``: no controls. No page of
+    another site may frame it."""
     if token is None and not read_only:
         raise OptionError("a page with controls needs a token")
     app = Flask(__name__)
@@ -190,14 +188,14 @@ def create_app(store: CheckpointStore, token: str | None = None, read_only: bool
                 abort(403, f"segack ui answers requests to this machine only, not to host {host!r}")
             return None
         if same_secret(request.args.get("token"), token):
-            response = redirect(request.path)
-            response.set_cookie(_cookie(), token, httponly=True, samesite="Strict")
-            return response
+            # An address as earlier releases printed it: the token moves to the fragment.
+            return redirect(f"{request.path}#token={quote(token, safe='')}")
+        if request.method == "GET" and (request.path == "/" or request.path.startswith("/static/")):
+            return None
         bearer = _BEARER.fullmatch(request.headers.get("Authorization", ""))
-        if not (same_secret(request.cookies.get(_cookie()), token)
-                or (bearer is not None and same_secret(bearer.group(1), token, header=True))):
+        if not (bearer is not None and same_secret(bearer.group(1), token, header=True)):
             abort(401, "segack ui needs its token: open the address it printed when it started "
-                       "(with ?token=...), or send Authorization: Bearer TOKEN")
+                       "(with #token=...), or send Authorization: Bearer TOKEN")
         return None
 
     @app.after_request
@@ -219,11 +217,11 @@ def create_app(store: CheckpointStore, token: str | None = None, read_only: bool
 
     @app.get("/")
     def page() -> str:
-        return render_template("page.html", checkpoint=store.location, csrf=csrf)
+        return render_template("page.html", controls=csrf is not None)
 
     @app.get("/api/state")
     def state() -> Response:
-        return jsonify(page_state(store))
+        return jsonify({**page_state(store), **({"csrf": csrf} if csrf is not None else {})})
 
     @app.get("/metrics")
     def metrics() -> Response:
@@ -272,7 +270,7 @@ class PageServer:
     @property
     def url(self) -> str:
         """The page's :attr:`address`, with its token if it has one: what to open."""
-        return self.address + (f"?token={self.token}" if self.token else "")
+        return self.address + (f"#token={quote(self.token, safe='')}" if self.token else "")
 
     def close(self) -> None:
         """Stop serving and free the port."""
@@ -301,8 +299,9 @@ def serve_page(checkpoint: str | CheckpointStore, host: str = "127.0.0.1", port:
     port : int, default :data:`DEFAULT_PORT`
         0 picks a free one (``server.port``).
     token : str, optional
-        What every request must carry (``?token=`` once, then the page's cookie; or an
-        ``Authorization: Bearer`` header, as a Prometheus scrape sends it). A page with controls
+        What every request but the page's shell must carry, as an ``Authorization: Bearer``
+        header: the page's script sends the one in its address's fragment (``#token=``), and a
+        Prometheus scrape sends it so. A page with controls
         always has one, and so does one on any address but loopback: when none is given, one is
         made (``server.url`` carries it). Only a read-only page on loopback may go without.
     read_only : bool, default ``False``

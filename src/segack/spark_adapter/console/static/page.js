@@ -1,15 +1,33 @@
 // segack ui: asks /api/state every few seconds and redraws the page; rates come from the last
 // samples of the counts (the checkpoint holds counts, not rates). Unless the page is read-only, its
 // controls POST to api/split, api/merge, api/scale and api/release with the page's CSRF token and
-// show the server's one-line answer.
+// show the server's one-line answer. Every request but the page's own carries the page's token as a
+// bearer token: it comes in the address's fragment (#token=...), which no request carries, and is
+// kept in this tab's sessionStorage, which no page of another port or site can read.
 "use strict";
 
 const REFRESH_MS = 2000;
 // Seconds of samples a rate is measured over.
 const RATE_WINDOW = 15;
 const samples = [];
-// Absent on a read-only page, which has no controls.
-const CSRF = document.querySelector('meta[name="segack-csrf"]')?.content;
+const CONTROLS = document.querySelector('meta[name="segack-controls"]') !== null;
+// Given with the state (a read-only page has none).
+let csrf = null;
+const TOKEN_KEY = "segack-token";
+
+(function keepToken() {
+  const found = /(?:^|&)token=([^&]*)/.exec(location.hash.slice(1));
+  if (!found) return;
+  sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(found[1]));
+  history.replaceState(null, "", location.pathname + location.search);
+})();
+
+// `headers` with the page's token as a bearer token, its UTF-8 bytes as a header carries them.
+function authorized(headers) {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (token === null) return headers;
+  return {...headers, Authorization: `Bearer ${String.fromCharCode(...new TextEncoder().encode(token))}`};
+}
 
 const $ = (id) => document.getElementById(id);
 const number = (value) => value == null ? "?" : value.toLocaleString("en-US");
@@ -55,7 +73,7 @@ async function ask(action, body) {
   try {
     const response = await fetch(`api/${action}`, {
       method: "POST", cache: "no-store", body: JSON.stringify(body),
-      headers: {"Content-Type": "application/json", "X-Segack-CSRF": CSRF},
+      headers: authorized({"Content-Type": "application/json", "X-Segack-CSRF": csrf}),
     });
     const said = (await response.text()).trim();
     message.textContent = response.ok ? said : `refused (${response.status}): ${said}`;
@@ -85,7 +103,7 @@ function drawHeader(state) {
     : claim.live ? `held by ${claim.owner} since ${when(claim.claimed_at)}, extended ` +
       `${duration(state.at - claim.extended_at)} ago (timeout ${claim.timeout} s)`
     : `free: last held by ${claim.owner}` + (state.updated_at ? `, saved ${when(state.updated_at)}` : "");
-  if (CSRF) $("release").hidden = !claim || claim.released;
+  if (CONTROLS) $("release").hidden = !claim || claim.released;
   const requested = state.requested;
   $("requested").hidden = !requested;
   if (requested) {
@@ -182,7 +200,7 @@ function drawSegments(state) {
       strip.appendChild(square);
     }
     row.insertCell().appendChild(strip);
-    if (CSRF) {
+    if (CONTROLS) {
       const change = row.insertCell();
       change.className = "change";
       const id = segment.segment_id;
@@ -250,6 +268,8 @@ function drawDeadLetters(state) {
 let latest = null;
 
 function draw(state) {
+  $("where").textContent = state.checkpoint;
+  document.title = `segack · ${state.checkpoint}`;
   if (!state.exists) {
     $("state").textContent = "no checkpoint here yet: a run makes one";
     return;
@@ -264,9 +284,10 @@ function draw(state) {
 
 async function refresh() {
   try {
-    const response = await fetch("api/state", {cache: "no-store"});
+    const response = await fetch("api/state", {cache: "no-store", headers: authorized({})});
     if (!response.ok) throw new Error(`${response.status} ${await response.text()}`);
     latest = await response.json();
+    csrf = latest.csrf || null;
     if (latest.exists) {
       samples.push({at: latest.at, state: latest});
       while (samples.length > 60) samples.shift();
@@ -278,7 +299,7 @@ async function refresh() {
 }
 
 $("dead-filter").addEventListener("input", () => latest && draw(latest));
-if (CSRF) {
+if (CONTROLS) {
   $("release").addEventListener("click", () => {
     const claim = latest && latest.claim;
     if (!claim) return;
