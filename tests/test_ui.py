@@ -421,6 +421,8 @@ def test_the_page_in_a_browser_follows_a_split_without_a_reload(tmp_path):
             elsewhere = _headers_sent_elsewhere(page.context)
             assert "Cookie" not in elsewhere and server.token not in str(elsewhere), elsewhere
             assert page.title() == f"segack · {store.location}"
+            assert page.inner_text("#metrics") == (
+                "Prometheus metrics at /metrics, with the token as a bearer token")
             assert page.inner_text("#state") == "replay: stopped before its end: the next run resumes it"
             assert "0 of 48 done" in page.inner_text("#events")
             page.evaluate("window.loads = (window.loads || 0) + 1")

@@ -15,13 +15,6 @@ const CONTROLS = document.querySelector('meta[name="segack-controls"]') !== null
 let csrf = null;
 const TOKEN_KEY = "segack-token";
 
-(function keepToken() {
-  const found = /(?:^|&)token=([^&]*)/.exec(location.hash.slice(1));
-  if (!found) return;
-  sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(found[1]));
-  history.replaceState(null, "", location.pathname + location.search);
-})();
-
 // `headers` with the page's token as a bearer token, its UTF-8 bytes as a header carries them.
 function authorized(headers) {
   const token = sessionStorage.getItem(TOKEN_KEY);
@@ -30,6 +23,19 @@ function authorized(headers) {
 }
 
 const $ = (id) => document.getElementById(id);
+
+(function keepToken() {
+  const found = /(?:^|&)token=([^&]*)/.exec(location.hash.slice(1));
+  if (found) {
+    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(found[1]));
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  // A link cannot carry a bearer token: say how the metrics are read instead.
+  if (sessionStorage.getItem(TOKEN_KEY) !== null) {
+    $("metrics").textContent = "Prometheus metrics at /metrics, with the token as a bearer token";
+  }
+})();
+
 const number = (value) => value == null ? "?" : value.toLocaleString("en-US");
 const counted = (value, noun) => `${number(value)} ${noun}${value === 1 ? "" : "s"}`;
 const when = (seconds) => seconds == null ? "?" : new Date(seconds * 1000).toLocaleString();
