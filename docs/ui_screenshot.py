@@ -41,7 +41,7 @@ def main() -> None:
             with serve_page(checkpoint, port=0) as server, sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path="/usr/bin/chromium",
                                                      args=["--no-sandbox", "--disable-gpu"])
-                page = browser.new_page(viewport={"width": 1180, "height": 900})
+                page = browser.new_page(viewport={"width": 1180, "height": 900}, bypass_csp=True)
                 page.goto(server.url)
                 page.wait_for_function("document.querySelector('#state').textContent === 'replay: running'")
                 page.click("#segments tr[data-segment='1'] button.split")

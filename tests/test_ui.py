@@ -6,6 +6,7 @@ checkpoint that a real command changes without a reload, then steering a real re
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import itertools
 import json
@@ -146,8 +147,15 @@ def test_requests_from_elsewhere_or_without_the_token_are_refused_and_change_not
         # No page elsewhere may frame it, whatever the answer.
         for answer in (_get(f"{base}/", token="s3cret"), _get(f"{base}/", token=None)):
             assert answer[2]["X-Frame-Options"] == "DENY"
-            assert answer[2]["Content-Security-Policy"] == "frame-ancestors 'none'"
-    # A token that is not ASCII works wherever it may be carried (a header as its UTF-8 bytes).
+            policy = answer[2]["Content-Security-Policy"].split("; ")
+            assert "frame-ancestors 'none'" in policy and "script-src 'self'" in policy, policy
+            assert "connect-src 'self'" in policy and answer[2]["Referrer-Policy"] == "no-referrer"
+    # A token that is not ASCII works in a bearer header, as its UTF-8 bytes read as Latin-1: even
+    # one whose last byte is what Unicode calls a space there (A0 in "à", 85 in "ą").
+    for token in ("voilà", "mąką", "sécret"):
+        with serve_page(store, port=0, token=token) as server:
+            sent = {"Authorization": f"Bearer {token}".encode().decode("latin-1")}
+            assert _get(f"http://127.0.0.1:{server.port}/api/state", sent, token=None)[0] == 200
     with serve_page(store, port=0, token="sécret") as server:
         base = f"http://127.0.0.1:{server.port}"
         status, _, headers = _get(f"{base}/?token=s%C3%A9cret", token=None)
@@ -372,8 +380,38 @@ def test_the_commands_token_comes_from_a_file_or_the_environment_and_is_not_prin
         assert process.wait(30) == ExitCode.OK
 
 
-def _headers_sent_elsewhere(context) -> dict[str, str]:
-    """The headers ``context``'s browser sends to a server on another port of this machine."""
+@pytest.mark.browser
+def test_a_token_is_read_from_the_address_as_printed_or_typed_and_the_page_stops_asking_a_gone_server(
+        tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    store = _checkpoint(tmp_path, SegmentSet.balanced(2), bits=4, counts=[3] * 16)
+    token = "50%off & #1 é"  # what a --token-file may hold: printed percent-encoded, typed as it is
+    errors: list[str] = []
+    with serve_page(store, port=0, token=token) as server, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            for address in (server.url, f"{server.address}#token={token}"):
+                page = browser.new_context(bypass_csp=True).new_page()  # Playwright evaluates strings
+                page.on("pageerror", lambda error: errors.append(str(error)))
+                page.goto(address)
+                page.wait_for_function("document.querySelectorAll('#segments tbody tr').length === 2")
+                assert errors == [] and page.evaluate("location.hash") == "", address
+            server.close()
+            stopped = "document.querySelector('#updated').textContent.includes('stopped asking')"
+            page.wait_for_function(stopped, timeout=30_000)
+            # Another process on the port the page asked: it is asked nothing, so sent no token.
+            with _capturing(server.port) as sent:
+                page.wait_for_timeout(3 * 2_000)
+            assert sent == []
+        finally:
+            browser.close()
+
+
+@contextlib.contextmanager
+def _capturing(port: int = 0):
+    """A server on ``port`` of this machine (0: a free one) that answers every GET; it yields a list
+    (its port in the list's ``port``) that holds, once the block ends, the headers it got."""
     import http.server
     import threading
 
@@ -389,15 +427,27 @@ def _headers_sent_elsewhere(context) -> dict[str, str]:
         def log_message(self, format, *args):
             pass
 
-    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Capture)
+    class Headers(list):
+        port = 0
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", port), Capture)
     threading.Thread(target=other.serve_forever, daemon=True).start()
+    found = Headers()
+    found.port = other.server_port
     try:
-        page = context.new_page()
-        page.goto(f"http://127.0.0.1:{other.server_port}/")
-        page.close()
+        yield found
     finally:
         other.shutdown()
         other.server_close()
+        found.extend(sent)
+
+
+def _headers_sent_elsewhere(context) -> dict[str, str]:
+    """The headers ``context``'s browser sends to a server on another port of this machine."""
+    with _capturing() as sent:
+        page = context.new_page()
+        page.goto(f"http://127.0.0.1:{sent.port}/")
+        page.close()
     return sent[0]
 
 
@@ -410,7 +460,7 @@ def test_the_page_in_a_browser_follows_a_split_without_a_reload(tmp_path):
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"])
         try:
-            page = browser.new_context().new_page()
+            page = browser.new_context(bypass_csp=True).new_page()  # Playwright evaluates strings
             errors: list[str] = []
             page.on("pageerror", lambda error: errors.append(str(error)))
             page.goto(server.url)
@@ -515,7 +565,7 @@ def test_split_pressed_on_the_page_splits_a_live_replay_which_keeps_order_and_ex
                 "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                 "--disable-component-update"])
             try:
-                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                page = browser.new_page(viewport={"width": 1280, "height": 900}, bypass_csp=True)
                 errors: list[str] = []
                 page.on("pageerror", lambda error: errors.append(str(error)))
                 page.goto(server.url)

@@ -6,8 +6,8 @@ a request reaches them only from whoever was told it. Each control:
 
 1. is refused (403) on a read-only page, which has no CSRF token;
 2. must carry the page's CSRF token in the :data:`CSRF_HEADER` header (403 without it): the token is
-   made for each server and written into the page, which another site's page can neither read nor
-   send, so a link or a form elsewhere cannot press a button;
+   made for each server and given with the page's state, which another site's page can neither read
+   nor send, so a link or a form elsewhere cannot press a button;
 3. takes a JSON object (400 otherwise: a form cannot send one across sites either);
 4. does what its command does, through the same function
    (:mod:`~segack.spark_adapter.store.rescale`, :func:`~segack.spark_adapter.store.claims.force_release`),
@@ -45,7 +45,12 @@ def same_secret(given: str | None, secret: str, *, header: bool = False) -> bool
     only ASCII (a header's value comes decoded as Latin-1, and is compared as the bytes sent)."""
     if given is None:
         return False
-    return hmac.compare_digest(given.encode("latin-1" if header else "utf-8", "replace"), secret.encode())
+    if not header:
+        return hmac.compare_digest(given.encode("utf-8", "replace"), secret.encode())
+    # The server strips what Unicode calls blanks around a header's value (Latin-1 A0 and 85 too),
+    # which a non-ASCII secret's UTF-8 bytes may end with: both are compared so stripped.
+    sent = secret.encode().decode("latin-1").strip().encode("latin-1")
+    return hmac.compare_digest(given.strip().encode("latin-1", "replace"), sent)
 
 
 def _field(body: dict[str, Any], name: str) -> Any:

@@ -57,7 +57,12 @@ log = logging.getLogger(__name__)
 #: ``segack ui``'s port unless ``--port`` says otherwise.
 DEFAULT_PORT = 8642
 #: An ``Authorization`` header's bearer token.
-_BEARER = re.compile(r"\s*bearer\s+(.+?)\s*", re.IGNORECASE)
+#: What the page may do: be framed nowhere, run its own script alone, ask its own server alone.
+CONTENT_SECURITY_POLICY = ("frame-ancestors 'none'; script-src 'self'; connect-src 'self'; base-uri 'none'; "
+                           "form-action 'self'")
+# Blanks are spaces and tabs only: a header is read as Latin-1, where a non-ASCII token's last UTF-8
+# byte may be one that Unicode calls a space (A0, 85).
+_BEARER = re.compile(r"[ \t]*bearer[ \t]+(.+?)[ \t]*", re.IGNORECASE)
 #: Dead-letter keys the page lists at most (``segack dead-letters --top`` shows more).
 DEAD_LETTER_KEYS = 200
 #: Segment sets the page draws (the newest); it lists the others.
@@ -194,15 +199,16 @@ def create_app(store: CheckpointStore, token: str | None = None, read_only: bool
             return None
         bearer = _BEARER.fullmatch(request.headers.get("Authorization", ""))
         if not (bearer is not None and same_secret(bearer.group(1), token, header=True)):
-            abort(401, "segack ui needs its token: open the address it printed when it started "
-                       "(with #token=...), or send Authorization: Bearer TOKEN")
+            abort(401, "segack ui needs its token: open the page's address with it after #token= (as it "
+                       "printed it, or percent-encoded), or send Authorization: Bearer TOKEN")
         return None
 
     @app.after_request
     def framed_nowhere(response: Response) -> Response:
         # A page elsewhere that frames this one could have its buttons pressed through its own.
         response.headers["X-Frame-Options"] = "DENY"
-        response.headers["Content-Security-Policy"] = "frame-ancestors 'none'"
+        response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
+        response.headers["Referrer-Policy"] = "no-referrer"
         return response
 
     @app.errorhandler(400)

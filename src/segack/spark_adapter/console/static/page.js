@@ -25,9 +25,18 @@ function authorized(headers) {
 const $ = (id) => document.getElementById(id);
 
 (function keepToken() {
-  const found = /(?:^|&)token=([^&]*)/.exec(location.hash.slice(1));
+  const found = /(?:^|&)token=(.*)$/.exec(location.hash.slice(1));
   if (found) {
-    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(found[1]));
+    // Each run of %XX escapes is UTF-8 (as printed, or as the browser wrote what was typed: a blank,
+    // a letter that is not ASCII); a % that starts no escape is the token's own, typed by hand.
+    const token = found[1].replace(/(?:%[0-9A-Fa-f]{2})+/g, (run) => {
+      try {
+        return decodeURIComponent(run);
+      } catch (error) {
+        return run;
+      }
+    });
+    sessionStorage.setItem(TOKEN_KEY, token);
     history.replaceState(null, "", location.pathname + location.search);
   }
   // A link cannot carry a bearer token: say how the metrics are read instead.
@@ -74,6 +83,11 @@ const STATES = {
 async function ask(action, body) {
   const message = $("control-message");
   message.hidden = false;
+  if (!csrf) {
+    message.textContent = `${action}: the page has not read the checkpoint yet; press it again`;
+    message.className = "refused";
+    return;
+  }
   message.className = "";
   message.textContent = `${action}: asking…`;
   try {
@@ -288,10 +302,17 @@ function draw(state) {
   $("updated").textContent = `read ${new Date(state.at * 1000).toLocaleTimeString()}`;
 }
 
+// After this many answers missed in a row the page stops asking: a server gone may be followed on its
+// port by another process, which would be sent the token.
+const MISSES = 5;
+let missed = 0;
+let polling = null;
+
 async function refresh() {
   try {
     const response = await fetch("api/state", {cache: "no-store", headers: authorized({})});
     if (!response.ok) throw new Error(`${response.status} ${await response.text()}`);
+    missed = 0;
     latest = await response.json();
     csrf = latest.csrf || null;
     if (latest.exists) {
@@ -301,6 +322,11 @@ async function refresh() {
     draw(latest);
   } catch (error) {
     $("updated").textContent = `could not read the checkpoint: ${error.message}`;
+    if (error instanceof TypeError && ++missed >= MISSES) {  // no answer at all, not a refusal
+      clearInterval(polling);
+      $("updated").textContent = `the server did not answer ${MISSES} times: the page stopped asking; ` +
+        "open its address again once segack ui runs";
+    }
   }
 }
 
@@ -323,4 +349,4 @@ if (CONTROLS) {
   });
 }
 refresh();
-setInterval(refresh, REFRESH_MS);
+polling = setInterval(refresh, REFRESH_MS);
