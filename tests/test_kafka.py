@@ -281,6 +281,7 @@ def _handled_once(handled: list[dict]) -> set[tuple[str, int]]:
     return set(found)
 
 
+@pytest.mark.faults
 @pytest.mark.command
 def test_a_new_stream_skips_nothing_the_topic_holds_unless_told_and_then_counts_what_it_passed_over(
         tmp_path, kafka_broker, capsys):
@@ -390,13 +391,9 @@ def test_what_it_cannot_read_is_refused_in_one_line_before_any_event(tmp_path, k
         # A flag only Spark can read is still a flag: exit 2, as argparse's own refusals.
         (["--value-schema", "user STRING, seq"], "segack stream: --value-schema 'user STRING, seq' is not a "
                                                  "schema Spark can read", ExitCode.USAGE),
-        (["--option", "failondataloss=False"], "segack stream: failOnDataLoss=false makes Spark pass over "
-                                               "records gone from Kafka", ExitCode.USAGE),
         # Spark reads option names without regard to case, and so does segack.
         (["--option", "startingoffsets=latest"], "startingOffsets applies only to a new query",
          ExitCode.REFUSED),
-        (["--option", "startingOffsets=latest", "--option", "STARTINGOFFSETS=earliest"],
-         "option 'STARTINGOFFSETS' is given twice (also as 'startingOffsets')", ExitCode.USAGE),
     ]
     for extra, reason, code in cases:
         refused = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
@@ -409,18 +406,25 @@ def test_what_it_cannot_read_is_refused_in_one_line_before_any_event(tmp_path, k
     assert len(read_log(str(tmp_path / "log.jsonl"))) == handled
 
 
-@pytest.mark.parametrize(("servers", "schema", "reason"), [
-    ("closed", SCHEMA, "cannot reach Kafka at 127.0.0.1:"),
-    ("broker", "user STRING, seq", "--value-schema 'user STRING, seq' is not a schema Spark can read"),
-    ("broker", "offset BIGINT", "--value-schema names 'offset', a column every record has already"),
-    ("broker", "", "--value-schema '' must name the value's fields with their types"),
-], ids=["unreachable", "not-ddl", "clash", "empty"])
-def test_kafka_stream_refuses_servers_and_schemas_it_cannot_use(spark, kafka_broker, servers, schema, reason):
+@pytest.mark.parametrize(("servers", "schema", "options", "reason"), [
+    ("closed", SCHEMA, {}, "cannot reach Kafka at 127.0.0.1:"),
+    ("broker", "user STRING, seq", {}, "--value-schema 'user STRING, seq' is not a schema Spark can read"),
+    ("broker", "offset BIGINT", {}, "--value-schema names 'offset', a column every record has already"),
+    ("broker", "", {}, "--value-schema '' must name the value's fields with their types"),
+    ("broker", SCHEMA, {"failondataloss": "False"}, "failOnDataLoss=false makes Spark pass over records"),
+    ("broker", SCHEMA, {"failOnDataLoss": False}, "failOnDataLoss=false makes Spark pass over records"),
+    # Spark reads option names without regard to case: one name twice is two values for one option.
+    ("broker", SCHEMA, {"startingOffsets": "latest", "STARTINGOFFSETS": "earliest"},
+     "option 'STARTINGOFFSETS' is given twice (also as 'startingOffsets')"),
+], ids=["unreachable", "not-ddl", "clash", "empty", "data-loss", "data-loss-bool", "twice"])
+def test_kafka_stream_refuses_servers_and_schemas_it_cannot_use(spark, kafka_broker, servers, schema, options,
+                                                                reason):
     from segack.spark_adapter import InputError, OptionError, kafka_stream
 
     bootstrap = kafka_broker.bootstrap if servers == "broker" else f"127.0.0.1:{_closed_port()}"
     with pytest.raises(InputError if servers == "closed" else OptionError) as refused:
-        kafka_stream(spark, {"kafka.bootstrap.servers": bootstrap, "subscribe": "accounts-refusals"}, schema)
+        given = {"kafka.bootstrap.servers": bootstrap, "subscribe": "accounts-refusals", **options}
+        kafka_stream(spark, given, schema)
     assert str(refused.value).startswith(reason)
     assert "\n" not in str(refused.value)
 
@@ -671,6 +675,7 @@ def test_a_stream_killed_thrice_rescaled_and_split_while_records_arrive_applies_
                                                                                    topic)
 
 
+@pytest.mark.faults
 @pytest.mark.command
 def test_sigterm_stops_at_the_end_of_a_micro_batch_and_the_next_run_repeats_nothing(tmp_path,
                                                                                      kafka_broker):
