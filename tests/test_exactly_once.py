@@ -279,6 +279,7 @@ def test_runs_killed_resumed_over_other_segments_and_split_apply_each_event_once
     _assert_exactly_once(*_pg_state(pg_database), table)
 
 
+@pytest.mark.faults
 @pytest.mark.claims
 @pytest.mark.command
 def test_a_paused_run_taken_over_then_woken_applies_nothing_twice(tmp_path, pg_database):
