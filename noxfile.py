@@ -58,9 +58,13 @@ def built_wheel(session: nox.Session) -> Path:
 
 
 def install_segack(session: nox.Session, extras: str = "", *others: str) -> None:
-    """Install segack from :func:`built_wheel` (not editable), with ``extras`` and ``others``."""
+    """Install segack from :func:`built_wheel` (not editable), with ``extras`` and ``others``, their
+    bytecode compiled as pip compiles it (uv does not unless told): where the environment sets
+    ``PYTHONDONTWRITEBYTECODE``, every driver and Spark worker would otherwise compile PySpark and
+    pandas from source as it imports them, a second of CPU per process."""
     wheel = built_wheel(session)
-    session.install(f"segack[{extras}] @ {wheel.as_uri()}" if extras else str(wheel), *others)
+    session.install(f"segack[{extras}] @ {wheel.as_uri()}" if extras else str(wheel), *others,
+                    env={"UV_COMPILE_BYTECODE": "1"})
 
 
 def run_pytest(session: nox.Session, whole: tuple[str, ...]) -> None:
