@@ -116,6 +116,7 @@ def test_sigkilled_replays_resume_rescale_and_finish(tmp_path, capsys):
 
 
 @pytest.mark.claims
+@pytest.mark.faults
 def test_a_killed_driver_stops_its_handlers_at_once(tmp_path):
     """SIGKILL to the command's process alone: Spark's JVM and its Python workers live on; the
     workers must not call the handler after it (they watch the driver's process). The JVM is

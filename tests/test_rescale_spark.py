@@ -123,6 +123,7 @@ def _completed_batch(checkpoint):
 
 
 @pytest.mark.streams
+@pytest.mark.faults
 def test_a_stream_scaled_while_it_runs_and_killed_once_keeps_each_keys_order_and_loses_nothing(tmp_path):
     from segack.spark_adapter import scale
 
