@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -148,6 +149,58 @@ def test_a_table_version_replayed_killed_and_resumed_is_exact(spark, tmp_path):
     assert "2,400 in all" in done.stdout  # version 2: the first three commits
     handled = {(event["user"], event["seq"]) for event in read_log(log)}
     assert handled == {(user, seq) for user, seq, _ in rows[:2400]}
+
+
+def _all_changes(spark, table: Path) -> list[tuple[str, int, str]]:
+    return [(row["account"], row["_commit_version"], row["_change_type"]) for row in
+            spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0)
+            .load(str(table)).collect()]
+
+
+@pytest.mark.faults
+def test_spark_checkpoint_lost_restarts_a_change_feed_from_segacks_record_losing_and_repeating_nothing(
+        spark, tmp_path, capsys):
+    """Spark's checkpoint of a change feed's query removed: the next run goes on from the commit
+    after segack's record of the last micro-batch; removed again before any commit came since (the
+    version after the record's is not there yet), and again with commits since. A table replaced at
+    the same path is refused."""
+    from segack.cli import main
+
+    table = tmp_path / "accounts"
+    _accounts_table(spark, table, commits=4, seed=5)
+    checkpoint = tmp_path / "checkpoint"
+    stream = ["stream", str(table), "--format", "delta", "--option", "readChangeFeed=true",
+              "--option", "startingVersion=0", "--key", "account", "--order", CHANGE_ORDER,
+              "--handler", "tests.spark_handlers:record_event"]
+    first = _segack(tmp_path, *stream)
+    assert first.returncode == ExitCode.OK, first.stderr
+    shutil.rmtree(checkpoint / "stream")
+    nothing_new = _segack(tmp_path, *stream)
+    assert nothing_new.returncode == ExitCode.OK, nothing_new.stderr
+    assert " 0 events handled" in nothing_new.stdout, nothing_new.stdout
+    assert main(["status", str(checkpoint)]) == ExitCode.OK
+    status = capsys.readouterr().out
+    assert "segack's record of micro-batch 0" in status and "Spark's checkpoint of the query was gone" in status
+    _more_commits(spark, table, range(5, 9), seed=6)
+    shutil.rmtree(checkpoint / "stream")
+    restarted = _segack(tmp_path, *stream)
+    assert restarted.returncode == ExitCode.OK, restarted.stderr
+    changes = [(event["account"], event["_commit_version"], event["_change_type"])
+               for event in read_log(str(tmp_path / "log.jsonl"))]
+    expected = _all_changes(spark, table)
+    assert sorted(changes) == sorted(expected) and len(changes) == len(set(changes))
+    assert {version for _, version, _ in expected} == set(range(1, 9))
+    ranks = _by_key([(account, (version, RANK[kind])) for account, version, kind in changes])
+    assert all(order == sorted(order) for order in ranks.values())
+
+    shutil.rmtree(checkpoint / "stream")
+    shutil.rmtree(table)
+    _accounts_table(spark, table, commits=2, seed=7)
+    replaced = _segack(tmp_path, *stream)
+    assert replaced.returncode == ExitCode.REFUSED, replaced.stderr
+    [line] = [line for line in replaced.stderr.splitlines() if line.startswith("segack stream:")]
+    assert f"the Delta table at {table} is not the one the stream read (its id is " in line, line
+    assert len(read_log(str(tmp_path / "log.jsonl"))) == len(changes)
 
 
 def _as_written(command: str, tmp_path: Path) -> list[str]:

@@ -125,8 +125,8 @@ def test_spark_checkpoint_removed_or_replaced_is_refused_before_any_event(tmp_pa
     [line] = [line for line in gone.stderr.splitlines() if line.startswith("segack stream:")]
     assert line == (f"segack stream: checkpoint {checkpoint}: Spark's checkpoint of the query "
                     f"({checkpoint}/stream) is gone, but segack's has micro-batches through 1 complete, and "
-                    f"only a Kafka query restarts from segack's record; put Spark's checkpoint back, or use "
-                    f"a new checkpoint")
+                    f"only a Kafka query or a Delta change feed restarts from segack's record; put Spark's "
+                    f"checkpoint back, or use a new checkpoint")
     shutil.copytree(tmp_path / "other" / "stream", checkpoint / "stream")
     replaced = _stream(tmp_path, source, handler, "--option", "maxFilesPerTrigger=10")
     assert replaced.returncode == ExitCode.REFUSED, replaced.stderr

@@ -36,6 +36,8 @@ from segack.spark_adapter.errors import (
 )
 from segack.spark_adapter.handlers import EventIdentity, RunContext, Sink, takes_unorderable, with_identity
 from segack.spark_adapter.results import BatchReport, StreamResult
+from segack.spark_adapter.sources.delta import DeltaChangeFeed
+from segack.spark_adapter.sources.files import delta_change_feed
 from segack.spark_adapter.sources.kafka import KafkaStream, kafka_stream, takes_unparsed
 from segack.spark_adapter.spark.columns import hash_column, member_index_column, segment_column
 from segack.spark_adapter.spark.session import (
@@ -58,6 +60,7 @@ __all__ = [
     "CheckpointLocationError",
     "CheckpointStore",
     "ClaimLostError",
+    "DeltaChangeFeed",
     "EventIdentity",
     "ExecutorEnvironmentError",
     "ForeignInputError",
@@ -82,6 +85,7 @@ __all__ = [
     "TokenError",
     "UnorderableEventError",
     "UnparsedValueError",
+    "delta_change_feed",
     "foreach_batch",
     "hash_column",
     "kafka_stream",

@@ -51,6 +51,7 @@ from segack.spark_adapter.errors import OptionError, ReplayError, worker_error
 from segack.spark_adapter.handlers import orderable_refusal, refusing
 from segack.spark_adapter.options import RunOptions, takes_options
 from segack.spark_adapter.results import BatchReport, StreamResult
+from segack.spark_adapter.sources.delta import DeltaChangeFeed
 from segack.spark_adapter.sources.kafka import (
     UNPARSED,
     PartitionOffsets,
@@ -357,9 +358,16 @@ class _Watch:
             keeper.save(state)
 
 
+def _frame(events: DataFrame | KafkaStream | DeltaChangeFeed) -> DataFrame:
+    """The streaming DataFrame of ``events``."""
+    from segack.spark_adapter.sources.kafka import KafkaStream
+
+    return events.events if isinstance(events, (KafkaStream, DeltaChangeFeed)) else events
+
+
 @takes_options(streams=True)
 def stream(
-    events: DataFrame | KafkaStream,
+    events: DataFrame | KafkaStream | DeltaChangeFeed,
     *,
     key: str,
     order: str,
@@ -381,9 +389,11 @@ def stream(
 
     Parameters
     ----------
-    events : DataFrame or KafkaStream
-        A streaming DataFrame (``spark.readStream``...), or a Kafka topic's records as
-        :func:`~segack.spark_adapter.kafka_stream` reads them.
+    events : DataFrame, KafkaStream or DeltaChangeFeed
+        A streaming DataFrame (``spark.readStream``...), a Kafka topic's records as
+        :func:`~segack.spark_adapter.kafka_stream` reads them, or a Delta table's changes as
+        :func:`~segack.spark_adapter.delta_change_feed` reads them. A query over either of the last
+        two restarts from segack's record when Spark's checkpoint of it is gone.
     key : str
         The column whose equal values are handled one after another.
     order : str
@@ -431,7 +441,7 @@ def stream(
     began = time.monotonic()
     run_options = RunOptions.from_keywords(options, handler=handler, streams=True, caller="stream")  # 1
     kafka = events if isinstance(events, KafkaStream) else None
-    frame: DataFrame = events.events if isinstance(events, KafkaStream) else events
+    frame = _frame(events)
     how = parse_trigger(trigger)
     check_metrics_address(metrics_port)
     if not frame.isStreaming:
@@ -447,8 +457,9 @@ def stream(
         commit_offsets(spark, kafka.options if kafka else {}, commit_offsets_to, [])  # refuses Connect
     start = plan_start(spark, store, state, events, commit_offsets_to)
     log.info("%s: the query starts at %s", store.location, start.where)
+    frame = _frame(start.events)
     if isinstance(start.events, KafkaStream):
-        kafka, frame = start.events, start.events.events
+        kafka = start.events
     check_executors(spark)  # the last refusal: the only one that asks the executors
     refusals = [kafka.refusal, orderable_refusal(key, order, UNPARSED, frozenset(kafka.schema.fieldNames()))
                 ] if kafka else [orderable_refusal(key, order)]

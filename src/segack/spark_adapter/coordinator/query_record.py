@@ -13,9 +13,10 @@ Where the query starts is decided before the claim is taken and before anything 
    option given starts it there instead, and the records it passes over are counted and recorded.
 3. **Spark's checkpoint has none, but segack's has micro-batches** (Spark's was lost or removed): a
    Kafka query restarts from segack's record of the last complete batch's end offsets (partitions
-   added since, from their earliest), so losing Spark's checkpoint loses and repeats nothing. Any
-   other source, or a batch that was under way, is refused: its position cannot be handed back to
-   Spark exactly.
+   added since, from their earliest), a Delta change feed from the commit after the batch's last
+   (rule 4 of :mod:`~segack.spark_adapter.sources.delta`), so losing Spark's checkpoint loses and
+   repeats nothing. Any other source, or a batch that was under way, is refused: its position
+   cannot be handed back to Spark exactly.
 
 Then each micro-batch Spark delivers is held against the record (:func:`check_batch`), which names
 the query's id and each batch's end offsets as Spark's checkpoint gave them: the batch must be the
@@ -35,6 +36,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from segack.spark_adapter.errors import CheckpointError, OptionError
+from segack.spark_adapter.sources.delta import STARTING_OPTIONS as DELTA_STARTING_OPTIONS
+from segack.spark_adapter.sources.delta import DeltaChangeFeed
 from segack.spark_adapter.sources.kafka import (
     STARTING_OPTIONS,
     KafkaStream,
@@ -64,8 +67,9 @@ log = logging.getLogger(__name__)
 class QueryStart:
     """Where the query starts, and what segack's record of the stream says of it."""
 
-    #: The events to start the query over: the caller's, or Kafka's from the chosen offsets.
-    events: DataFrame | KafkaStream
+    #: The events to start the query over: the caller's, or Kafka's or a Delta change feed's from
+    #: where the query starts.
+    events: DataFrame | KafkaStream | DeltaChangeFeed
     #: Where it starts, in words (for the log and ``segack status``).
     where: str
     #: Records a new query passes over because a starting option said so.
@@ -110,7 +114,7 @@ def record_start(start: QueryStart, keeper: ClaimKeeper) -> QueryStart | None:
 
 
 def plan_start(spark: SparkSession, store: CheckpointStore, state: Checkpoint | None,
-               events: DataFrame | KafkaStream, group: str | None) -> QueryStart:
+               events: DataFrame | KafkaStream | DeltaChangeFeed, group: str | None) -> QueryStart:
     """The start of the query over ``events`` on ``store`` (the module's rules), or a
     :class:`~segack.spark_adapter.CheckpointError` (or :class:`~segack.spark_adapter.OptionError`
     for a starting option) saying why it cannot start."""
@@ -140,21 +144,38 @@ def plan_start(spark: SparkSession, store: CheckpointStore, state: Checkpoint | 
     lost = (f"checkpoint {store.location}: Spark's checkpoint of the query ({query_log.location}) is gone, "
             f"but segack's has {has}")
     back = "put Spark's checkpoint back, or use a new checkpoint"
-    if kafka is None:  # 3
-        raise CheckpointError(f"{lost}, and only a Kafka query restarts from segack's record; {back}")
+    if kafka is None and not isinstance(events, DeltaChangeFeed):  # 3
+        raise CheckpointError(f"{lost}, and only a Kafka query or a Delta change feed restarts from segack's "
+                              f"record; {back}")
     if current is not None:
         raise CheckpointError(f"{lost}, whose records a new query could not read again exactly; {back}")
-    kept = _kafka_ends(stream.get("completed_end"))
-    if kept is None:
-        raise CheckpointError(f"{lost}, and its record lacks the offsets a restart needs (written by an "
-                              f"earlier segack); {back}")
-    # Partitions added since start from their earliest; Spark's reader needs each one named.
-    partitions = list(kept) if is_connect(spark) else subscribed_partitions(spark, kafka.options)
-    starts = {where: kept.get(where, -2) for where in partitions}
+    ends = stream.get("completed_end")
+    restarted: DeltaChangeFeed | KafkaStream
+    if isinstance(events, DeltaChangeFeed):
+        if not isinstance(ends, list) or len(ends) != 1 or not isinstance(ends[0], dict):
+            raise CheckpointError(f"{lost}, and its record lacks the offsets a restart needs (written by an "
+                                  f"earlier segack); {back}")
+        try:
+            restarted = events.after(ends[0])
+        except CheckpointError as error:
+            raise CheckpointError(f"{lost}, and {error}; {back}") from None
+        ignored = [name for name in DELTA_STARTING_OPTIONS if name in events.options]
+        if ignored:  # as Spark ignores it once the query has a position
+            log.warning("%s: %s is left out: the restarted query goes on from segack's record",
+                        store.location, ignored[0])
+    else:
+        assert kafka is not None
+        kept = _kafka_ends(ends)
+        if kept is None:
+            raise CheckpointError(f"{lost}, and its record lacks the offsets a restart needs (written by an "
+                                  f"earlier segack); {back}")
+        # Partitions added since start from their earliest; Spark's reader needs each one named.
+        partitions = list(kept) if is_connect(spark) else subscribed_partitions(spark, kafka.options)
+        restarted = kafka.starting_at(offsets_json({where: kept.get(where, -2) for where in partitions}))
     log.warning("%s; the query restarts from segack's record of micro-batch %d", lost, done)
     where = (f"segack's record of micro-batch {done} of query {stream.get('query_id')} (Spark's checkpoint "
              f"of the query was gone)")
-    return QueryStart(kafka.starting_at(offsets_json(starts)), where, new=True,
+    return QueryStart(restarted, where, new=True,
                       restarted_from={"query_id": stream.get("query_id"), "completed_batch": done})
 
 
@@ -166,7 +187,7 @@ def _kafka_ends(ends: Any) -> dict[tuple[str, int], int] | None:
     return {(where.topic, where.partition): where.end for where in found} or None
 
 
-def _new_query(spark: SparkSession, events: DataFrame | KafkaStream, group: str | None,
+def _new_query(spark: SparkSession, events: DataFrame | KafkaStream | DeltaChangeFeed, group: str | None,
                query_log: QueryLog) -> QueryStart:
     """Rule 2."""
     if not isinstance(events, KafkaStream):

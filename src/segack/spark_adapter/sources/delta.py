@@ -18,20 +18,30 @@ The rules:
    whole-file delete) to do so: its inserts could come a micro-batch before their keys' deletes, and
    run first. segack sets no such limit (:func:`change_feed_stream_options`): each micro-batch reads
    whole commits, a backlog in one micro-batch.
+4. **A streamed change feed restarts after the last micro-batch segack recorded**
+   (:meth:`DeltaChangeFeed.after`), when Spark's checkpoint of the query is gone. The batch's end
+   offset in Spark's checkpoint (the table's id, ``reservoirVersion`` and ``index``) names the next
+   commit to read: that version when ``index`` is -1 (none of its files read), else the one after it
+   (by rule 3 a micro-batch ends on a commit's last file). The new query starts at the commit before
+   that one, whose changes it drops: a query started at a version nobody has committed yet fails.
+   A record that ends inside the table's first snapshot, or on a schema change's marker, or of
+   another table (its id), is refused: no starting version reads on from it exactly.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from segack.spark_adapter.errors import OptionError
+from segack.spark_adapter.errors import CheckpointError, OptionError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["ADMISSION_LIMITS", "CHANGE_FEED_OPTIONS", "CHANGE_ORDER", "CHANGE_RANKS",
-           "change_feed_stream_options", "is_change_feed", "with_change_order"]
+__all__ = ["ADMISSION_LIMITS", "CHANGE_FEED_OPTIONS", "CHANGE_ORDER", "CHANGE_RANKS", "STARTING_OPTIONS",
+           "DeltaChangeFeed", "change_feed_stream_options", "is_change_feed", "with_change_order"]
 
 #: The order column segack adds to a change feed (rule 2).
 CHANGE_ORDER = "_change_order"
@@ -41,6 +51,9 @@ CHANGE_RANKS = {"delete": 0, "update_preimage": 1, "update_postimage": 2, "inser
 CHANGE_FEED_OPTIONS = ("readChangeFeed", "readChangeData")
 #: The reader options by which Delta splits a streamed change feed's commits (rule 3).
 ADMISSION_LIMITS = ("maxFilesPerTrigger", "maxBytesPerTrigger")
+#: The reader options that say where a new query of a change feed starts (Spark ignores them once
+#: the query has a position, and so does a restart by rule 4).
+STARTING_OPTIONS = ("startingVersion", "startingTimestamp")
 #: ``maxFilesPerTrigger`` as segack sets it for a streamed change feed: no limit (Java's largest int).
 _NO_FILE_LIMIT = str(2**31 - 1)
 
@@ -75,3 +88,67 @@ def with_change_order(changes: DataFrame) -> DataFrame:
         rank = F.when(F.col("_change_type") == kind, F.lit(place)).otherwise(rank)
     return changes.withColumn(CHANGE_ORDER, F.col("_commit_version").cast("bigint") * (len(CHANGE_RANKS) + 1)
                               + rank)
+
+
+@dataclass(frozen=True)
+class DeltaChangeFeed:
+    """A Delta table's change data feed streamed as events, with :data:`CHANGE_ORDER` (read by
+    :func:`~segack.spark_adapter.delta_change_feed`), for :func:`~segack.spark_adapter.stream`:
+    unlike a streaming DataFrame of the caller's, a query over it restarts from segack's record of
+    its last micro-batch when Spark's checkpoint of the query is gone (rule 4)."""
+
+    #: The streaming DataFrame of changes.
+    events: DataFrame
+    #: The reader's options (rule 3's included).
+    options: dict[str, str]
+    #: The table's location, or ``None`` for a table of the catalog.
+    path: str | None = None
+    #: The catalog table's name, or ``None`` for a table read by its location.
+    table: str | None = None
+
+    def _named(self) -> str:
+        return f"table {self.table}" if self.table is not None else f"the Delta table at {self.path}"
+
+    def table_id(self) -> str:
+        """The id Delta gave the table when it was created (its source offsets' ``reservoirId``)."""
+        where = self.table if self.table is not None else "delta.`" + str(self.path).replace("`", "``") + "`"
+        [detail] = self.events.sparkSession.sql(f"DESCRIBE DETAIL {where}").select("id").collect()
+        return str(detail[0])
+
+    def after(self, end: Mapping[str, Any]) -> DeltaChangeFeed:
+        """The same changes from the first commit after a micro-batch that ended at ``end`` (the
+        Delta source's end offset, as Spark's checkpoint gives it), read by a new query (rule 4), in
+        place of any starting option given.
+
+        Raises :class:`~segack.spark_adapter.CheckpointError` for an end no version reads on from
+        exactly, or one of another table."""
+        following = self._next_version(end)
+        table_id = self.table_id()
+        if end.get("reservoirId") != table_id:
+            raise CheckpointError(f"{self._named()} is not the one the stream read (its id is {table_id}, "
+                                  f"the record's {end.get('reservoirId')}): it was replaced")
+        from pyspark.sql import functions as F
+
+        options = {name: value for name, value in self.options.items() if name not in STARTING_OPTIONS}
+        options["startingVersion"] = str(max(following - 1, 0))
+        reader = self.events.sparkSession.readStream.format("delta").options(**options)
+        found = reader.table(self.table) if self.table is not None else reader.load(self.path)
+        changes = with_change_order(found)
+        return dataclasses.replace(self, events=changes.where(F.col("_commit_version") >= following),
+                                   options=options)
+
+    def _next_version(self, end: Mapping[str, Any]) -> int:
+        """The first commit the micro-batch that ended at ``end`` did not read (rule 4)."""
+        try:
+            version, index = int(end["reservoirVersion"]), int(end["index"])
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"the record's end offset {end} is not a Delta source's") from None
+        if end.get("isStartingVersion"):
+            raise CheckpointError(f"the record ends inside the first snapshot of {self._named()} (version "
+                                  f"{version}), which no starting version reads on from")
+        if index == -1:
+            return version
+        if index < 0:
+            raise CheckpointError(f"the record ends on a schema change of {self._named()} (version "
+                                  f"{version}, index {index}), which no starting version reads on from")
+        return version + 1

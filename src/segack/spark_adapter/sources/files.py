@@ -10,12 +10,13 @@ Each refusal is an :class:`~segack.spark_adapter.InputError` that names the path
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
-from segack.spark_adapter.errors import InputError, spark_reason
+from segack.spark_adapter.errors import InputError, OptionError, spark_reason
 from segack.spark_adapter.sources.delta import (
     ADMISSION_LIMITS,
     CHANGE_FEED_OPTIONS,
+    DeltaChangeFeed,
     change_feed_stream_options,
     is_change_feed,
     with_change_order,
@@ -26,7 +27,7 @@ from segack.spark_adapter.store.storage import resolve_location
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["FORMATS", "check_input_files", "read_input"]
+__all__ = ["FORMATS", "check_input_files", "delta_change_feed", "read_input"]
 
 #: The formats whose local files are looked at before Spark starts.
 FORMATS = ("parquet", "csv", "json")
@@ -92,23 +93,37 @@ def check_input_files(path: str, fmt: str) -> None:
         raise InputError(f"{first} is a Parquet file, not {fmt}: leave out --format {fmt}")
 
 
+@overload
 def read_input(spark: SparkSession, path: str | None, fmt: str, options: dict[str, str],
-               table: str | None = None, streaming: bool = False) -> DataFrame:
+               table: str | None = None, streaming: Literal[False] = False) -> DataFrame: ...
+
+
+@overload
+def read_input(spark: SparkSession, path: str | None, fmt: str, options: dict[str, str],
+               table: str | None = None, *, streaming: Literal[True]) -> DataFrame | DeltaChangeFeed: ...
+
+
+def read_input(spark: SparkSession, path: str | None, fmt: str, options: dict[str, str],
+               table: str | None = None, streaming: bool = False) -> DataFrame | DeltaChangeFeed:
     """Table ``table``, or the files at ``path`` in format ``fmt``, with the reader's ``options``
     (CSV: a header line and inferred types, unless ``options`` say otherwise); Spark's refusal is
     an :class:`~segack.spark_adapter.InputError` of one line. A Delta change data feed
     (``readChangeFeed=true``, of a path or a table) gets its ``_change_order`` column.
 
     With ``streaming``, a stream of them (``spark.readStream``): of a file format, with the schema
-    its files have now; a change feed in micro-batches of whole commits (rule 3 of
-    :mod:`~segack.spark_adapter.sources.delta`: its admission limits refused,
+    its files have now; a change feed as a
+    :class:`~segack.spark_adapter.sources.delta.DeltaChangeFeed`, in micro-batches of whole commits
+    (rule 3 of :mod:`~segack.spark_adapter.sources.delta`: its admission limits refused,
     :class:`~segack.spark_adapter.OptionError`)."""
     options = spelled(options, _KNOWN)
-    if streaming and is_change_feed(None if table is not None else fmt, options):
+    streamed_feed = streaming and is_change_feed(None if table is not None else fmt, options)
+    if streamed_feed:
         options = change_feed_stream_options(options)
     try:
         if table is not None:
             found = (spark.readStream if streaming else spark.read).options(**options).table(table)
+            if streamed_feed:
+                return DeltaChangeFeed(with_change_order(found), options, table=table)
             return with_change_order(found) if is_change_feed(None, options) else found
         assert path is not None
         defaults = {"header": "true", "inferSchema": "true"} if fmt == "csv" else {}
@@ -122,6 +137,8 @@ def read_input(spark: SparkSession, path: str | None, fmt: str, options: dict[st
             if fmt in FORMATS:
                 stream = stream.schema(reader.load(where).schema)
             found = stream.load(where)
+        if streamed_feed:
+            return DeltaChangeFeed(with_change_order(found), options, path=where)
         return with_change_order(found) if is_change_feed(fmt, options) else found
     except Exception as error:  # Spark raises its analysis and Java errors as several classes
         what = f"table {table}" if table is not None else f"{path} as {fmt}"
@@ -136,3 +153,29 @@ def read_input(spark: SparkSession, path: str | None, fmt: str, options: dict[st
         if fmt == "delta" and any(sign in text for sign in _NOT_DELTA):
             raise InputError(f"{path} is not a Delta table: it has no _delta_log") from None
         raise InputError(f"cannot read {what}: {spark_reason(error)}") from None
+
+
+def delta_change_feed(spark: SparkSession, path: str | None = None, *, table: str | None = None,
+                      options: dict[str, str] | None = None) -> DeltaChangeFeed:
+    """The change data feed of the Delta table at ``path`` (or of the catalog's ``table``) as a
+    stream of changes for :func:`~segack.spark_adapter.stream`, each with ``_change_order`` to order
+    a key's changes by, in micro-batches of whole commits; with the reader's ``options``
+    (``startingVersion``, ...). A query over it restarts from segack's record when Spark's checkpoint
+    of it is gone (:mod:`~segack.spark_adapter.sources.delta`'s rules).
+
+    Raises
+    ------
+    InputError
+        Not a Delta table, a session without delta-spark or its settings, a version it lacks.
+    OptionError
+        ``maxFilesPerTrigger`` or ``maxBytesPerTrigger``, which would split a commit; ``path`` and
+        ``table`` both given, or neither.
+    """
+    if (path is None) == (table is None):
+        raise OptionError("give the Delta table's path or its table name, one of the two")
+    given = dict(options or {})
+    if not is_change_feed("delta", given):
+        given["readChangeFeed"] = "true"
+    feed = read_input(spark, path, "delta", given, table, streaming=True)
+    assert isinstance(feed, DeltaChangeFeed)
+    return feed
