@@ -237,6 +237,29 @@ def run_kafka_stream(sandbox: Sandbox, code: str, request: Any) -> None:
     assert result.handled == 30
 
 
+def run_delta_change_feed(sandbox: Sandbox, code: str, request: Any) -> None:
+    """In the connectors session, whose Spark session has delta-spark's jars and settings: a table
+    of three commits (inserts, an update, a delete), its changes each handled once."""
+    table = sandbox.root / "tables" / "accounts"
+    spark = sandbox.spark
+    spark.sql(f"CREATE TABLE delta.`{table}` (account STRING, balance BIGINT) USING delta "
+              f"TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+    spark.sql(f"INSERT INTO delta.`{table}` VALUES ('acct-0', 1), ('acct-1', 2)")
+    spark.sql(f"UPDATE delta.`{table}` SET balance = 5 WHERE account = 'acct-0'")
+    spark.sql(f"DELETE FROM delta.`{table}` WHERE account = 'acct-1'")
+    log = str(sandbox.root / "handled.txt")
+
+    def apply(event: dict[str, Any]) -> None:  # in the executors' Python: a file tells the driver
+        with open(log, "a") as handled:
+            handled.write(f"{event['account']} {event['_change_type']}\n")
+
+    scope = sandbox.run(code.replace("s3://bucket/", f"{sandbox.root}/"), apply=apply)
+    assert scope["result"].handled == 5
+    changes = sorted(tuple(line.split()) for line in Path(log).read_text().splitlines())
+    assert changes == [("acct-0", "insert"), ("acct-0", "update_postimage"), ("acct-0", "update_preimage"),
+                       ("acct-1", "delete"), ("acct-1", "insert")]
+
+
 def run_idempotent_handler(sandbox: Sandbox, code: str, request: Any) -> None:
     path = sandbox.root / "balances.db"
     with sqlite3.connect(path) as db:
@@ -271,6 +294,7 @@ RUNNERS: dict[str, Callable[[Sandbox, str, Any], None]] = {
     "class Payments(Sink):": run_payments_sink,
     ".foreachBatch(foreach_batch(handle,": run_foreach_batch,
     "records = kafka_stream(spark,": run_kafka_stream,
+    "changes = delta_change_feed(spark,": run_delta_change_feed,
     "def add_once(event):": run_idempotent_handler,
     "sys.exit(0 if result.complete else 3 if result.dead_letters_left else 1)": run_cluster_driver,
 }
@@ -288,7 +312,8 @@ def test_every_example_is_run():
 
 @pytest.mark.spark
 @pytest.mark.parametrize(("where", "code"), [
-    pytest.param(where, code, id=where, marks=[pytest.mark.kafka] if "kafka_stream(" in code else [])
+    pytest.param(where, code, id=where, marks=[pytest.mark.kafka] if "kafka_stream(" in code
+                 else [pytest.mark.delta] if "delta_change_feed(" in code else [])
     for where, code in examples()])
 def test_the_example_runs(where, code, sandbox, request):
     [line] = _runner(code)
