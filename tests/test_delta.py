@@ -18,6 +18,7 @@ import pytest
 
 from segack.cli import ExitCode
 from segack.spark_adapter.sources.delta import CHANGE_ORDER
+from segack.spark_adapter.store.crash_points import ENV as CRASH_ENV
 from tests import maven
 from tests.spark_handlers import DSN_ENV, LOG_ENV, read_log
 
@@ -32,8 +33,11 @@ def _conf() -> list[str]:
 
 
 def _segack(tmp_path: Path, *arguments: str, run: str = "0", dsn: str | None = None, wait: bool = True,
-            connector: bool = True) -> subprocess.CompletedProcess[str] | subprocess.Popen[str]:
+            connector: bool = True, crash_at: str | None = None,
+            ) -> subprocess.CompletedProcess[str] | subprocess.Popen[str]:
     environment = dict(os.environ, **{LOG_ENV: str(tmp_path / "log.jsonl"), "SEGACK_TEST_RUN": run})
+    if crash_at is not None:
+        environment[CRASH_ENV] = crash_at
     if dsn is not None:
         environment[DSN_ENV] = dsn
     command = [sys.executable, "-m", "segack", *arguments, "--checkpoint", str(tmp_path / "checkpoint"),
@@ -162,8 +166,9 @@ def test_spark_checkpoint_lost_restarts_a_change_feed_from_segacks_record_losing
         spark, tmp_path, capsys):
     """Spark's checkpoint of a change feed's query removed: the next run goes on from the commit
     after segack's record of the last micro-batch; removed again before any commit came since (the
-    version after the record's is not there yet), and again with commits since. A table replaced at
-    the same path is refused."""
+    version after the record's is not there yet), and again with commits since, its first two runs
+    killed, before Spark's new query planned a micro-batch and as its first one began. A table
+    replaced at the same path is refused."""
     from segack.cli import main
 
     table = tmp_path / "accounts"
@@ -184,6 +189,11 @@ def test_spark_checkpoint_lost_restarts_a_change_feed_from_segacks_record_losing
     assert "Spark's checkpoint of the query was gone" in status
     _more_commits(spark, table, range(5, 9), seed=6)
     shutil.rmtree(checkpoint / "stream")
+    # Killed once the restart is recorded, before the new query plans; then as its first batch begins.
+    for point in ("after-state@1", "batch-start"):
+        died = _segack(tmp_path, *stream, crash_at=point)
+        assert died.returncode == -9, (point, died.stderr[-3000:])
+    assert (checkpoint / "stream" / "offsets" / "0").exists()
     restarted = _segack(tmp_path, *stream)
     assert restarted.returncode == ExitCode.OK, restarted.stderr
     changes = [(event["account"], event["_commit_version"], event["_change_type"])

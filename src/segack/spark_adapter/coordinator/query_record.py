@@ -16,7 +16,11 @@ Where the query starts is decided before the claim is taken and before anything 
    added since, from their earliest), a Delta change feed from the commit after the batch's last
    (rule 4 of :mod:`~segack.spark_adapter.sources.delta`), so losing Spark's checkpoint loses and
    repeats nothing. Any other source, or a batch that was under way, is refused: its position
-   cannot be handed back to Spark exactly.
+   cannot be handed back to Spark exactly. Until the restarted query completes a micro-batch, the
+   record keeps where it restarted from (:data:`RESTART_PENDING`), and a run that finds Spark's new
+   checkpoint without a planned micro-batch restarts from there again; a Delta change feed's query
+   is given the restart's reader options even once it has one, since Delta reads the start of a
+   query's first micro-batch from them.
 
 Then each micro-batch Spark delivers is held against the record (:func:`check_batch`), which names
 the query's id and each batch's end offsets as Spark's checkpoint gave them: the batch must be the
@@ -58,9 +62,13 @@ if TYPE_CHECKING:
     from segack.spark_adapter.store.claims import ClaimKeeper
     from segack.spark_adapter.store.query_log import QueryLog
 
-__all__ = ["QueryStart", "check_batch", "check_query", "plan_start", "record_start"]
+__all__ = ["RESTART_PENDING", "QueryStart", "check_batch", "check_query", "plan_start", "record_start"]
 
 log = logging.getLogger(__name__)
+
+#: In the stream's record, from a restart (rule 3) until the restarted query completes a micro-batch:
+#: the end offsets it restarted from, to restart from again should that run end before.
+RESTART_PENDING = "restart_pending"
 
 
 @dataclass(frozen=True)
@@ -89,7 +97,7 @@ class QueryStart:
             return {**stream, **started}
         restarts = [*stream.get("restarts", []), {**self.restarted_from, "at": time.time()}]
         return {**stream, **started, "restarts": restarts, "query_id": None, "completed_batch": -1,
-                "batch": None, "completed_end": None}
+                "batch": None, "completed_end": None, RESTART_PENDING: stream.get("completed_end")}
 
 
 def _given(events: KafkaStream) -> list[str]:
@@ -122,6 +130,7 @@ def plan_start(spark: SparkSession, store: CheckpointStore, state: Checkpoint | 
     stream: dict[str, Any] = (state.settings.get("stream") if state is not None else None) or {}
     kafka = events if isinstance(events, KafkaStream) else None
     given = _given(kafka) if kafka is not None else []
+    pending = stream.get(RESTART_PENDING)
     spark_batches = query_log.batches()
     if spark_batches:  # 1
         try:
@@ -132,10 +141,20 @@ def plan_start(spark: SparkSession, store: CheckpointStore, state: Checkpoint | 
             raise OptionError(f"{given[0]} applies only to a new query, and the query of checkpoint "
                               f"{store.location} has a position already (micro-batch {spark_batches[-1]}); "
                               f"leave it out, or use a new checkpoint")
+        if pending is not None and isinstance(events, DeltaChangeFeed):
+            # Delta works a query's first micro-batch out from the reader's options each time it runs
+            # it: they must be the restart's until that batch is complete.
+            events = _restarted(spark, store, events, pending, f"checkpoint {store.location}: its query "
+                                f"restarted from segack's record, but has no micro-batch complete")
         return QueryStart(events, f"Spark's checkpoint of the query, after micro-batch {spark_batches[-1]}")
     done, current = int(stream.get("completed_batch", -1)), stream.get("batch")
     if done < 0 and current is None:  # 2
-        return _new_query(spark, events, group, query_log)
+        if pending is None or not isinstance(events, (KafkaStream, DeltaChangeFeed)):
+            return _new_query(spark, events, group, query_log)
+        # A restart (rule 3) whose run ended before Spark's new query planned a micro-batch: again.
+        restarted = _restarted(spark, store, events, pending, f"checkpoint {store.location}: its query "
+                               f"restarted from segack's record, but has no micro-batch yet")
+        return QueryStart(restarted, str(stream.get("start", {}).get("where", "segack's record")), new=True)
     has = (f"micro-batches through {done} complete" if current is None
            else f"micro-batch {current['id']} under way")
     if given:
@@ -144,17 +163,29 @@ def plan_start(spark: SparkSession, store: CheckpointStore, state: Checkpoint | 
     lost = (f"checkpoint {store.location}: Spark's checkpoint of the query ({query_log.location}) is gone, "
             f"but segack's has {has}")
     back = "put Spark's checkpoint back, or use a new checkpoint"
-    if kafka is None and not isinstance(events, DeltaChangeFeed):  # 3
+    if not isinstance(events, (KafkaStream, DeltaChangeFeed)):  # 3
         raise CheckpointError(f"{lost}, and only a Kafka query or a Delta change feed restarts from segack's "
                               f"record; {back}")
     if current is not None:
         raise CheckpointError(f"{lost}, whose records a new query could not read again exactly; {back}")
-    ends = stream.get("completed_end")
-    restarted: DeltaChangeFeed | KafkaStream
+    restarted = _restarted(spark, store, events, stream.get("completed_end"), lost)
+    log.warning("%s; the query restarts from segack's record of micro-batch %d", lost, done)
+    where = (f"segack's record of micro-batch {done} of query {stream.get('query_id')} (Spark's checkpoint "
+             f"of the query was gone)")
+    return QueryStart(restarted, where, new=True,
+                      restarted_from={"query_id": stream.get("query_id"), "completed_batch": done})
+
+
+def _restarted(spark: SparkSession, store: CheckpointStore, events: KafkaStream | DeltaChangeFeed,
+               ends: Any, lost: str) -> KafkaStream | DeltaChangeFeed:
+    """``events`` read by a new query from where a micro-batch that ended at ``ends`` (its record)
+    left off (rule 3); ``lost`` says why, for a refusal."""
+    back = "put Spark's checkpoint back, or use a new checkpoint"
+    lacking = CheckpointError(f"{lost}, and its record lacks the offsets a restart needs (written by an "
+                              f"earlier segack); {back}")
     if isinstance(events, DeltaChangeFeed):
         if not isinstance(ends, list) or len(ends) != 1 or not isinstance(ends[0], dict):
-            raise CheckpointError(f"{lost}, and its record lacks the offsets a restart needs (written by an "
-                                  f"earlier segack); {back}")
+            raise lacking
         try:
             restarted = events.after(ends[0])
         except CheckpointError as error:
@@ -163,20 +194,13 @@ def plan_start(spark: SparkSession, store: CheckpointStore, state: Checkpoint | 
         if ignored:  # as Spark ignores it once the query has a position
             log.warning("%s: %s is left out: the restarted query goes on from segack's record",
                         store.location, ignored[0])
-    else:
-        assert kafka is not None
-        kept = _kafka_ends(ends)
-        if kept is None:
-            raise CheckpointError(f"{lost}, and its record lacks the offsets a restart needs (written by an "
-                                  f"earlier segack); {back}")
-        # Partitions added since start from their earliest; Spark's reader needs each one named.
-        partitions = list(kept) if is_connect(spark) else subscribed_partitions(spark, kafka.options)
-        restarted = kafka.starting_at(offsets_json({where: kept.get(where, -2) for where in partitions}))
-    log.warning("%s; the query restarts from segack's record of micro-batch %d", lost, done)
-    where = (f"segack's record of micro-batch {done} of query {stream.get('query_id')} (Spark's checkpoint "
-             f"of the query was gone)")
-    return QueryStart(restarted, where, new=True,
-                      restarted_from={"query_id": stream.get("query_id"), "completed_batch": done})
+        return restarted
+    kept = _kafka_ends(ends)
+    if kept is None:
+        raise lacking
+    # Partitions added since start from their earliest; Spark's reader needs each one named.
+    partitions = list(kept) if is_connect(spark) else subscribed_partitions(spark, events.options)
+    return events.starting_at(offsets_json({where: kept.get(where, -2) for where in partitions}))
 
 
 def _kafka_ends(ends: Any) -> dict[tuple[str, int], int] | None:
@@ -205,9 +229,11 @@ def _new_query(spark: SparkSession, events: DataFrame | KafkaStream | DeltaChang
             return QueryStart(events.starting_at("earliest"), "a new query, from the earliest offsets",
                               new=True)
         return QueryStart(events, "a new query, from its starting options", new=True)
+    given = _given(events)
+    if not given and group is None:
+        return QueryStart(events.starting_at("earliest"), "a new query, from the earliest offsets", new=True)
     partitions = subscribed_partitions(spark, events.options)
     earliest = list_offsets(spark, events.options, dict.fromkeys(partitions, "earliest"))
-    given = _given(events)
     if given:
         starts = starting_offsets(spark, events.options, partitions)
         skipped = passed_over(earliest, starts)

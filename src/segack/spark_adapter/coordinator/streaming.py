@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from segack.kernel import SegmentSet
 from segack.spark_adapter.coordinator.dead_letters import RetryOutcome
-from segack.spark_adapter.coordinator.query_record import QueryStart, check_batch
+from segack.spark_adapter.coordinator.query_record import RESTART_PENDING, QueryStart, check_batch
 from segack.spark_adapter.coordinator.run import (
     Run,
     check_location,
@@ -233,7 +233,9 @@ class BatchReplay:
         self.handled += tokens.done - counts.already_done - counts.dead_letters
         self.dead_letters += counts.dead_letters
         ended = {"completed_end": current["end"]} if "end" in current else {}
-        state.settings["stream"] = {**state.settings["stream"], "completed_batch": batch_id, "batch": None,
+        recorded = {name: value for name, value in state.settings["stream"].items()
+                    if name != RESTART_PENDING}  # the restarted query is through its first micro-batch
+        state.settings["stream"] = {**recorded, "completed_batch": batch_id, "batch": None,
                                     **ended, "events": int(stream.get("events", 0)) + int(tokens.total or 0)}
         keeper.save(state)
         self.done.append(BatchDone(batch_id, int(tokens.total or 0), time.monotonic() - began,

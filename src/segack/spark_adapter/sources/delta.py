@@ -22,10 +22,14 @@ The rules:
    (:meth:`DeltaChangeFeed.after`), when Spark's checkpoint of the query is gone. The batch's end
    offset in Spark's checkpoint (the table's id, ``reservoirVersion`` and ``index``) names the next
    commit to read: that version when ``index`` is -1 (none of its files read), else the one after it
-   (by rule 3 a micro-batch ends on a commit's last file). The new query starts at the commit before
-   that one, whose changes it drops: a query started at a version nobody has committed yet fails.
-   A record that ends inside the table's first snapshot, or on a schema change's marker, or of
-   another table (its id), is refused: no starting version reads on from it exactly.
+   (by rule 3 a micro-batch reads a commit whole, and the table's first snapshot whole: an end
+   inside the snapshot of version ``v`` names ``v + 1``). The new query starts at that commit, or,
+   while nobody has committed it yet (a query started at a version that is not there fails), at
+   the one before, whose changes it drops. Until the restarted query completes a micro-batch, each
+   run starts it so again: Delta works out a query's first micro-batch from the reader's options
+   whenever it runs it. A record that ends before the first snapshot was read, or on a schema
+   change's marker, or of another table (its id), is refused: no starting version reads on from
+   it exactly.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from segack.spark_adapter.errors import CheckpointError, OptionError
+from segack.spark_adapter.errors import CheckpointError, OptionError, spark_reason
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -109,11 +113,19 @@ class DeltaChangeFeed:
     def _named(self) -> str:
         return f"table {self.table}" if self.table is not None else f"the Delta table at {self.path}"
 
+    def _sql_name(self) -> str:
+        return self.table if self.table is not None else "delta.`" + str(self.path).replace("`", "``") + "`"
+
     def table_id(self) -> str:
         """The id Delta gave the table when it was created (its source offsets' ``reservoirId``)."""
-        where = self.table if self.table is not None else "delta.`" + str(self.path).replace("`", "``") + "`"
-        [detail] = self.events.sparkSession.sql(f"DESCRIBE DETAIL {where}").select("id").collect()
+        [detail] = self.events.sparkSession.sql(f"DESCRIBE DETAIL {self._sql_name()}").select("id").collect()
         return str(detail[0])
+
+    def latest_version(self) -> int:
+        """The table's last commit's version."""
+        spark = self.events.sparkSession
+        [last] = spark.sql(f"DESCRIBE HISTORY {self._sql_name()} LIMIT 1").select("version").collect()
+        return int(last[0])
 
     def after(self, end: Mapping[str, Any]) -> DeltaChangeFeed:
         """The same changes from the first commit after a micro-batch that ended at ``end`` (the
@@ -121,21 +133,28 @@ class DeltaChangeFeed:
         place of any starting option given.
 
         Raises :class:`~segack.spark_adapter.CheckpointError` for an end no version reads on from
-        exactly, or one of another table."""
-        following = self._next_version(end)
-        table_id = self.table_id()
-        if end.get("reservoirId") != table_id:
-            raise CheckpointError(f"{self._named()} is not the one the stream read (its id is {table_id}, "
-                                  f"the record's {end.get('reservoirId')}): it was replaced")
+        exactly, one of another table, or a table Spark cannot read."""
         from pyspark.sql import functions as F
 
-        options = {name: value for name, value in self.options.items() if name not in STARTING_OPTIONS}
-        options["startingVersion"] = str(max(following - 1, 0))
-        reader = self.events.sparkSession.readStream.format("delta").options(**options)
-        found = reader.table(self.table) if self.table is not None else reader.load(self.path)
-        changes = with_change_order(found)
-        return dataclasses.replace(self, events=changes.where(F.col("_commit_version") >= following),
-                                   options=options)
+        try:
+            table_id = self.table_id()
+            if end.get("reservoirId") != table_id:
+                raise CheckpointError(f"{self._named()} is not the one the stream read (its id is "
+                                      f"{table_id}, the record's {end.get('reservoirId')}): it was replaced")
+            following = self._next_version(end)
+            # The next commit itself where it is there (a schema change or a log cleaned up may bar
+            # the one before); else the one before it, whose changes are dropped.
+            start = following if following <= self.latest_version() else max(following - 1, 0)
+            options = {name: value for name, value in self.options.items() if name not in STARTING_OPTIONS}
+            options["startingVersion"] = str(start)
+            reader = self.events.sparkSession.readStream.format("delta").options(**options)
+            found = reader.table(self.table) if self.table is not None else reader.load(self.path)
+        except CheckpointError:
+            raise
+        except Exception as error:  # Spark raises its analysis and Java errors as several classes
+            raise CheckpointError(f"cannot read {self._named()}: {spark_reason(error)}") from None
+        changes = with_change_order(found).where(F.col("_commit_version") >= following)
+        return dataclasses.replace(self, events=changes, options=options)
 
     def _next_version(self, end: Mapping[str, Any]) -> int:
         """The first commit the micro-batch that ended at ``end`` did not read (rule 4)."""
@@ -143,9 +162,9 @@ class DeltaChangeFeed:
             version, index = int(end["reservoirVersion"]), int(end["index"])
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(f"the record's end offset {end} is not a Delta source's") from None
-        if end.get("isStartingVersion"):
-            raise CheckpointError(f"the record ends inside the first snapshot of {self._named()} (version "
-                                  f"{version}), which no starting version reads on from")
+        if end.get("isStartingVersion") and index < 0:
+            raise CheckpointError(f"the record ends before the first snapshot of {self._named()} (version "
+                                  f"{version}) was read, which no starting version reads on from")
         if index == -1:
             return version
         if index < 0:

@@ -10,7 +10,7 @@ Each refusal is an :class:`~segack.spark_adapter.InputError` that names the path
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Literal, overload
+from typing import TYPE_CHECKING, Literal, cast, overload
 
 from segack.spark_adapter.errors import InputError, OptionError, spark_reason
 from segack.spark_adapter.sources.delta import (
@@ -176,6 +176,4 @@ def delta_change_feed(spark: SparkSession, path: str | None = None, *, table: st
     given = dict(options or {})
     if not is_change_feed("delta", given):
         given["readChangeFeed"] = "true"
-    feed = read_input(spark, path, "delta", given, table, streaming=True)
-    assert isinstance(feed, DeltaChangeFeed)
-    return feed
+    return cast(DeltaChangeFeed, read_input(spark, path, "delta", given, table, streaming=True))
