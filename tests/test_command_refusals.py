@@ -182,3 +182,22 @@ def test_a_spark_that_cannot_start_for_a_package_it_cannot_resolve_is_refused_in
     assert lines == ["segack replay: Spark's JVM exited as it started: a --conf spark.jars.packages it could "
                      "not resolve (not-maven-coordinates)?"], done.stderr
     assert not (tmp_path / "ck").exists()
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("command", ["replay", "plan"])
+def test_an_option_given_twice_in_two_cases_is_a_flag_error_in_every_command(spark, tmp_path, capsys,
+                                                                            command):
+    """Spark reads ``--option`` names in any case: one name twice is a flag's error (exit 2), in
+    replay and plan as in stream, and nothing is written."""
+    inputs = _inputs(tmp_path)
+    (tmp_path / "fresh").mkdir()
+    flags = ["--option", "header=true", "--option", "HEADER=false", "--key", "user"]
+    if command == "replay":
+        flags += ["--order", "ts", "--handler", HANDLER, "--checkpoint", str(tmp_path / "fresh")]
+    code = main([command, str(inputs["csv"]), "--format", "csv", *flags])
+    err = capsys.readouterr().err
+    assert code == ExitCode.USAGE, err
+    assert err == (f"segack {command}: option 'HEADER' is given twice (also as 'header'); Spark reads option "
+                   f"names without regard to case: give it once\n"), err
+    assert list((tmp_path / "fresh").iterdir()) == []

@@ -18,7 +18,9 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -332,26 +334,40 @@ def test_the_command_serves_until_sigterm_and_refuses_what_it_cannot_serve(tmp_p
     (tmp_path / "not-a-checkpoint" / "notes.txt").write_text("mine")
     assert main(["ui", str(tmp_path / "not-a-checkpoint"), "--port", "0"]) == ExitCode.REFUSED
     assert (tmp_path / "not-a-checkpoint" / "notes.txt").read_text() == "mine"
-    process = subprocess.Popen([sys.executable, "-m", "segack", "ui", store.location, "--port", "0"],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = process.stdout.readline()
-    assert line.startswith(f"segack ui: serving {store.location} on http://127.0.0.1:"), line
-    url, token = line.split(" on ")[1].split()[0].split("#token=")
-    assert _get(f"{url}api/state", token=None)[0] == 401 and _get(f"{url}api/state", token=token)[0] == 200
-    assert _post(url.rstrip("/"), "split", {"segment_id": 0}, _csrf(url.rstrip("/"), token), token)[0] == 200
-    process.terminate()
-    assert process.wait(30) == ExitCode.OK
-    # No line per request; one per control done.
-    assert process.stderr.read() == ("segack: split from 127.0.0.1: 2 -> 3 segments (0,1,2); the next run "
-                                     "starts over them\n")
-    process = subprocess.Popen([sys.executable, "-m", "segack", "ui", store.location, "--port", "0",
-                                "--read-only"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    line = process.stdout.readline()
-    assert line.endswith(" (Ctrl-C stops, read-only)\n"), line
-    url = line.split(" on ")[1].split()[0].rstrip("/")
-    assert _csrf(url, None) is None and _post(url, "split", {"segment_id": 0}, "x", None)[0] == 403
-    process.terminate()
-    assert process.wait(30) == ExitCode.OK
+    with _serving([store.location, "--port", "0"], stderr=subprocess.PIPE) as process:
+        line = process.stdout.readline()
+        assert line.startswith(f"segack ui: serving {store.location} on http://127.0.0.1:"), line
+        url, token = line.split(" on ")[1].split()[0].split("#token=")
+        assert _get(f"{url}api/state", token=None)[0] == 401
+        assert _get(f"{url}api/state", token=token)[0] == 200
+        base = url.rstrip("/")
+        assert _post(base, "split", {"segment_id": 0}, _csrf(base, token), token)[0] == 200
+        process.terminate()
+        assert process.wait(30) == ExitCode.OK
+        # No line per request; one per control done.
+        assert process.stderr.read() == ("segack: split from 127.0.0.1: 2 -> 3 segments (0,1,2); the next "
+                                         "run starts over them\n")
+    with _serving([store.location, "--port", "0", "--read-only"]) as process:
+        line = process.stdout.readline()
+        assert line.endswith(" (Ctrl-C stops, read-only)\n"), line
+        url = line.split(" on ")[1].split()[0].rstrip("/")
+        assert _csrf(url, None) is None and _post(url, "split", {"segment_id": 0}, "x", None)[0] == 403
+        process.terminate()
+        assert process.wait(30) == ExitCode.OK
+
+
+@contextlib.contextmanager
+def _serving(arguments: list[str], **popen: Any) -> Iterator[subprocess.Popen[str]]:
+    """``segack ui ARGUMENTS`` started, its output a pipe; killed at the end should a failed check
+    have left it serving."""
+    process = subprocess.Popen([sys.executable, "-m", "segack", "ui", *arguments], cwd=ROOT,
+                               stdout=subprocess.PIPE, text=True, **popen)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
 
 
 def test_the_commands_token_comes_from_a_file_or_the_environment_and_is_not_printed(tmp_path, capsys):
@@ -368,16 +384,15 @@ def test_the_commands_token_comes_from_a_file_or_the_environment_and_is_not_prin
     from_environment = "from-the-environment"
     for flags, environment, token in ((["--token-file", str(tmp_path / "token")], {}, "from-a-file"),
                                       ([], {"SEGACK_UI_TOKEN": from_environment}, from_environment)):
-        command = [sys.executable, "-m", "segack", "ui", store.location, "--port", "0", *flags]
-        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                                   env=dict(os.environ, **environment))
-        line = process.stdout.readline()
-        assert line.endswith("/ (Ctrl-C stops; requests carry the token given)\n") and token not in line, line
-        url = line.split(" on ")[1].split()[0]
-        assert _get(f"{url}api/state", token=None)[0] == 401
-        assert _get(f"{url}api/state", token=token)[0] == 200
-        process.terminate()
-        assert process.wait(30) == ExitCode.OK
+        arguments = [store.location, "--port", "0", *flags]
+        with _serving(arguments, env=dict(os.environ, **environment)) as process:
+            line = process.stdout.readline()
+            assert line.endswith("/ (Ctrl-C stops; requests carry the token given)\n") and token not in line
+            url = line.split(" on ")[1].split()[0]
+            assert _get(f"{url}api/state", token=None)[0] == 401
+            assert _get(f"{url}api/state", token=token)[0] == 200
+            process.terminate()
+            assert process.wait(30) == ExitCode.OK
 
 
 @pytest.mark.browser

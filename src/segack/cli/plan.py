@@ -11,7 +11,7 @@ from segack.cli.exit_codes import ExitCode
 from segack.cli.session import start_session, stop_session
 from segack.kernel import SegmentSet, java_hash, spark_hash
 from segack.spark_adapter.coordinator.replay import worker_error
-from segack.spark_adapter.errors import InputError
+from segack.spark_adapter.errors import InputError, OptionError
 from segack.spark_adapter.sources.files import check_input_files, read_input
 
 if TYPE_CHECKING:
@@ -56,7 +56,11 @@ def _plan(args: argparse.Namespace) -> int:
     spark = None
     try:
         spark = start_session(args)
-        events = read_input(spark, args.input, args.format, dict(args.option), args.table)
+        try:
+            events = read_input(spark, args.input, args.format, dict(args.option), args.table)
+        except OptionError as error:  # of --option, read with Spark: a flag's error, as in stream
+            print(f"segack plan: {error}", file=sys.stderr)
+            return ExitCode.USAGE
         if args.order is not None and args.order not in events.columns:
             raise InputError(f"no column {args.order!r}; the columns are {events.columns}")
         result = plan(events, key=args.key, hash=args.hash, workers=args.workers,

@@ -121,7 +121,12 @@ def _replay(args: argparse.Namespace, job: _Job) -> int:
                 print(f"segack replay: stopped as asked, before the run started ({store.location})",
                       file=sys.stderr)
                 return ExitCode.FAILED
-            events = read_input(spark, args.input, args.format, dict(args.option), args.table)
+            try:
+                events = read_input(spark, args.input, args.format, dict(args.option), args.table)
+            except OptionError as error:  # of --option, read with Spark: a flag's error, as in stream
+                printer.close()
+                print(f"segack replay: {error}", file=sys.stderr)
+                return ExitCode.USAGE
             source = args.input if args.table is None else f"table {args.table}"
             result = replay(events, key=args.key, order=args.order, handler=job.handler, checkpoint=store,
                             progress=printer, source=source, metrics_port=args.metrics_port,
