@@ -69,6 +69,8 @@ log = logging.getLogger(__name__)
 #: In the stream's record, from a restart (rule 3) until the restarted query completes a micro-batch:
 #: the end offsets it restarted from, to restart from again should that run end before.
 RESTART_PENDING = "restart_pending"
+#: What a refusal of a restart says to do.
+_BACK = "put Spark's checkpoint back, or use a new checkpoint"
 
 
 @dataclass(frozen=True)
@@ -162,12 +164,11 @@ def plan_start(spark: SparkSession, store: CheckpointStore, state: Checkpoint | 
                           f"{has}; leave it out, or use a new checkpoint")
     lost = (f"checkpoint {store.location}: Spark's checkpoint of the query ({query_log.location}) is gone, "
             f"but segack's has {has}")
-    back = "put Spark's checkpoint back, or use a new checkpoint"
     if not isinstance(events, (KafkaStream, DeltaChangeFeed)):  # 3
         raise CheckpointError(f"{lost}, and only a Kafka query or a Delta change feed restarts from segack's "
-                              f"record; {back}")
+                              f"record; {_BACK}")
     if current is not None:
-        raise CheckpointError(f"{lost}, whose records a new query could not read again exactly; {back}")
+        raise CheckpointError(f"{lost}, whose records a new query could not read again exactly; {_BACK}")
     restarted = _restarted(spark, store, events, stream.get("completed_end"), lost)
     log.warning("%s; the query restarts from segack's record of micro-batch %d", lost, done)
     where = (f"segack's record of micro-batch {done} of query {stream.get('query_id')} (Spark's checkpoint "
@@ -180,16 +181,15 @@ def _restarted(spark: SparkSession, store: CheckpointStore, events: KafkaStream 
                ends: Any, lost: str) -> KafkaStream | DeltaChangeFeed:
     """``events`` read by a new query from where a micro-batch that ended at ``ends`` (its record)
     left off (rule 3); ``lost`` says why, for a refusal."""
-    back = "put Spark's checkpoint back, or use a new checkpoint"
     lacking = CheckpointError(f"{lost}, and its record lacks the offsets a restart needs (written by an "
-                              f"earlier segack); {back}")
+                              f"earlier segack); {_BACK}")
     if isinstance(events, DeltaChangeFeed):
         if not isinstance(ends, list) or len(ends) != 1 or not isinstance(ends[0], dict):
             raise lacking
         try:
             restarted = events.after(ends[0])
         except CheckpointError as error:
-            raise CheckpointError(f"{lost}, and {error}; {back}") from None
+            raise CheckpointError(f"{lost}, and {error}; {_BACK}") from None
         ignored = [name for name in DELTA_STARTING_OPTIONS if name in events.options]
         if ignored:  # as Spark ignores it once the query has a position
             log.warning("%s: %s is left out: the restarted query goes on from segack's record",
@@ -258,7 +258,8 @@ def check_query(stream: dict[str, Any], query_id: str | None, query_log: QueryLo
         raise CheckpointError(
             f"Spark's checkpoint of the query ({query_log.location}) is of query {query_id}, but segack's "
             f"records the micro-batches of query {recorded}: it was replaced or restored from another copy. "
-            f"Put the query's own back, or remove it: segack then restarts a Kafka query from its record")
+            f"Put the query's own back, or remove it: segack then restarts a Kafka query or a Delta change "
+            f"feed from its record")
 
 
 def check_batch(stream: dict[str, Any], batch_id: int, query_log: QueryLog | None,
