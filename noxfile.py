@@ -131,7 +131,9 @@ def wheel(session: nox.Session) -> None:
     bare = {"PATH": str(venv / "bin"), "CC": "/nonexistent/cc", "CXX": "/nonexistent/c++"}
     python = str(venv / "bin" / "python")
     # uv, where nox has it, installs in half pip's time; either sees only the venv and no compiler.
-    uv = shutil.which("uv")
+    # The uv beside nox's own Python first: another on the path may be a shell shim (pyenv's), which
+    # cannot start on the bare path below.
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
     installer = [uv, "pip", "install", "--python", python] if uv else [python, "-m", "pip", "install"]
     session.run(*installer, "-q", f"{repaired}[test]", env=bare, external=True)
     from_wheel = ("import segack.pyx.acker as kernel, sys; where = kernel.__file__; "

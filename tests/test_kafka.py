@@ -505,6 +505,16 @@ def test_records_with_no_key_no_order_or_a_field_missing_are_dead_letters_until_
     assert again == {"b": [None, 0, 2], None: [0, 1], "d": [None, None, 0], "e": [None]}
 
 
+def _drained_once(tmp_path: Path, bootstrap: str, topic: str, group: str, records: int) -> None:
+    """A topic of one partition holding ``records`` records, streamed to its end once, committing
+    to ``group``."""
+    make_topic(bootstrap, topic, 1)
+    produce(bootstrap, topic, account_events(records, users=5, seed=1))
+    first = run_stream(tmp_path, bootstrap, topic, "tests.spark_handlers:record_kafka",
+                       "--commit-offsets-to", group)
+    assert first.returncode == ExitCode.OK, first.stderr
+
+
 @pytest.mark.faults
 def test_records_deleted_before_the_stream_read_them_stop_it_naming_them_and_nothing_is_committed(
         tmp_path, kafka_broker):
@@ -512,11 +522,7 @@ def test_records_deleted_before_the_stream_read_them_stop_it_naming_them_and_not
     from confluent_kafka.admin import AdminClient
 
     topic, group = "accounts-lost", "segack-lost"
-    make_topic(kafka_broker.bootstrap, topic, 1)
-    produce(kafka_broker.bootstrap, topic, account_events(50, users=5, seed=1))
-    first = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
-                       "--commit-offsets-to", group)
-    assert first.returncode == ExitCode.OK, first.stderr
+    _drained_once(tmp_path, kafka_broker.bootstrap, topic, group, 50)
     produce(kafka_broker.bootstrap, topic, account_events(50, users=5, seed=2))
     # Retention, as Kafka applies it: the log's start moves past records no consumer has read.
     admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
@@ -540,11 +546,7 @@ def test_partitions_added_while_a_stream_runs_stop_it_before_a_key_spans_two(tmp
     from confluent_kafka.admin import AdminClient, NewPartitions
 
     topic, group = "accounts-grown", "segack-grown"
-    make_topic(kafka_broker.bootstrap, topic, 1)
-    produce(kafka_broker.bootstrap, topic, account_events(40, users=5, seed=1))
-    first = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_kafka",
-                       "--commit-offsets-to", group)
-    assert first.returncode == ExitCode.OK, first.stderr
+    _drained_once(tmp_path, kafka_broker.bootstrap, topic, group, 40)
     admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
     for future in admin.create_partitions([NewPartitions(topic, 3)]).values():
         future.result(30)
