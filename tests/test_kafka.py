@@ -345,12 +345,15 @@ def test_spark_checkpoint_lost_restarts_the_query_from_segacks_record_losing_and
     more = account_events(300, users=30, seed=22, start=users)
     produce(kafka_broker.bootstrap, topic, more)
     shutil.rmtree(checkpoint / "stream")
-    # The restarted query's first run dies as its first micro-batch starts, before segack saved any
-    # of it: the next run must go on with the new query, not refuse it as another one.
+    # The restarted query's first run dies once the restart is recorded, before Spark's new query
+    # wrote anything: the next run restarts from the same record, not from the earliest offsets.
+    # That one dies as its first micro-batch starts, before segack saved any of it: the next run
+    # must go on with the new query, not refuse it as another one.
     command = stream_command(tmp_path, kafka_broker.bootstrap, topic, handler)
-    died = subprocess.run(command, cwd=ROOT, env={**environment(tmp_path, "died"), ENV: "batch-start"},
-                          capture_output=True, text=True, timeout=600)
-    assert died.returncode == -9, died.stderr
+    for point in ("after-state@1", "batch-start"):
+        died = subprocess.run(command, cwd=ROOT, env={**environment(tmp_path, "died"), ENV: point},
+                              capture_output=True, text=True, timeout=600)
+        assert died.returncode == -9, (point, died.stderr[-3000:])
     restarted = run_stream(tmp_path, kafka_broker.bootstrap, topic, handler, run="restarted")
     assert restarted.returncode == ExitCode.OK, restarted.stderr
     assert "300 events handled" in restarted.stdout, restarted.stdout
