@@ -19,7 +19,7 @@ LONGEST_MODULE = 600
 ADAPTER_LAYERS = ("coordinator", "console", "sources", "spark", "worker", "store")
 #: The public entry points whose keyword parameters are for users (their options come from
 #: RunOptions and are not counted).
-ENTRY_POINTS = {"replay", "foreach_batch", "stream"}
+ENTRY_POINTS = {"replay", "foreach_batch", "stream", "stream_real_time"}
 
 
 def _modules():

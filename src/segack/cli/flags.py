@@ -57,6 +57,17 @@ POSITIVE = int_at_least(1, "a positive integer")
 NON_NEGATIVE = int_at_least(0, "a non-negative integer")
 
 
+def positive_seconds(text: str) -> float:
+    """A positive number of seconds."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return seconds
+
+
 #: How the flag of each run option parses (:mod:`segack.spark_adapter.options` gives its default,
 #: help and metavar): a function of the text, the choices (a tuple or an enum), or ``bool`` for a
 #: flag that takes no value. ``segack replay`` has a flag for each, in this order.
@@ -139,11 +150,18 @@ def metrics_address(text: str) -> str:
     return text
 
 
+#: ``segack stream --trigger``'s value for a real-time stream
+#: (:mod:`segack.spark_adapter.coordinator.realtime`).
+REAL_TIME = "real-time"
+
+
 def trigger_text(text: str) -> str:
-    """What ``segack stream --trigger`` takes: ``available-now``, or an interval."""
+    """What ``segack stream --trigger`` takes: ``available-now``, ``real-time``, or an interval."""
     from segack.spark_adapter.coordinator.query import parse_trigger
     from segack.spark_adapter.errors import OptionError
 
+    if text == REAL_TIME:
+        return text
     try:
         parse_trigger(text)
     except OptionError as error:

@@ -17,6 +17,7 @@ from segack.cli.flags import (
     add_session_options,
     checked_option,
     int_at_least,
+    positive_seconds,
     replay_segments,
     segment_set,
     trigger_text,
@@ -83,9 +84,14 @@ def _add_stream(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     add_handling(stream)
     add_input(stream, streams=True)
     stream.add_argument("--trigger", type=trigger_text, default="available-now",
-                        metavar="available-now|EVERY",
+                        metavar="available-now|EVERY|real-time",
                         help="available-now: handle what the source holds, then exit; an interval such as "
-                        "5s or 500ms: a micro-batch that often, until stopped (default: available-now)")
+                        "5s or 500ms: a micro-batch that often, until stopped; real-time (Kafka): each "
+                        "record as it arrives, by long-running tasks that read the topic's partitions, until "
+                        "stopped (default: available-now)")
+    stream.add_argument("--commit-interval", type=positive_seconds, default=None, metavar="SECONDS",
+                        help="--trigger real-time: save each partition's progress, and commit it to "
+                        "--commit-offsets-to, this often (default: 1)")
     stream.add_argument("--value-format", choices=("json",), default="json",
                         help="Kafka: how each record's value is written (default: json)")
     stream.add_argument("--value-schema", default=None, metavar="DDL",

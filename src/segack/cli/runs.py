@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from segack.cli.exit_codes import ExitCode
-from segack.cli.flags import run_keywords
+from segack.cli.flags import REAL_TIME, run_keywords
 from segack.cli.output import ProgressPrinter, counted, say
 from segack.cli.session import (
     importable_from_here,
@@ -26,7 +26,7 @@ from segack.cli.session import (
 )
 from segack.spark_adapter.coordinator.replay import ReplayResult, load_handler, replay, worker_error
 from segack.spark_adapter.errors import HandlerFailedError, OptionError, ReplayError
-from segack.spark_adapter.results import STARTUP, BatchReport, StreamResult
+from segack.spark_adapter.results import STARTUP, BatchReport, RealTimeReport, StreamResult
 from segack.spark_adapter.sources.files import check_input_files, read_input
 from segack.spark_adapter.store.checkpoint import CheckpointStore
 
@@ -189,6 +189,12 @@ def _stream(args: argparse.Namespace, job: _Job) -> int:
     Ctrl-C asks it to stop; an :class:`~segack.cli.ExitCode`."""
     from segack.spark_adapter.coordinator.query import StopRequest, stream
 
+    if args.trigger == REAL_TIME:
+        return _stream_real_time(args, job)
+    if args.commit_interval is not None:
+        print("segack stream: --commit-interval is for --trigger real-time; a micro-batch stream commits "
+              "after each micro-batch", file=sys.stderr)
+        return ExitCode.USAGE
     store = job.store
     stop = StopRequest()
 
@@ -223,6 +229,89 @@ def _stream(args: argparse.Namespace, job: _Job) -> int:
               f"is saved: run it again to resume ({store.location})", file=sys.stderr)
         return ExitCode.FAILED
     return _stream_report(result, args)
+
+
+#: What a real-time stream's command line cannot have, and why: ``(flag, attribute, allowed, why)``.
+_NOT_REAL_TIME = (
+    ("--format", "format", "kafka", "a real-time stream reads a Kafka topic"),
+    ("--key", "key", "key", "a real-time stream's key is the record's Kafka key (--key key)"),
+    ("--order", "order", "offset", "a real-time stream's order is the record's offset (--order offset)"),
+    ("--segments", "segments", None, "a real-time stream's tasks own Kafka partitions, not segments"),
+    ("--retry-dead-letters", "retry_dead_letters", False, "a real-time stream does not retry dead letters "
+     "yet: retry them with --trigger available-now on a checkpoint of its own"),
+    ("--metrics-port", "metrics_port", None, "a real-time stream serves no metrics yet"),
+)
+
+
+def _stream_real_time(args: argparse.Namespace, job: _Job) -> int:
+    """``segack stream --trigger real-time``: until SIGTERM or Ctrl-C (the calls read finish, exit
+    0; twice: at once, exit 1, the progress saved so far kept) or a failure."""
+    from segack.spark_adapter.coordinator.query import StopRequest
+    from segack.spark_adapter.coordinator.realtime import stream_real_time
+
+    for flag, name, allowed, why in _NOT_REAL_TIME:
+        if getattr(args, name, allowed) != allowed:
+            print(f"segack stream: {flag} is not for --trigger real-time: {why}", file=sys.stderr)
+            return ExitCode.USAGE
+    if args.value_schema is None:
+        print("segack stream: --value-schema is required for Kafka", file=sys.stderr)
+        return ExitCode.USAGE
+    stop = StopRequest()
+
+    def asked(number: int, frame: Any) -> None:
+        then = "now" if stop.asked.is_set() else "once the calls read finish (again: now)"
+        say(f"segack stream: stopping {then}")
+        threading.Thread(target=stop.set, name="segack-stop", daemon=True).start()
+
+    options = {name: value for name, value in job.options.items()
+               if name not in ("segments", "retry_dead_letters")}
+    spark = None
+    try:
+        with stop_signals(asked) as again:
+            spark = start_session(args, job.py_files)
+            again()
+            if stop.asked.is_set():
+                print("segack stream: stopped as asked, before the stream started", file=sys.stderr)
+                return ExitCode.OK
+            result = stream_real_time(
+                spark, dict(args.option), args.value_schema, handler=job.handler, checkpoint=job.store,
+                commit_interval=args.commit_interval or 1.0, commit_offsets_to=args.commit_offsets_to,
+                stop=stop, progress=_RealTimeLine(), **options)
+    except Exception as error:
+        return _failure_code(args, error)
+    finally:
+        stop_session(spark, args)
+    if stop.now.is_set():
+        print(f"segack stream: stopped at once as asked; each partition's progress up to its last save is "
+              f"kept: run it again to resume ({job.store.location})", file=sys.stderr)
+        return ExitCode.FAILED
+    lag = "" if result.partitions and None in [p.lag for p in result.partitions] else (
+        f", {counted(sum(p.lag or 0 for p in result.partitions), 'record')} behind")
+    print(f"segack stream: stopped as asked: {result.handled:,} events handled, "
+          f"{result.dead_letters:,} dead letters{lag}, in {result.seconds:.1f} s")
+    return ExitCode.OK
+
+
+class _RealTimeLine:
+    """Prints a real-time stream's progress every :data:`EVERY` seconds: events handled, the rate,
+    the lag, and the partition that holds the run back."""
+
+    EVERY = 10.0
+
+    def __init__(self) -> None:
+        self.last: RealTimeReport | None = None
+
+    def __call__(self, report: RealTimeReport) -> None:
+        if self.last is not None and report.seconds - self.last.seconds < self.EVERY:
+            return
+        rate = "" if self.last is None else (
+            f" ({(report.handled - self.last.handled) / (report.seconds - self.last.seconds):,.0f}/s)")
+        lag = "" if report.lag is None else f", {counted(report.lag, 'record')} behind"
+        busiest = report.holding_back
+        held = "" if busiest is None else (f"; partition {busiest.partition} holds it back "
+                                           f"({counted(busiest.pending, 'record')} pending)")
+        print(f"segack stream: real-time: {report.handled:,} events handled{rate}{lag}{held}", flush=True)
+        self.last = report
 
 
 def _print_batch(report: BatchReport) -> None:

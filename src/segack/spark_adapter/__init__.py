@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from segack.spark_adapter import errors as _errors
 from segack.spark_adapter.coordinator.planning import Plan, plan
 from segack.spark_adapter.coordinator.query import StopRequest, stream
+from segack.spark_adapter.coordinator.realtime import stream_real_time
 from segack.spark_adapter.coordinator.replay import (
     Progress,
     ReplayResult,
@@ -35,7 +36,13 @@ from segack.spark_adapter.errors import (
     UnparsedValueError,
 )
 from segack.spark_adapter.handlers import EventIdentity, RunContext, Sink, takes_unorderable, with_identity
-from segack.spark_adapter.results import BatchReport, StreamResult
+from segack.spark_adapter.results import (
+    BatchReport,
+    PartitionReport,
+    RealTimeReport,
+    RealTimeResult,
+    StreamResult,
+)
 from segack.spark_adapter.sources.delta import DeltaChangeFeed
 from segack.spark_adapter.sources.files import delta_change_feed
 from segack.spark_adapter.sources.kafka import KafkaStream, kafka_stream, takes_unparsed
@@ -70,8 +77,11 @@ __all__ = [
     "KeyGroupTokens",
     "MetricsServer",
     "OptionError",
+    "PartitionReport",
     "Plan",
     "Progress",
+    "RealTimeReport",
+    "RealTimeResult",
     "ReplayError",
     "ReplayResult",
     "Rescale",
@@ -104,6 +114,7 @@ __all__ = [
     "spark_session",
     "split",
     "stream",
+    "stream_real_time",
     "takes_unorderable",
     "takes_unparsed",
     "with_identity",

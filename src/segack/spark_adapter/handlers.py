@@ -26,7 +26,8 @@ from typing import Any
 from segack.spark_adapter.errors import UnorderableEventError
 from segack.spark_adapter.options import Policy
 
-__all__ = ["EventIdentity", "Refusal", "RunContext", "Sink", "close_handler", "identified_events", "is_async",
+__all__ = ["EventIdentity", "Refusal", "RunContext", "Sink", "close_handler", "identified_event",
+           "identified_events", "is_async",
            "orderable_refusal", "prepare_handler", "refusing", "takes_unorderable", "wants_identity",
            "with_identity", "with_identities_passed"]
 
@@ -128,7 +129,7 @@ def wants_identity(handler: Callable[..., Any]) -> bool:
 
 
 class _IdentifiedEvent(dict):  # type: ignore[type-arg]
-    """An event's columns, with its identity beside them for the call (:func:`_identified`). It
+    """An event's columns, with its identity beside them for the call (:func:`identified_event`). It
     keeps ``dict``'s own constructor: an ``__init__`` in Python cost a third of a microsecond an
     event."""
 
@@ -136,10 +137,11 @@ class _IdentifiedEvent(dict):  # type: ignore[type-arg]
     identity: EventIdentity
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _identified, (dict(self), self.identity)
+        return identified_event, (dict(self), self.identity)
 
 
-def _identified(columns: dict[str, Any], identity: EventIdentity) -> _IdentifiedEvent:
+def identified_event(columns: dict[str, Any], identity: EventIdentity) -> dict[str, Any]:
+    """One event with its identity, for a handler that :func:`wants_identity`."""
     event = _IdentifiedEvent(columns)
     event.identity = identity
     return event
@@ -150,7 +152,7 @@ def identified_events(events: list[dict[str, Any]], key: str, groups: Any, posit
     """``events`` with their identities, for a handler that :func:`wants_identity`."""
     identities = map(EventIdentity, map(operator.itemgetter(key), events), groups.tolist(),
                      positions.tolist(), itertools.repeat(checkpoint_id))
-    return list(map(_identified, events, identities))
+    return list(map(identified_event, events, identities))
 
 
 def with_identities_passed(handler: Callable[..., Any]) -> Callable[[Any], Any]:

@@ -1,5 +1,6 @@
 """What a run tells its caller: :class:`Progress` while it goes on, :class:`ReplayResult` at its end;
-for a stream, a :class:`BatchReport` after each micro-batch and a :class:`StreamResult` at its end."""
+for a stream, a :class:`BatchReport` after each micro-batch and a :class:`StreamResult` at its end;
+for a real-time stream, a :class:`RealTimeReport` every few seconds and a :class:`RealTimeResult`."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-__all__ = ["STARTUP", "BatchReport", "Progress", "ReplayResult", "StreamResult"]
+__all__ = ["STARTUP", "BatchReport", "PartitionReport", "Progress", "RealTimeReport", "RealTimeResult",
+           "ReplayResult", "StreamResult"]
 
 #: A run's start-up phases, one INFO record each as it begins (reading the input, checking its
 #: order values, planning, claiming, checking the events done, the first job): what a run does
@@ -137,3 +139,70 @@ class StreamResult:
     group_behind: bool = False
     #: Whether a stop asked twice cut a micro-batch short (its progress saved, not complete).
     interrupted: bool = False
+
+
+@dataclass(frozen=True)
+class PartitionReport:
+    """One Kafka partition of a real-time stream, as its task last recorded it."""
+
+    partition: int
+    #: Every record below this offset is done (what the consumer group is given).
+    next_offset: int
+    #: The offset after the last record read.
+    read: int
+    #: The partition's end as the task's consumer last heard it (``None``: not yet).
+    end: int | None
+    #: Records read and not yet committed: in calls, waiting for one, or done above a slower one.
+    pending: int
+    #: Intervals of offsets done above ``next_offset``.
+    done_intervals: int
+    #: Records of this partition the handler finished, over all runs.
+    handled_total: int
+
+    @property
+    def lag(self) -> int | None:
+        """Records not yet done: from ``next_offset`` to the end."""
+        return None if self.end is None else max(self.end - self.next_offset, 0)
+
+
+@dataclass(frozen=True)
+class RealTimeReport:
+    """What the driver of a real-time stream reads of its partitions, every few seconds."""
+
+    #: Events the handler finished in this run, as of the tasks' last saves.
+    handled: int
+    #: Seconds since the run's job started.
+    seconds: float
+    partitions: tuple[PartitionReport, ...]
+
+    @property
+    def lag(self) -> int | None:
+        """Records not yet done, over the partitions (``None`` until every end is known)."""
+        lags = [partition.lag for partition in self.partitions]
+        return None if not lags or None in lags else sum(lag for lag in lags if lag is not None)
+
+    @property
+    def holding_back(self) -> PartitionReport | None:
+        """The partition with the most records pending (read, not yet committed): the one that
+        holds the run back, ``None`` when none has any."""
+        busiest = max(self.partitions, key=lambda partition: partition.pending, default=None)
+        return busiest if busiest is not None and busiest.pending > 0 else None
+
+
+@dataclass(frozen=True)
+class RealTimeResult:
+    """The outcome of :func:`~segack.spark_adapter.stream_real_time`."""
+
+    #: Events the handler finished in this run (dead letters and records skipped not counted).
+    handled: int
+    #: Records an earlier run had done above its committed offset: read again, not handled.
+    skipped: int
+    #: Events set aside as dead letters in this run.
+    dead_letters: int
+    #: Dead letters the checkpoint holds at the end.
+    dead_letters_left: int
+    #: Whether the stream ended because it was asked to stop.
+    stopped: bool
+    seconds: float
+    #: The partitions at the end, as the tasks last recorded them.
+    partitions: tuple[PartitionReport, ...] = ()

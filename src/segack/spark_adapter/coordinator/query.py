@@ -62,6 +62,7 @@ from segack.spark_adapter.sources.kafka import (
 from segack.spark_adapter.spark.executors import check_executors
 from segack.spark_adapter.spark.session import is_connect
 from segack.spark_adapter.store.checkpoint import STREAM_DIR, Checkpoint, CheckpointStore
+from segack.spark_adapter.store.partitions import refuse_real_time
 from segack.spark_adapter.store.stream_view import write_stream_view
 
 if TYPE_CHECKING:
@@ -452,6 +453,7 @@ def stream(
     check_session(spark)
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
     state = store.load()  # refuses a location that is not a checkpoint, or a damaged one
+    refuse_real_time(state.settings if state else {}, store.location)
     check_location(spark, store, run_options.shared_local_checkpoint)
     if commit_offsets_to is not None:
         commit_offsets(spark, kafka.options if kafka else {}, commit_offsets_to, [])  # refuses Connect

@@ -63,6 +63,7 @@ from segack.spark_adapter.spark.events import EventInput, check_same_setup
 from segack.spark_adapter.spark.executors import check_executors
 from segack.spark_adapter.spark.session import default_segment_count
 from segack.spark_adapter.store.checkpoint import FOOTER_TOTAL, Checkpoint, CheckpointStore
+from segack.spark_adapter.store.partitions import refuse_real_time
 from segack.spark_adapter.store.rescale import pending_change, record_segments
 from segack.spark_adapter.store.tokens import KeyGroupTokens
 
@@ -108,7 +109,9 @@ class _Setup:
 
     def __init__(self, df: DataFrame, store: CheckpointStore, key: str, order: str, options: RunOptions,
                  chosen: SegmentSet | None) -> None:
-        state = store.load() or Checkpoint()
+        loaded = store.load()
+        refuse_real_time(loaded.settings if loaded else {}, store.location)
+        state = loaded or Checkpoint()
         previous = state.settings
         self.bits = resolution(previous, options.key_group_bits)
         self.events = EventInput(df, key, order, options.hash, options.method, self.bits)

@@ -51,6 +51,7 @@ from segack.spark_adapter.errors import InputError, OptionError, UnparsedValueEr
 from segack.spark_adapter.handlers import Refusal
 from segack.spark_adapter.sources.reader_options import spelled
 from segack.spark_adapter.store.crash_points import durable_write
+from segack.spark_adapter.worker.kafka_records import UNPARSED
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -64,8 +65,6 @@ __all__ = ["CONNECTORS_SPARK", "DEFAULT_MAX_OFFSETS_PER_TRIGGER", "RECORD_COLUMN
 
 #: The record's own columns, before the value's fields.
 RECORD_COLUMNS = ("key", "topic", "partition", "offset", "timestamp")
-#: The column that holds a value that did not parse (rule 2).
-UNPARSED = "unparsed_value"
 #: Records per micro-batch unless ``maxOffsetsPerTrigger`` says otherwise (rule 3).
 DEFAULT_MAX_OFFSETS_PER_TRIGGER = 100_000
 #: The reader's options that start a new query somewhere other than rule 5's default.
@@ -84,7 +83,7 @@ def value_schema(spark: SparkSession, ddl: str) -> StructType:
 
     Raises :class:`~segack.spark_adapter.OptionError` for text that is not a struct's DDL, and for
     a field named as one of the record's own columns (:data:`RECORD_COLUMNS`,
-    :data:`~segack.spark_adapter.sources.kafka.UNPARSED`).
+    :data:`~segack.spark_adapter.worker.kafka_records.UNPARSED`).
     """
     from pyspark.sql.types import DataType, StructType
 
@@ -136,7 +135,7 @@ def kafka_events(records: DataFrame, schema: StructType, value_format: str = "js
 
 def takes_unparsed(handler: Callable[..., Any]) -> Callable[..., Any]:
     """Mark ``handler`` to get records whose value did not parse (rule 2): their fields null,
-    :data:`~segack.spark_adapter.sources.kafka.UNPARSED` holding the value's text. A class sets
+    :data:`~segack.spark_adapter.worker.kafka_records.UNPARSED` holding the value's text. A class sets
     ``segack_takes_unparsed = True``."""
     setattr(handler, _MARK, True)
     return handler

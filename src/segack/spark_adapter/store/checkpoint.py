@@ -48,6 +48,7 @@ from segack._version import __version__
 from segack.spark_adapter.errors import CheckpointError, CheckpointLocationError, TokenError
 from segack.spark_adapter.store.crash_points import durable_write
 from segack.spark_adapter.store.driver_watch import DriverProcess
+from segack.spark_adapter.store.partitions import PartitionStates
 from segack.spark_adapter.store.query_log import QueryLog
 from segack.spark_adapter.store.storage import Files, LocalFiles, open_files, resolve_location
 from segack.spark_adapter.store.stream_view import STREAM_VIEW
@@ -234,6 +235,8 @@ class CheckpointStore:
     def __init__(self, location: str) -> None:
         self.location = resolve_location(location)
         self.files = open_files(self.location)
+        #: A real-time stream's progress per Kafka partition.
+        self.partitions = PartitionStates(self.files, self.location)
         #: Whether this store's first claim made the location (then a withdrawn claim removes it).
         self._made_location = False
 
@@ -527,6 +530,8 @@ class TaskStore:
         self.location, self.run_id, self.claim_number = location, run_id, claim_number
         self.driver = driver
         self.files = open_files(location)
+        #: A real-time stream's progress per Kafka partition.
+        self.partitions = PartitionStates(self.files, location)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"location": self.location, "run_id": self.run_id, "claim_number": self.claim_number,

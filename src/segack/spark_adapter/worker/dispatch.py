@@ -197,6 +197,12 @@ class Dispatcher:
         with self._lock:
             return self._rows_read - self._acker.next_index
 
+    def done_rows(self) -> tuple[int, int, list[tuple[int, int]]]:
+        """At one moment: the rows read, the rows committed, and the runs ``(first, last)`` of rows
+        done above the committed point (the acker's intervals)."""
+        with self._lock:
+            return self._rows_read, self._acker.next_index, self._acker.runs()
+
     def offer(self, event: dict[str, Any]) -> bool:
         """Take the next row's event, unless ``max_pending`` rows are pending (``False``: wait
         with :meth:`wait_for_room`, then offer it again) or a call has failed (``False`` too)."""

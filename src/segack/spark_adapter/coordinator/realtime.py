@@ -1,0 +1,389 @@
+"""A real-time stream: a Kafka topic's records handled as they arrive, by long-running Spark tasks
+that read Kafka themselves: :func:`~segack.spark_adapter.stream_real_time`.
+
+Spark's own real-time mode (``trigger(realTime=...)``, Spark 4.1) runs no Python operator but
+``foreach``, which hands a writer rows in batches, offers no place to keep calls in flight, and
+records offsets only at the end of each batch duration. So segack runs the same shape itself: one
+Spark job whose tasks never end while the stream runs, each owning some of the topic's partitions
+and reading them with a consumer of its own (:mod:`~segack.spark_adapter.worker.partition_task`).
+Spark places the tasks, and starts them again together (a barrier stage) when one is lost.
+
+The driver goes like this:
+
+1. **Check** everything that can be refused before anything is written: the options, the topic
+   (one, which must exist), the value schema, the session, the checkpoint (new, or a real-time
+   stream's of the same topic), the executors' Python.
+2. **Claim** the checkpoint for as long as the stream runs, let a sink prepare, and record the
+   stream's settings.
+3. **Start** the job: as many tasks as the session has slots, up to one per partition, each with
+   its partitions; a partition with no progress yet starts at the consumer group's committed offset
+   (``commit_offsets_to``), else at ``startingOffsets`` (``earliest`` by default: nothing the topic
+   holds is passed over unless told).
+4. **Watch** it: every ``commit_interval`` read each partition's progress, as the tasks recorded
+   it, and report it (:class:`~segack.spark_adapter.RealTimeReport`).
+5. **Stop** when ``stop`` is set (the tasks finish the calls they read, save, and end), when a task
+   reports a handler failure (it saved first, and asked the others to stop), or when the job fails;
+   set ``stop`` twice to interrupt the tasks at once (each partition's progress up to its last save
+   is kept).
+6. **End**: record the stream's end in the checkpoint, release the claim.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from segack.spark_adapter.coordinator.job import run_tag
+from segack.spark_adapter.coordinator.query import StopRequest
+from segack.spark_adapter.coordinator.run import (
+    check_location,
+    check_session,
+    claimed,
+    new_run_id,
+)
+from segack.spark_adapter.errors import (
+    ForeignInputError,
+    HandlerFailedError,
+    InputError,
+    OptionError,
+    ReplayError,
+    worker_error,
+)
+from segack.spark_adapter.handlers import RunContext, orderable_refusal, prepare_handler, refusing
+from segack.spark_adapter.options import RunOptions, takes_options
+from segack.spark_adapter.results import PartitionReport, RealTimeReport, RealTimeResult
+from segack.spark_adapter.sources.kafka import UNPARSED, unparsed_refusal, value_schema
+from segack.spark_adapter.sources.reader_options import spelled
+from segack.spark_adapter.spark.executors import check_executors
+from segack.spark_adapter.spark.session import is_connect, setting
+from segack.spark_adapter.store.checkpoint import (
+    DEAD_ATTEMPTS,
+    DEAD_ERROR,
+    DEAD_KEY_GROUP,
+    DEAD_POSITION,
+    Checkpoint,
+    CheckpointStore,
+)
+from segack.spark_adapter.store.partitions import REAL_TIME_MODE
+from segack.spark_adapter.worker.kafka_records import RecordEvents, check_fields
+from segack.spark_adapter.worker.partition_task import RESULT_SCHEMA, PartitionPlan, run_partitions
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
+
+__all__ = ["DEFAULT_MAX_PENDING", "stream_real_time"]
+
+log = logging.getLogger(__name__)
+
+#: The reader options a real-time stream takes, in Spark's spelling (the ``kafka.*`` ones too).
+_OPTIONS = ("subscribe", "startingOffsets")
+#: Records a partition's task reads ahead of its calls when ``max_pending`` is not given: enough
+#: for a slow call not to hold other keys back for long.
+DEFAULT_MAX_PENDING = 10_000
+
+
+def _consumer_settings(options: Mapping[str, str]) -> dict[str, str]:
+    """The Kafka client's settings: the ``kafka.*`` options without their prefix."""
+    return {name.removeprefix("kafka."): value for name, value in options.items()
+            if name.startswith("kafka.")}
+
+
+def _topic(options: Mapping[str, str]) -> str:
+    unknown = [name for name in options if not name.startswith("kafka.") and name not in _OPTIONS]
+    if unknown:
+        raise OptionError(f"a real-time stream takes the options kafka.*, subscribe and startingOffsets; "
+                          f"not {unknown[0]!r}")
+    if "kafka.bootstrap.servers" not in options:
+        raise OptionError("a real-time stream needs the option kafka.bootstrap.servers")
+    topics = [topic.strip() for topic in options.get("subscribe", "").split(",") if topic.strip()]
+    if len(topics) != 1:
+        raise OptionError("a real-time stream reads one topic: give it as subscribe=TOPIC")
+    return topics[0]
+
+
+def _partitions(settings: dict[str, str], topic: str) -> list[int]:
+    """The topic's partitions, asked of the brokers; :class:`~segack.spark_adapter.InputError` if
+    they do not answer or the topic does not exist."""
+    from confluent_kafka import Consumer, KafkaException
+
+    try:
+        consumer = Consumer({**settings, "group.id": "segack-metadata"})
+    except (KafkaException, ValueError, TypeError) as error:
+        raise OptionError(f"the Kafka options are not ones the client takes: {error}") from None
+    try:
+        metadata = consumer.list_topics(topic, timeout=15)
+    except KafkaException as error:
+        raise InputError(f"cannot reach Kafka at {settings.get('bootstrap.servers')}: {error.args[0].str()}"
+                         ) from None
+    finally:
+        consumer.close()
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None or not found.partitions:
+        raise InputError(f"Kafka topic {topic!r} does not exist at {settings.get('bootstrap.servers')}")
+    return sorted(found.partitions)
+
+
+def _starts(settings: dict[str, str], topic: str, partitions: list[int], starting: str,
+            group: str | None) -> dict[int, int]:
+    """Where each partition starts when it has no progress yet: the group's committed offset, else
+    the earliest or the latest."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**settings, "group.id": group or "segack-metadata", "enable.auto.commit": False})
+    try:
+        committed = {}
+        if group is not None:
+            found = consumer.committed([TopicPartition(topic, partition) for partition in partitions],
+                                       timeout=30)
+            committed = {where.partition: where.offset for where in found if where.offset >= 0}
+        starts = {}
+        for partition in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+            starts[partition] = committed.get(partition, high if starting == "latest" else low)
+        return starts
+    finally:
+        consumer.close()
+
+
+def _slots(spark: SparkSession) -> int:
+    """The tasks the session runs at once."""
+    if is_connect(spark):
+        return max(1, int(setting(spark, "spark.default.parallelism", "0")) or 1)
+    return max(1, spark.sparkContext.defaultParallelism)
+
+
+def _dead_letter_schema(spark: SparkSession, schema: StructType) -> pa.Schema:
+    """The dead letters' columns: the events' (rule 1), then the dead-letter columns."""
+    import pyarrow as pa
+
+    zone = setting(spark, "spark.sql.session.timeZone", "UTC")
+    types = {"string": pa.string(), "bigint": pa.int64(), "int": pa.int32(), "smallint": pa.int16(),
+             "tinyint": pa.int8(), "double": pa.float64(), "float": pa.float32(), "boolean": pa.bool_()}
+    return pa.schema([
+        ("key", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("us", tz=zone)),
+        *((field.name, types[field.dataType.simpleString()]) for field in schema.fields),
+        (UNPARSED, pa.string()), (DEAD_ERROR, pa.string()), (DEAD_ATTEMPTS, pa.int32()),
+        (DEAD_KEY_GROUP, pa.int32()), (DEAD_POSITION, pa.int64()),
+    ])
+
+
+def _check_checkpoint(state: Checkpoint | None, store: CheckpointStore, topic: str) -> Checkpoint:
+    if state is None:
+        return Checkpoint()
+    mode = state.settings.get("mode")
+    if mode != REAL_TIME_MODE:
+        raise ForeignInputError(f"checkpoint {store.location} holds a replay or a micro-batch stream; a "
+                                f"real-time stream needs a checkpoint of its own (its positions are Kafka "
+                                f"offsets)")
+    if state.settings.get("topic") != topic:
+        raise ForeignInputError(f"checkpoint {store.location} is a real-time stream of topic "
+                                f"{state.settings.get('topic')!r}, not {topic!r}")
+    return state
+
+
+def _reports(store: CheckpointStore, began: float, claim: int, partitions: list[int],
+             ) -> RealTimeReport:
+    states = store.partitions.all()
+    reports = tuple(PartitionReport(
+        partition, int(state["next"]), int(state.get("read", state["next"])), state.get("end"),
+        int(state.get("pending", 0)), len(state.get("done", [])), int(state.get("handled_total", 0)),
+    ) for partition, state in sorted(states.items()) if partition in partitions)
+    handled = sum(int(state.get("handled", 0)) for state in states.values() if state.get("claim") == claim)
+    return RealTimeReport(handled, time.monotonic() - began, reports)
+
+
+class _Job:
+    """The job of the stream's tasks, in a thread of its own, tagged so that it can be interrupted."""
+
+    def __init__(self, spark: SparkSession, plan: PartitionPlan, tasks: int, tag: str) -> None:
+        self.spark, self.plan, self.tasks, self.tag = spark, plan, tasks, tag
+        self.results: pa.Table | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="segack-real-time-job", daemon=True)
+
+    def _run(self) -> None:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        self.spark.addTag(self.tag)
+        try:
+            frame = self.spark.range(0, self.tasks, 1, self.tasks).mapInArrow(
+                functools.partial(run_partitions, self.plan), from_arrow_schema(RESULT_SCHEMA), barrier=True)
+            self.results = frame.toArrow()
+        except BaseException as error:
+            self.error = error
+        finally:
+            self.spark.removeTag(self.tag)
+
+
+@takes_options(streams=True)
+def stream_real_time(
+    spark: SparkSession,
+    kafka_options: Mapping[str, str],
+    value_schema_ddl: str,
+    *,
+    handler: Callable[[dict[str, Any]], Any],
+    checkpoint: str | CheckpointStore,
+    commit_interval: float = 1.0,
+    commit_offsets_to: str | None = None,
+    stop: StopRequest | None = None,
+    progress: Callable[[RealTimeReport], None] | None = None,
+    **options: Any,
+) -> RealTimeResult:
+    """Hand each record of a Kafka topic to ``handler`` as it arrives, in offset order per key, many
+    calls in flight, until asked to stop.
+
+    Each of the topic's partitions is read by a long-running Spark task with a Kafka consumer of its
+    own; a record's key is its Kafka key, its order its offset, and its identity (for a
+    :class:`~segack.spark_adapter.Sink`) its key, its partition as the key group and its offset as
+    the position. Every ``commit_interval`` each partition's progress is saved to ``checkpoint``:
+    the offset below which every record is done, and the intervals done above it; then that offset is
+    committed to ``commit_offsets_to``. Running it again resumes there: records done above the
+    offset are skipped, so a handler sees again at most what was in flight, or finished since the
+    last save. Each partition's task reads ahead of its calls at most ``max_pending`` records
+    (:data:`~segack.spark_adapter.coordinator.realtime.DEFAULT_MAX_PENDING` unless given).
+
+    Parameters
+    ----------
+    spark : SparkSession
+        The session whose executors run the tasks: it needs a slot per task (as many tasks as it has
+        slots, up to one per partition) and ``spark.speculation`` off.
+    kafka_options : mapping
+        ``kafka.bootstrap.servers`` and the other ``kafka.*`` settings of the Kafka client
+        (librdkafka's names, without the prefix), ``subscribe`` (one topic) and, for partitions the
+        checkpoint and the group know nothing of, ``startingOffsets`` (``earliest``, the default, or
+        ``latest``).
+    value_schema_ddl : str
+        The value's fields, parsed from JSON (``'user STRING, seq BIGINT'``); of the types
+        :data:`~segack.spark_adapter.worker.kafka_records.FIELD_TYPES` names.
+    handler : callable
+        Called with each record as a dict (the columns of
+        :func:`~segack.spark_adapter.kafka_stream`), each key's in offset order.
+    checkpoint : str or CheckpointStore
+        Where progress is kept: a new location, or a real-time stream's checkpoint of the same topic.
+    commit_interval : float, default ``1.0``
+        Seconds between saves of the partitions' progress (and commits to the group).
+    commit_offsets_to : str, optional
+        The consumer group to commit each partition's done offset to, never ahead of the checkpoint.
+        A partition the checkpoint knows nothing of starts at the group's offset.
+    stop : StopRequest, optional
+        Set it to stop: the calls read finish, and the last progress is saved.
+    progress : callable, optional
+        Receives a :class:`~segack.spark_adapter.RealTimeReport` every ``commit_interval``.
+
+    {options}
+
+    Returns
+    -------
+    RealTimeResult
+
+    Raises
+    ------
+    OptionError
+        An option a real-time stream does not take (``subscribePattern``, ``assign``, several topics,
+        a reader option of Spark's Kafka source), a value field of another type, a ``commit_interval``
+        that is not a positive number.
+    InputError
+        Kafka does not answer, the topic does not exist, or records a partition needs are gone.
+    CheckpointError
+        The checkpoint holds a replay, a micro-batch stream or another topic's stream.
+    SessionError, CheckpointLocationError, ExecutorEnvironmentError, SinkError
+        As :func:`~segack.spark_adapter.stream` raises them, before anything is written.
+    HandlerFailedError, ReplayError
+        The stream stopped: a handler failed for good, or the job did; progress was saved first.
+    """
+    from confluent_kafka import TopicPartition  # noqa: F401  (a missing client is refused here)
+
+    began = time.monotonic()
+    if "max_pending" not in options:
+        options = {**options, "max_pending": DEFAULT_MAX_PENDING}
+    run_options = RunOptions.from_keywords(options, handler=handler, streams=True,  # 1
+                                           caller="stream_real_time")
+    if (isinstance(commit_interval, bool) or not isinstance(commit_interval, (int, float))
+            or not commit_interval > 0):
+        raise OptionError(f"commit_interval must be a positive number of seconds, not {commit_interval!r}")
+    kafka_options = spelled(kafka_options, _OPTIONS, prefixes=("kafka.",))
+    topic = _topic(kafka_options)
+    starting = str(kafka_options.get("startingOffsets", "earliest")).strip().lower()
+    if starting not in ("earliest", "latest"):
+        raise OptionError(f"a real-time stream takes startingOffsets earliest or latest, not {starting!r}")
+    schema = value_schema(spark, value_schema_ddl)
+    fields = check_fields(schema)
+    settings = _consumer_settings(kafka_options)
+    partitions = _partitions(settings, topic)
+    check_session(spark)
+    store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
+    state = _check_checkpoint(store.load(), store, topic)
+    check_location(spark, store, run_options.shared_local_checkpoint)
+    check_executors(spark)
+    refused = refusing(handler, [unparsed_refusal(schema), orderable_refusal(
+        "key", "offset", UNPARSED, frozenset(schema.fieldNames()))])
+    stop = stop or StopRequest()
+    run_id = new_run_id()
+    with claimed(spark, store, run_id, run_options) as keeper:  # 2
+        checkpoint_id = state.settings.setdefault("checkpoint_id", uuid.uuid4().hex)
+        prepare_handler(refused, RunContext(
+            store.location, checkpoint_id, "key", "offset", run_options.handling.policy,
+            run_options.claim_timeout, run_options.handling.batch_size, keeper.claim.number))
+        state.settings.update({"mode": REAL_TIME_MODE, "topic": topic, "key": "key", "order": "offset",
+                               "commit_interval": commit_interval, "updated_at": time.time(),
+                               "status": "running"})
+        keeper.save(state)
+        tasks = min(len(partitions), _slots(spark))  # 3
+        plan = PartitionPlan(
+            store=store.for_tasks(run_id, keeper.claim.number), handler=refused,
+            handling=run_options.handling, topic=topic,
+            assignment=tuple(tuple(partitions[index::tasks]) for index in range(tasks)),
+            starts=_starts(settings, topic, partitions, starting, commit_offsets_to), consumer=settings,
+            records=RecordEvents(fields, setting(spark, "spark.sql.session.timeZone", "UTC")),
+            checkpoint_id=checkpoint_id, commit_interval=float(commit_interval), group=commit_offsets_to,
+            parked=store.dead_letter_keys("key"), dead_letter_schema=_dead_letter_schema(spark, schema))
+        log.info("%s: a real-time stream of %s: %d partitions in %d tasks", store.location, topic,
+                 len(partitions), tasks)
+        job = _Job(spark, plan, tasks, run_tag(run_id))
+        job.thread.start()
+        asked = interrupted = False
+        while job.thread.is_alive():  # 4, 5
+            job.thread.join(commit_interval)
+            if stop.asked.is_set() and not asked:
+                asked = True
+                store.request_stop(run_id, "asked to stop")
+            if stop.now.is_set() and not interrupted:
+                interrupted = True
+                spark.interruptTag(run_tag(run_id))
+            if progress is not None and job.thread.is_alive():
+                progress(_reports(store, began, keeper.claim.number, partitions))
+        report = _reports(store, began, keeper.claim.number, partitions)
+        failures = _failures(job.results)
+        state.settings.update({"updated_at": time.time(),  # 6
+                               "status": "failed" if failures or job.error else "stopped"})
+        if keeper.lost is None:
+            keeper.save(state)
+        store.clear_stop(run_id)
+        if keeper.lost is not None:
+            raise keeper.lost
+        if failures:
+            raise failures[0]
+        if job.error is not None and not interrupted:
+            raise ReplayError(f"the real-time stream's job failed: {worker_error(job.error)}") from job.error
+    results = job.results.to_pylist() if job.results is not None else []
+    return RealTimeResult(
+        handled=report.handled, skipped=sum(row["skipped"] for row in results),
+        dead_letters=sum(row["dead_letters"] for row in results),
+        dead_letters_left=store.count_dead_letters(),
+        stopped=stop.asked.is_set(), seconds=time.monotonic() - began, partitions=report.partitions)
+
+
+def _failures(results: pa.Table | None) -> list[HandlerFailedError]:
+    import pickle
+
+    if results is None:
+        return []
+    return [pickle.loads(data) for data in results.column("failure").to_pylist() if data is not None]

@@ -1,0 +1,402 @@
+"""What runs inside a real-time stream's Spark task: Kafka partitions read as their records arrive,
+each record handed to its partition's dispatcher, each partition's safe offset recorded and
+committed as the calls finish.
+
+The job of a real-time stream (:mod:`~segack.spark_adapter.coordinator.realtime`) runs one task per
+slot for as long as the stream runs; each task owns a fixed set of the topic's partitions. A task
+goes like this:
+
+1. **Load** each partition's progress from the checkpoint (``partitions/``): ``next``, the offset
+   below which every record is done, and ``done``, the intervals of offsets done above it. A
+   partition with no progress yet starts where the driver says (the group's offset, the earliest,
+   the latest). A retried attempt starts from what the attempt before it recorded.
+2. **Read** the partitions with a Kafka consumer of the task's own: partitions assigned, never a
+   group's member (no rebalancing), no offset auto-committed, a position out of range an error
+   (records gone are never passed over in silence). A partition whose reading is ahead of its
+   calls by ``max_pending`` records is paused until calls finish.
+3. **Hand** each record to its partition's :class:`~segack.spark_adapter.worker.dispatch.Dispatcher`:
+   many calls in flight, never two of one key, lists cut by ``batch_size`` or as soon as the
+   consumer has nothing more for now. A record inside a done interval is skipped: an earlier run
+   handled it. Its identity is its key, its partition (as the key group) and its offset (as the
+   position): the same in every run, so a sink's positions work as in micro-batches.
+4. **Save**, every ``commit_interval`` seconds, in this order: the dead letters set aside since the
+   last save; each partition's progress (its dispatcher's committed point as ``next``, its acker's
+   intervals as ``done``); then each partition's ``next`` committed to the consumer group, if the
+   run names one. Each write follows the one it depends on: the group's offset is never ahead of
+   the checkpoint, and the checkpoint never calls done a record that is not.
+5. **Stop** when the checkpoint asks (the driver, on SIGTERM or Ctrl-C, or another task's failure:
+   the calls read finish, then a last save), when a call fails for good under ``on_error="stop"``
+   (the calls in flight finish, the last save stops before the failing record, the other tasks are
+   asked to stop), or when a newer claim fences the run (nothing more is written).
+
+State is bounded per partition: the records read and not yet committed (at most ``max_pending``),
+kept as runs of consecutive offsets, and the acker's intervals, never a map per record.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import pickle
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from segack.spark_adapter.errors import HandlerFailedError, InputError, record_of
+from segack.spark_adapter.handlers import (
+    EventIdentity,
+    close_handler,
+    identified_event,
+    wants_identity,
+    with_identities_passed,
+)
+from segack.spark_adapter.options import Handling
+from segack.spark_adapter.store.checkpoint import (
+    DEAD_ATTEMPTS,
+    DEAD_ERROR,
+    DEAD_KEY_GROUP,
+    DEAD_POSITION,
+    TaskStore,
+)
+from segack.spark_adapter.store.crash_points import durable_write
+from segack.spark_adapter.store.driver_watch import watching_driver
+from segack.spark_adapter.worker.dispatch import Dispatcher
+from segack.spark_adapter.worker.kafka_records import RecordEvents
+from segack.spark_adapter.worker.sequencing import DeadLetter
+
+__all__ = ["RESULT_SCHEMA", "OffsetRuns", "PartitionPlan", "PartitionReader", "run_partitions"]
+
+log = logging.getLogger(__name__)
+
+#: One row per task: what it did, and why it ended.
+RESULT_SCHEMA = pa.schema([
+    ("task", pa.int32()), ("handled", pa.int64()), ("skipped", pa.int64()), ("dead_letters", pa.int64()),
+    ("failure", pa.binary()), ("fenced", pa.bool_()),
+])
+#: Records asked of the consumer at once, and how long a look for them waits (seconds).
+_CONSUME_AT_ONCE = 500
+_CONSUME_WAIT = 0.02
+
+
+@dataclass(frozen=True)
+class PartitionPlan:
+    """Everything a real-time job's tasks need, pickled once for all of them."""
+
+    #: The tasks' view of the checkpoint: their run, its claim.
+    store: TaskStore
+    handler: Callable[..., Any]
+    handling: Handling
+    topic: str
+    #: The partitions of each task, by the task's index.
+    assignment: tuple[tuple[int, ...], ...]
+    #: Where a partition with no progress in the checkpoint starts.
+    starts: dict[int, int]
+    #: The consumer's settings: the servers and the ``kafka.*`` options given.
+    consumer: dict[str, str]
+    records: RecordEvents
+    checkpoint_id: str
+    commit_interval: float
+    #: The consumer group to commit to, or ``None``.
+    group: str | None = None
+    #: Keys with dead letters from earlier runs: their records are set aside behind them.
+    parked: frozenset[Any] = frozenset()
+    #: The dead letters' columns (the events' own, then the dead-letter columns).
+    dead_letter_schema: pa.Schema = field(default_factory=lambda: pa.schema([]))
+
+
+class OffsetRuns:
+    """Which offset each row (a dispatcher's numbering of the records read) has: runs of
+    consecutive offsets, from the committed row on. A gap in the offsets (a transaction's marker,
+    a compacted record) starts a new run."""
+
+    def __init__(self) -> None:
+        # [first row, first offset, rows], ascending; and the first rows alone, for bisect.
+        self._runs: deque[list[int]] = deque()
+        self._firsts: deque[int] = deque()
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def add(self, row: int, offset: int) -> None:
+        """Row ``row`` (the next one) is the record at ``offset``."""
+        if self._runs:
+            last = self._runs[-1]
+            if last[0] + last[2] == row and last[1] + last[2] == offset:
+                last[2] += 1
+                return
+        self._runs.append([row, offset, 1])
+        self._firsts.append(row)
+
+    def offset(self, row: int) -> int:
+        """The offset of ``row`` (read, and not dropped)."""
+        first_row, first_offset, _ = self._runs[bisect.bisect_right(self._firsts, row) - 1]
+        return first_offset + row - first_row
+
+    def drop_before(self, row: int) -> None:
+        """Forget the rows before ``row``: they are committed."""
+        while self._runs and self._runs[0][0] + self._runs[0][2] <= row:
+            self._runs.popleft()
+            self._firsts.popleft()
+        if self._runs and self._runs[0][0] < row:
+            first = self._runs[0]
+            first[1] += row - first[0]
+            first[2] -= row - first[0]
+            first[0] = row
+            self._firsts[0] = row
+
+
+class PartitionReader:
+    """One partition's records, from ``start`` on, to ``dispatcher``: which are done
+    (``done_above``: the intervals done above ``start`` that an earlier run recorded), which offset
+    is safe to commit, and the partition's progress to record."""
+
+    def __init__(self, partition: int, start: int, done_above: list[list[int]], dispatcher: Dispatcher,
+                 earlier: dict[str, Any] | None = None) -> None:
+        self.partition, self.start, self.dispatcher = partition, start, dispatcher
+        self._done_above = deque(sorted((first, last) for first, last in done_above if last >= start))
+        self._offsets = OffsetRuns()
+        self._rows = 0
+        #: The offset after the last record read.
+        self.read_to = start
+        self.skipped = 0
+        self.dead_letters = 0
+        #: What earlier runs handled, for the count kept across runs.
+        self.handled_before = int((earlier or {}).get("handled_total", 0))
+        #: Records read and held back: the dispatcher had no room.
+        self.waiting: deque[tuple[int, dict[str, Any]]] = deque()
+
+    def take(self, offset: int, event: dict[str, Any]) -> bool:
+        """Hand the record at ``offset`` (after every one read before) to the dispatcher, or skip it
+        if it is done; ``False`` if the dispatcher has no room (or has failed): offer it again."""
+        done_above = self._done_above
+        while done_above and done_above[0][1] < offset:
+            done_above.popleft()
+        if done_above and done_above[0][0] <= offset:
+            self.dispatcher.skip()
+            self.skipped += 1
+        elif not self.dispatcher.offer(event):
+            return False
+        self._offsets.add(self._rows, offset)
+        self._rows += 1
+        self.read_to = offset + 1
+        return True
+
+    def state(self) -> dict[str, Any]:
+        """The partition's progress now: ``next`` (every record below it is done), ``done`` (the
+        intervals done above it, those an earlier run recorded past ``read_to`` included), ``read``
+        and the counts. Forgets the rows it no longer needs."""
+        rows_read, committed, runs = self.dispatcher.done_rows()
+        offsets = self._offsets
+        next_offset = self.read_to if committed == rows_read else offsets.offset(committed)
+        done = [[offsets.offset(first), offsets.offset(last)] for first, last in runs]
+        done += [[max(first, self.read_to), last] for first, last in self._done_above if last >= self.read_to]
+        offsets.drop_before(committed)
+        handled = committed - self.skipped - self.dead_letters if committed >= self.skipped else 0
+        return {"next": next_offset, "done": done, "read": self.read_to, "pending": rows_read - committed,
+                "handled": max(handled, 0), "skipped": self.skipped, "dead_letters": self.dead_letters}
+
+
+def _dead_letter_table(letters: list[tuple[int, DeadLetter]], schema: pa.Schema) -> pa.Table:
+    """Dead letters ``(partition, letter)`` as rows of ``schema``: the event's columns, then the
+    error, the calls made, the partition (the key group) and the offset (the position)."""
+    rows = []
+    for partition, letter in letters:
+        row = dict(letter.event)
+        row.update({DEAD_ERROR: letter.error, DEAD_ATTEMPTS: letter.attempts, DEAD_KEY_GROUP: partition,
+                    DEAD_POSITION: letter.event["offset"]})
+        rows.append(row)
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+class _PartitionsTask:
+    """One task's partitions, read until the task stops (steps 1 to 5)."""
+
+    def __init__(self, plan: PartitionPlan, task: int) -> None:
+        self.plan, self.task = plan, task
+        self.partitions = plan.assignment[task]
+        self.handler = plan.handler
+        called = with_identities_passed(plan.handler)
+        self.identify = wants_identity(plan.handler)
+        self.readers: dict[int, PartitionReader] = {}
+        for partition in self.partitions:  # 1
+            earlier = plan.store.partitions.read(partition)
+            start = plan.starts[partition] if earlier is None else int(earlier["next"])
+            done = [] if earlier is None else list(earlier.get("done", []))
+            dispatcher = Dispatcher(called, _record_key, plan.handling, parked=plan.parked)
+            self.readers[partition] = PartitionReader(partition, start, done, dispatcher, earlier)
+        self.dead_files = 0
+        self.failure: HandlerFailedError | None = None
+        self.fenced = False
+        self.saved_states: dict[int, dict[str, Any]] = {}
+
+    def run(self) -> None:
+        from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+        plan = self.plan
+        config = {**plan.consumer, "group.id": plan.group or f"segack-{plan.checkpoint_id}",
+                  "enable.auto.commit": False, "enable.auto.offset.store": False,
+                  "auto.offset.reset": "error"}
+        consumer = Consumer(config)
+        try:
+            consumer.assign([TopicPartition(plan.topic, partition, reader.start)
+                             for partition, reader in self.readers.items()])  # 2
+            paused: set[int] = set()
+            next_save = time.monotonic() + plan.commit_interval
+            while True:
+                caught_up = self._read(consumer, paused, KafkaError, TopicPartition)  # 2, 3
+                if caught_up:
+                    for reader in self.readers.values():
+                        reader.dispatcher.send_partial()
+                failed = next((reader for reader in self.readers.values() if reader.dispatcher.failure), None)
+                if failed is not None:
+                    self._fail(consumer, failed)
+                    return
+                if time.monotonic() >= next_save:
+                    next_save = time.monotonic() + plan.commit_interval
+                    if plan.store.fenced():
+                        self._fenced()
+                        return
+                    self._save(consumer)  # 4
+                    if plan.store.stop_requested():
+                        self._stop(consumer)  # 5
+                        return
+        finally:
+            for reader in self.readers.values():
+                reader.dispatcher.close()
+            consumer.close()
+            close_handler(self.handler)
+
+    def _read(self, consumer: Any, paused: set[int], kafka_error: Any, topic_partition: Any) -> bool:
+        """Offer what waits, then what the consumer has; pause the partitions with no room and resume
+        those that have some again. Whether the consumer had nothing more for now."""
+        plan = self.plan
+        for partition, reader in self.readers.items():
+            while reader.waiting and reader.take(*reader.waiting[0]):
+                reader.waiting.popleft()
+            if partition in paused and not reader.waiting:
+                consumer.resume([topic_partition(plan.topic, partition)])
+                paused.discard(partition)
+        messages = consumer.consume(_CONSUME_AT_ONCE, _CONSUME_WAIT)
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() == kafka_error._PARTITION_EOF:
+                    continue
+                if error.fatal() or error.code() in (kafka_error.OFFSET_OUT_OF_RANGE,
+                                                     kafka_error._AUTO_OFFSET_RESET):
+                    raise InputError(f"Kafka partition {plan.topic}/{message.partition()}: {error.str()}: "
+                                     f"records it needs are gone; nothing past them was handled")
+                log.warning("Kafka consumer of %s: %s", plan.topic, error.str())
+                continue
+            partition, offset = message.partition(), message.offset()
+            reader = self.readers[partition]
+            event = plan.records.event(plan.topic, partition, offset, message.key(), message.value(),
+                                       message.timestamp()[1])
+            if self.identify:
+                identity = EventIdentity(event["key"], partition, offset, plan.checkpoint_id)
+                event = identified_event(event, identity)
+            if reader.waiting or not reader.take(offset, event):
+                reader.waiting.append((offset, event))
+                if partition not in paused:
+                    consumer.pause([topic_partition(plan.topic, partition)])
+                    paused.add(partition)
+        for reader in self.readers.values():
+            if reader.waiting:
+                reader.dispatcher.wait_for_room(_CONSUME_WAIT)
+                break
+        return len(messages) < _CONSUME_AT_ONCE
+
+    def _save(self, consumer: Any) -> None:
+        """Step 4: the dead letters, then each partition's progress, then the group's offsets."""
+        from confluent_kafka import TopicPartition
+
+        plan = self.plan
+        letters = [(partition, letter) for partition, reader in self.readers.items()
+                   for letter in reader.dispatcher.take_dead_letters()]
+        if letters:
+            name = f"{plan.store.run_id}-rt-{self.task:05d}-{uuid.uuid4().hex[:8]}-{self.dead_files:05d}"
+            plan.store.write_dead_letters(name, _dead_letter_table(letters, plan.dead_letter_schema))
+            self.dead_files += 1
+            for partition, _ in letters:
+                self.readers[partition].dead_letters += 1
+        commits = []
+        for partition, reader in self.readers.items():
+            state = reader.state()
+            state.update(topic=plan.topic, partition=partition, claim=plan.store.claim_number,
+                         handled_total=reader.handled_before + state["handled"],
+                         end=_end_offset(consumer, plan.topic, partition, TopicPartition))
+            unchanged = {name: value for name, value in state.items() if name != "at"}
+            if unchanged != self.saved_states.get(partition):
+                plan.store.partitions.write(partition, {**state, "at": time.time()})
+                self.saved_states[partition] = unchanged
+                commits.append(TopicPartition(plan.topic, partition, state["next"]))
+        if plan.group is not None and commits:
+            try:
+                with durable_write("group-commit"):
+                    consumer.commit(offsets=commits, asynchronous=False)
+            except Exception as error:  # the next save commits again; the checkpoint holds the progress
+                log.warning("could not commit the offsets of %s to group %s: %s", plan.topic, plan.group,
+                            error)
+
+    def _stop(self, consumer: Any) -> None:
+        """Step 5, asked: the calls read finish, then the last save."""
+        for reader in self.readers.values():
+            reader.dispatcher.drain()
+        self._save(consumer)
+
+    def _fenced(self) -> None:
+        """Step 5, fenced: no call starts, nothing is written."""
+        self.fenced = True
+        for reader in self.readers.values():
+            reader.dispatcher.stop()
+
+    def _fail(self, consumer: Any, failed: PartitionReader) -> None:
+        """Step 5, a call failed for good: the others stop, the progress before it is saved, and
+        the run's other tasks are asked to stop."""
+        for reader in self.readers.values():
+            reader.dispatcher.stop()
+            reader.dispatcher.drain()
+        failure = failed.dispatcher.failure
+        assert failure is not None
+        event = failure.event
+        offset = int(event["offset"])
+        self.failure = HandlerFailedError(event.get("key"), offset, offset, failed.partition, failure.reason,
+                                          failure.traceback, record_of(event))
+        if not self.plan.store.fenced():
+            self._save(consumer)
+            self.plan.store.request_stop(f"partition {failed.partition}: the handler failed")
+
+    def result(self) -> pa.RecordBatch:
+        readers = self.readers.values()
+        return pa.RecordBatch.from_pylist([{
+            "task": self.task,
+            "handled": sum(state.get("handled", 0) for state in self.saved_states.values()),
+            "skipped": sum(reader.skipped for reader in readers),
+            "dead_letters": sum(reader.dead_letters for reader in readers),
+            "failure": None if self.failure is None else pickle.dumps(self.failure), "fenced": self.fenced,
+        }], schema=RESULT_SCHEMA)
+
+
+def _record_key(event: dict[str, Any]) -> Any:
+    return event["key"]
+
+
+def _end_offset(consumer: Any, topic: str, partition: int, topic_partition: Any) -> int | None:
+    """The partition's end as the consumer last heard it (no request), ``None`` before it has."""
+    high = consumer.get_watermark_offsets(topic_partition(topic, partition), cached=True)[1]
+    return None if high < 0 else int(high)
+
+
+def run_partitions(plan: PartitionPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` function of a real-time job: the task's index in, one result row out."""
+    for batch in batches:
+        for task in batch.column(0).to_pylist():
+            with watching_driver(plan.store.driver):
+                work = _PartitionsTask(plan, int(task))
+                work.run()
+            yield work.result()
