@@ -1,6 +1,7 @@
-"""``python -m bench [hashes] [acker] [spark] [sinks] [console] [kafka] [crashes]``: same-run ratios against
-competitors (``crashes``, not run by default, counts what a crash costs a handler instead; ``kafka``,
-not run by default either, needs the PySpark Spark's Kafka connector is released for).
+"""``python -m bench [hashes] [acker] [spark] [sinks] [console] [kafka] [latency] [crashes]``: same-run
+ratios against competitors (``crashes``, not run by default, counts what a crash costs a handler
+instead; ``kafka`` and ``latency``, not run by default either, need the PySpark Spark's Kafka
+connector is released for).
 
 Every table times segack and its competitor in this one process, on the same
 input, and prints the ratio; absolute times on shared machines are noise, the
@@ -21,10 +22,10 @@ from bench.common import cpus
 
 
 def main(argv: list[str]) -> int:
-    from bench import acker, console, crashes, hashes, kafka, sinks, spark
+    from bench import acker, console, crashes, hashes, kafka, latency, sinks, spark
 
     suites = {"hashes": hashes.run, "acker": acker.run, "spark": spark.run, "sinks": sinks.run,
-              "console": console.run, "kafka": kafka.run, "crashes": crashes.run}
+              "console": console.run, "kafka": kafka.run, "latency": latency.run, "crashes": crashes.run}
     chosen = argv or ["hashes", "acker", "spark", "sinks", "console"]
     unknown = [name for name in chosen if name not in suites]
     if unknown:

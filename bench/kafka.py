@@ -123,7 +123,7 @@ def _lines(path: Path) -> int:
 
 
 def _steady(name: str, command: list[str], environment: dict[str, str], bootstrap: str, topic: str,
-            scratch: Path) -> dict[str, str]:
+            scratch: Path, produce_seconds: int = STEADY_SECONDS) -> dict[str, str]:
     """One contender under the steady producer: its micro-batches' median duration and the
     latency from a record's timestamp to its handler call."""
     log = scratch / f"latency-{topic}.txt"
@@ -134,9 +134,9 @@ def _steady(name: str, command: list[str], environment: dict[str, str], bootstra
     reader.start()
     time.sleep(20)  # the contender's JVM and query up before the first record
     began = time.time()
-    _produce(bootstrap, topic, STEADY_RATE * STEADY_SECONDS, STEADY_RATE)
+    _produce(bootstrap, topic, STEADY_RATE * produce_seconds, STEADY_RATE)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and _lines(log) < STEADY_RATE * STEADY_SECONDS:
+    while time.monotonic() < deadline and _lines(log) < STEADY_RATE * produce_seconds:
         time.sleep(1)  # every record handled
     process.send_signal(signal.SIGTERM)
     process.wait(120)
@@ -145,10 +145,10 @@ def _steady(name: str, command: list[str], environment: dict[str, str], bootstra
                if line.startswith(("segack stream: batch ", "batch ")) and " in " in line]
     noted = (line.split() for line in log.read_text().splitlines())
     latencies = sorted(float(latency) for stamp, latency in noted if float(stamp) >= began + WARM_UP)
-    if not seconds or not latencies:
+    if not latencies:
         raise RuntimeError(f"{name} reported nothing:\n{''.join(lines)[-3000:]}")
     return {"pipeline": name, "micro-batches": f"{len(seconds)}",
-            "median micro-batch (s)": f"{statistics.median(seconds):.2f}",
+            "median micro-batch (s)": f"{statistics.median(seconds):.2f}" if seconds else "-",
             "median latency (s)": f"{statistics.median(latencies):.2f}",
             "p99 latency (s)": f"{latencies[int(len(latencies) * 0.99)]:.2f}",
             "records timed": f"{len(latencies):,}"}

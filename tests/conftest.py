@@ -48,6 +48,7 @@ AREAS = {
     "test_conformance_and_cli.py": ("kernel", "smoke"),
     "test_delta.py": ("streams",),
     "test_dispatch_machine.py": ("handlers",),
+    "test_kafka_records.py": ("streams",),
     "test_partition_task.py": ("handlers", "streams"),
     "test_doc_examples.py": ("command",),
     "test_durations_check.py": (),

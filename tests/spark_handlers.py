@@ -270,6 +270,18 @@ def record_kafka(event: dict[str, Any]) -> None:
         log.write(line + "\n")
 
 
+#: The seconds :func:`record_kafka_holding` takes for the record whose key is ``slow``.
+SLOW_ENV = "SEGACK_TEST_SLOW_SECONDS"
+
+
+def record_kafka_holding(event: dict[str, Any]) -> None:
+    """:func:`record_kafka`, after :data:`SLOW_ENV` seconds for the record whose key is ``slow``: a
+    call that holds its partition's committed offset back while later records go on."""
+    if event["key"] == "slow":
+        time.sleep(float(os.environ.get(SLOW_ENV, "0")))
+    record_kafka(event)
+
+
 def record_kafka_slowly(event: dict[str, Any]) -> None:
     """:func:`record_kafka`, a millisecond each: a stream of a few thousand records takes seconds."""
     time.sleep(0.001)

@@ -135,8 +135,8 @@ def run_stream(tmp_path: Path, bootstrap: str, topic: str, handler: str, *extra:
 
 
 def start_stream(tmp_path: Path, bootstrap: str, topic: str, handler: str, *extra: str, run: str = "0",
-                 dsn: str | None = None) -> subprocess.Popen[str]:
-    command = stream_command(tmp_path, bootstrap, topic, handler, *extra)
+                 dsn: str | None = None, checkpoint: str | None = None) -> subprocess.Popen[str]:
+    command = stream_command(tmp_path, bootstrap, topic, handler, *extra, checkpoint=checkpoint)
     return subprocess.Popen(command, cwd=ROOT, env=environment(tmp_path, run, dsn), start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -51,13 +51,13 @@ def test_the_safe_offset_waits_for_the_slowest_call_and_the_intervals_above_it_a
     offsets = [100, 101, 102, 103, 104, 106, 107, 108, 109, 110]
     for index, offset in enumerate(offsets):
         assert reader.take(offset, _event(f"k{index}", offset))
-    assert reader.state()["next"] == 100  # nothing done: the first record is next
+    assert reader.state()[0]["next"] == 100  # nothing done: the first record is next
     for call in calls[1:]:
         call()
-    state = reader.state()
+    state, _ = reader.state()
     assert state["next"] == 100 and state["done"] == [[101, 110]] and state["pending"] == 10
     calls[0]()
-    state = reader.state()
+    state, _ = reader.state()
     assert state["next"] == 111 and state["done"] == [] and state["pending"] == 0
 
 
@@ -72,7 +72,7 @@ def test_a_resume_from_any_saved_progress_skips_exactly_what_was_done(count, rng
     finished = rng.sample(range(count), rng.randint(0, count))
     for index in finished:
         calls[index]()
-    saved = first.state()
+    saved, _ = first.state()
     done = {offsets[index] for index in finished}
     assert all(offset in done for offset in offsets if offset < saved["next"])
     assert saved["next"] == offsets[0] or offsets[0] in done
@@ -85,7 +85,7 @@ def test_a_resume_from_any_saved_progress_skips_exactly_what_was_done(count, rng
             assert second.take(offset, _event(f"k{index}", offset))
     assert handed == [offset for offset in offsets if offset not in done]
     assert second.skipped == len([offset for offset in done if offset >= saved["next"]])
-    assert second.state()["next"] == offsets[-1] + 1 and second.state()["done"] == []
+    assert second.state()[0]["next"] == offsets[-1] + 1 and second.state()[0]["done"] == []
 
 
 def test_a_resumed_interval_not_yet_read_is_saved_again_and_not_lost():
@@ -93,7 +93,7 @@ def test_a_resumed_interval_not_yet_read_is_saved_again_and_not_lost():
                              Dispatcher(lambda event: None, lambda event: event["key"]))
     for offset in (50, 51, 52, 53):
         assert reader.take(offset, _event("k", offset))
-    state = reader.state()
+    state, _ = reader.state()
     assert state["next"] == 54
     assert state["done"] == [[54, 54], [60, 70]]
 
@@ -120,9 +120,40 @@ def test_a_slow_key_holding_back_a_million_later_records_keeps_one_interval(late
     while dispatcher.done_rows()[2] != [(1, later)]:
         assert time.monotonic() < deadline, dispatcher.done_rows()
         time.sleep(0.05)
-    state = reader.state()
+    state, _ = reader.state()
     assert state["next"] == 0 and state["done"] == [[1, later]] and state["pending"] == later + 1
     assert len(reader._offsets) == 1  # one run of offsets for a million rows
     release.set()
     dispatcher.close()
-    assert reader.state() == {**state, "next": later + 1, "done": [], "pending": 0, "handled": later + 1}
+    assert reader.state()[0] == {**state, "next": later + 1, "done": [], "pending": 0, "handled": later + 1}
+
+
+def test_a_dead_letter_is_taken_with_the_progress_that_counts_its_record_done():
+    calls: list = []
+
+    def handler(event: dict) -> None:
+        if event["key"] == "bad":
+            raise ValueError("cannot")
+
+    dispatcher = Dispatcher(handler, lambda event: event["key"], concurrency=4, on_error="dead-letter",
+                            start=calls.append)
+    reader = PartitionReader(0, 0, [], dispatcher)
+    for offset, key in enumerate(["bad", "ok", "bad"]):
+        assert reader.take(offset, _event(key, offset))
+    dispatcher.send_partial()
+    for call in list(calls):
+        call()
+    state, letters = reader.state()
+    # Both of bad's records are set aside (the second behind the first), and done with the record
+    # between them: the same snapshot holds the letters.
+    assert state["next"] == 3 and [letter.row for letter in letters] == [0, 2]
+    assert state["dead_letters"] == 2 and state["handled"] == 1
+    assert reader.state()[1] == []
+
+
+def test_past_a_transactions_marker_the_consumers_position_is_the_next_offset():
+    reader = PartitionReader(0, 0, [], Dispatcher(lambda event: None, lambda event: event["key"]))
+    for offset in range(3):
+        assert reader.take(offset, _event("k", offset))
+    assert reader.state(position=4)[0]["next"] == 4  # offset 3 is the commit marker
+    assert reader.state(position=None)[0]["next"] == 3

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import signal
 import subprocess
 import time
@@ -14,10 +15,10 @@ import time
 import pytest
 
 from segack.cli import ExitCode, main
-from segack.spark_adapter.errors import ForeignInputError
+from segack.spark_adapter.errors import ForeignInputError, InputError, OptionError
 from segack.spark_adapter.store.checkpoint import CheckpointStore
 from segack.spark_adapter.store.partitions import refuse_real_time
-from tests.spark_handlers import fold, read_log
+from tests.spark_handlers import SLOW_ENV, fold, read_log
 from tests.test_kafka import (
     _kill,
     _ledger,
@@ -86,11 +87,173 @@ def test_records_are_handled_as_they_arrive_in_key_order_and_a_resume_repeats_no
         refuse_real_time(store.load_existing().settings, store.location)
 
 
+@pytest.mark.handlers
+def test_a_slow_call_holds_the_groups_offset_not_the_other_keys_and_status_names_its_partition(
+        tmp_path, kafka_broker, monkeypatch, capsys):
+    bootstrap, topic, group = kafka_broker.bootstrap, "real-time-slow", "segack-real-time-slow"
+    make_topic(bootstrap, topic, 1)
+    seqs: dict[str, int] = {}
+    before, after = account_events(500, 50, seed=6, start=seqs), account_events(2000, 50, seed=7, start=seqs)
+    slow = ("slow", json.dumps({"user": "slow", "seq": 0, "amount": 1}).encode())
+    produce(bootstrap, topic, [*before, slow, *after])
+    monkeypatch.setenv(SLOW_ENV, "20")
+    log = str(tmp_path / "log.jsonl")
+    process = start_stream(tmp_path, bootstrap, topic, "tests.spark_handlers:record_kafka_holding",
+                           *REAL_TIME, "--concurrency", "4", "--commit-offsets-to", group)
+    # Every other key's records are handled while the slow call runs; the group waits at its offset.
+    _wait_for(lambda: len(read_log(log)) >= 2500, 120, "the other keys' records", process)
+    assert "slow" not in {event["key"] for event in read_log(log)}, "the slow call ended: this proves nothing"
+    time.sleep(1.5)
+    assert committed_offsets(bootstrap, topic, group) == {0: 500}
+    assert main(["status", str(tmp_path / "checkpoint")]) == ExitCode.OK
+    status = capsys.readouterr().out
+    held = f"{topic}/0     next offset 500 (read 2,501, 2,001 pending, 1 interval done above it)"
+    assert held in status, status
+    assert "holds the run back" in status and f"committed to consumer group {group}" in status
+    _wait_for(lambda: len(read_log(log)) == 2501, 60, "the slow call", process)
+    _wait_for(lambda: committed_offsets(bootstrap, topic, group) == {0: 2501}, 30, "the group at the end",
+              process)
+    _stopped(process)
+
+
+@pytest.mark.handlers
+def test_a_failed_call_stops_the_stream_after_saving_what_is_done_or_parks_its_key_as_dead_letters(
+        tmp_path, kafka_broker):
+    bootstrap, topic, group = kafka_broker.bootstrap, "real-time-failing", "segack-real-time-failing"
+    make_topic(bootstrap, topic, 2)
+    records = [(f"u{n % 5}", json.dumps({"user": f"u{n % 5}", "seq": n // 5, "amount": 1}).encode())
+               for n in range(400)]
+    produce(bootstrap, topic, records)
+    log = str(tmp_path / "log.jsonl")
+    handler = "tests.spark_handlers:record_refusing_tenth_until_fixed"
+    stopped = start_stream(tmp_path, bootstrap, topic, handler, *REAL_TIME, "--concurrency", "4",
+                           "--commit-offsets-to", group)
+    _, err = stopped.communicate(timeout=240)
+    assert stopped.returncode == ExitCode.HANDLER_FAILED, err[-3000:]
+    assert "handler failed on the event with key 'u1'" in err and "cannot apply this part yet" in err, err
+    store = CheckpointStore(str(tmp_path / "checkpoint"))
+    saved = {partition: state["next"] for partition, state in store.partitions.all().items()}
+    after_failure = committed_offsets(bootstrap, topic, group)
+    handled = {(event["user"], event["seq"]) for event in read_log(log)}
+    assert ("u1", 9) in handled and ("u1", 10) not in handled and ("u1", 11) not in handled
+    # Under --on-error dead-letter the record and u1's later ones are set aside; every other key goes on.
+    process = start_stream(tmp_path, bootstrap, topic, handler, *REAL_TIME, "--concurrency", "4",
+                           "--commit-offsets-to", group, "--on-error", "dead-letter", run="1")
+    _wait_for(lambda: committed_offsets(bootstrap, topic, group) == end_offsets(bootstrap, topic), 120,
+              "the group at the end", process)
+    _stopped(process)
+    handled = [(event["user"], event["seq"]) for event in read_log(log)]
+    assert len(handled) == len(set(handled))
+    set_aside = {("u1", seq) for seq in range(10, 80)}
+    assert set(handled) == {(f"u{n % 5}", n // 5) for n in range(400)} - set_aside
+    assert store.count_dead_letters() == 70 and store.dead_letter_keys("key") == {"u1"}
+    # The failed run saved, and committed, u1's partition below its failing record (the calls not
+    # started when it failed stay not done), never past it.
+    letters = store.read_dead_letters().to_pylist()
+    [first] = [letter for letter in letters if letter["seq"] == 10]
+    partition, offset = first["__segack_key_group"], first["__segack_position"]
+    assert first["partition"] == partition and first["offset"] == offset
+    assert 0 < saved[partition] == after_failure[partition] <= offset
+
+
+@pytest.mark.faults
+def test_records_gone_or_partitions_added_stop_the_stream_in_one_line_and_lose_nothing_unsaid(
+        tmp_path, kafka_broker):
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    bootstrap, admin = kafka_broker.bootstrap, AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    log = str(tmp_path / "log.jsonl")
+
+    def run_until(topic: str, group: str, handled: int, run: str) -> subprocess.Popen[str]:
+        process = start_stream(tmp_path, bootstrap, topic, "tests.spark_handlers:record_kafka", *REAL_TIME,
+                               "--commit-offsets-to", group, run=run, checkpoint=str(tmp_path / topic))
+        _wait_for(lambda: len(read_log(log)) >= handled, 120, f"{handled} records handled", process)
+        return process
+
+    def lines(done: subprocess.Popen[str]) -> list[str]:
+        _, err = done.communicate(timeout=120)
+        assert "Traceback" not in err, err[-3000:]
+        return [line for line in err.splitlines() if line.startswith("segack")]
+
+    # Records deleted (retention) before the stream read them: it stops, naming them, and goes no further.
+    make_topic(bootstrap, "real-time-lost", 1)
+    produce(bootstrap, "real-time-lost", account_events(50, users=5, seed=2))
+    _stopped(run_until("real-time-lost", "segack-lost", 50, "0"))
+    produce(bootstrap, "real-time-lost", account_events(50, users=5, seed=3))
+    for future in admin.delete_records([TopicPartition("real-time-lost", 0, 80)]).values():
+        future.result(30)
+    lost = start_stream(tmp_path, bootstrap, "real-time-lost", "tests.spark_handlers:record_kafka",
+                        *REAL_TIME, "--commit-offsets-to", "segack-lost", run="1",
+                        checkpoint=str(tmp_path / "real-time-lost"))
+    [line] = lines(lost)
+    assert lost.returncode == ExitCode.FAILED
+    said = "segack stream: Kafka partition real-time-lost/0: records the stream needs are gone"
+    assert line.startswith(said), line
+    assert len(read_log(log)) == 50
+    assert committed_offsets(bootstrap, "real-time-lost", "segack-lost") == {0: 50}
+    # Partitions added while it runs: a key's later records may land in another partition, whose
+    # offsets do not order them. The stream stops, and the checkpoint refuses the new layout.
+    make_topic(bootstrap, "real-time-grown", 1)
+    produce(bootstrap, "real-time-grown", account_events(20, users=5, seed=4))
+    grown = run_until("real-time-grown", "segack-grown", 70, "2")
+    for future in admin.create_partitions([NewPartitions("real-time-grown", 2)]).values():
+        future.result(30)
+    [line] = lines(grown)
+    assert grown.returncode == ExitCode.FAILED
+    assert "topic real-time-grown has 2 partitions, not the 1 this stream reads" in line, line
+    refused = start_stream(tmp_path, bootstrap, "real-time-grown", "tests.spark_handlers:record_kafka",
+                           *REAL_TIME, run="3", checkpoint=str(tmp_path / "real-time-grown"))
+    [line] = lines(refused)
+    assert refused.returncode == ExitCode.REFUSED and "start a new checkpoint" in line, line
+    assert len(read_log(log)) == 70
+
+
+@pytest.mark.parametrize(("change", "error", "said"), [
+    ({"segments": 3}, OptionError, "segments is not for a real-time stream"),
+    ({"commit_interval": 0}, OptionError, "commit_interval must be a positive number of seconds"),
+    ({"kafka_options": {"subscribePattern": "a.*"}}, OptionError, "not 'subscribePattern'"),
+    ({"kafka_options": {"subscribe": "a,b"}}, OptionError, "reads one topic"),
+    ({"kafka_options": {"startingOffsets": '{"t": {"0": 5}}'}}, OptionError, "earliest or latest"),
+    ({"value_schema_ddl": "user STRING, tags ARRAY<STRING>"}, OptionError, "field 'tags' is ARRAY<STRING>"),
+    ({"kafka_options": {"subscribe": "no-such-topic"}}, InputError, "'no-such-topic' does not exist"),
+    ({"checkpoint": "replayed"}, ForeignInputError, "holds a replay or a micro-batch stream"),
+])
+def test_what_a_real_time_stream_cannot_take_is_refused_before_anything_is_written(
+        spark, kafka_broker, tmp_path, change, error, said):
+    from segack.spark_adapter import stream_real_time
+    from segack.spark_adapter.store.checkpoint import Checkpoint
+
+    if not _topic_exists(kafka_broker.bootstrap, "real-time-refusals"):
+        make_topic(kafka_broker.bootstrap, "real-time-refusals", 1)
+    replayed = CheckpointStore(str(tmp_path / "replayed"))
+    replayed.save(Checkpoint({"key": "user", "order": "seq"}), 1)
+    before = sorted(path.relative_to(tmp_path) for path in tmp_path.rglob("*"))
+    arguments = {"kafka_options": {"kafka.bootstrap.servers": kafka_broker.bootstrap,
+                                   "subscribe": "real-time-refusals"},
+                 "value_schema_ddl": "user STRING, seq BIGINT", "checkpoint": "new"}
+    for name, value in change.items():
+        arguments[name] = {**arguments[name], **value} if name == "kafka_options" else value
+    arguments["checkpoint"] = str(tmp_path / arguments["checkpoint"])
+    with pytest.raises(error, match=re.escape(said)):
+        stream_real_time(spark, arguments.pop("kafka_options"), arguments.pop("value_schema_ddl"),
+                         handler=print, **arguments)
+    assert sorted(path.relative_to(tmp_path) for path in tmp_path.rglob("*")) == before
+
+
+def _topic_exists(bootstrap: str, topic: str) -> bool:
+    from confluent_kafka.admin import AdminClient
+
+    return topic in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30).topics
+
+
 @pytest.mark.command
 @pytest.mark.parametrize(("flags", "said"), [
     (("--segments", "3"), "--segments is not for --trigger real-time: a real-time stream's tasks own Kafka"),
     (("--key", "user"), "--key is not for --trigger real-time: a real-time stream's key is the record's"),
     (("--retry-dead-letters",), "--retry-dead-letters is not for --trigger real-time: a real-time stream"),
+    (("--flush-interval", "2"), "--flush-interval is not for --trigger real-time"),
+    (("--metrics-port", "0"), "--metrics-port is not for --trigger real-time: a real-time stream serves no"),
 ])
 def test_flags_a_real_time_stream_cannot_take_are_refused_before_spark_starts(tmp_path, capsys, flags, said):
     command = ["stream", "--format", "kafka", "--option", "kafka.bootstrap.servers=127.0.0.1:9",

@@ -236,9 +236,6 @@ _NOT_REAL_TIME = (
     ("--format", "format", "kafka", "a real-time stream reads a Kafka topic"),
     ("--key", "key", "key", "a real-time stream's key is the record's Kafka key (--key key)"),
     ("--order", "order", "offset", "a real-time stream's order is the record's offset (--order offset)"),
-    ("--segments", "segments", None, "a real-time stream's tasks own Kafka partitions, not segments"),
-    ("--retry-dead-letters", "retry_dead_letters", False, "a real-time stream does not retry dead letters "
-     "yet: retry them with --trigger available-now on a checkpoint of its own"),
     ("--metrics-port", "metrics_port", None, "a real-time stream serves no metrics yet"),
 )
 
@@ -247,9 +244,11 @@ def _stream_real_time(args: argparse.Namespace, job: _Job) -> int:
     """``segack stream --trigger real-time``: until SIGTERM or Ctrl-C (the calls read finish, exit
     0; twice: at once, exit 1, the progress saved so far kept) or a failure."""
     from segack.spark_adapter.coordinator.query import StopRequest
-    from segack.spark_adapter.coordinator.realtime import stream_real_time
+    from segack.spark_adapter.coordinator.realtime import BATCH_ONLY_OPTIONS, stream_real_time
 
-    for flag, name, allowed, why in _NOT_REAL_TIME:
+    batch_only = [("--" + name.replace("_", "-"), name, unset, "a real-time stream's tasks own Kafka "
+                   "partitions, read as records arrive") for name, unset in BATCH_ONLY_OPTIONS.items()]
+    for flag, name, allowed, why in (*_NOT_REAL_TIME, *batch_only):
         if getattr(args, name, allowed) != allowed:
             print(f"segack stream: {flag} is not for --trigger real-time: {why}", file=sys.stderr)
             return ExitCode.USAGE
@@ -263,8 +262,6 @@ def _stream_real_time(args: argparse.Namespace, job: _Job) -> int:
         say(f"segack stream: stopping {then}")
         threading.Thread(target=stop.set, name="segack-stop", daemon=True).start()
 
-    options = {name: value for name, value in job.options.items()
-               if name not in ("segments", "retry_dead_letters")}
     spark = None
     try:
         with stop_signals(asked) as again:
@@ -276,7 +273,7 @@ def _stream_real_time(args: argparse.Namespace, job: _Job) -> int:
             result = stream_real_time(
                 spark, dict(args.option), args.value_schema, handler=job.handler, checkpoint=job.store,
                 commit_interval=args.commit_interval or 1.0, commit_offsets_to=args.commit_offsets_to,
-                stop=stop, progress=_RealTimeLine(), **options)
+                stop=stop, progress=_RealTimeLine(), **job.options)
     except Exception as error:
         return _failure_code(args, error)
     finally:

@@ -10,6 +10,7 @@ from segack.cli.exit_codes import ExitCode
 from segack.cli.output import counted, local_time, percent, refused
 
 if TYPE_CHECKING:
+    from segack.spark_adapter.results import PartitionReport
     from segack.spark_adapter.store.checkpoint import CheckpointStore
     from segack.spark_adapter.store.claims import Claim
     from segack.spark_adapter.store.tokens import KeyGroupTokens
@@ -23,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from segack.spark_adapter.store.checkpoint import CheckpointError, CheckpointStore
     from segack.spark_adapter.store.claims import latest_claim, recorded_state
+    from segack.spark_adapter.store.partitions import REAL_TIME_MODE
     from segack.spark_adapter.store.stream_view import stream_now
 
     try:
@@ -36,6 +38,8 @@ def _status(args: argparse.Namespace) -> int:
     print(f"{'checkpoint':<15} {store.location}")
     print(f"{'status':<15} {_status_line(settings.get('status', '?'), claim, letters, 'stream' in settings)}")
     _print_stream(stream_now(store.files, settings.get("stream")))
+    if settings.get("mode") == REAL_TIME_MODE:
+        _print_partitions(settings, store.partitions.reports())
     if tokens is not None:
         if "stream" in settings:  # the tokens count the last micro-batch's events
             aside = f", {counted(letters, 'event')} of them set aside as dead letters" if letters else ""
@@ -107,6 +111,25 @@ def _print_stream(stream: dict[str, Any] | None) -> None:
         state = ("done" if not group else "committed" if at == end
                  else "done, not committed yet" if at is None else f"done, the group at {at:,}")
         print(f"  {topic}/{partition:<5} next offset {end:,} ({state}){lag}")
+
+
+def _print_partitions(settings: dict[str, Any], reports: tuple[PartitionReport, ...]) -> None:
+    """A real-time stream's partitions, as their tasks last saved them, and the one that holds the run
+    back (the most records read and not yet committed)."""
+    group = settings.get("commit_offsets_to")
+    told = f"committed to consumer group {group}" if group else "not committed to Kafka"
+    handled = sum(report.handled_total for report in reports)
+    print(f"{'real-time':<15} topic {settings.get('topic')}, {counted(len(reports), 'partition')} with "
+          f"progress, saved every {settings.get('commit_interval', 1.0):g} s, {told}; {handled:,} events "
+          f"handled")
+    busiest = max(reports, key=lambda report: report.pending, default=None)
+    for report in reports:
+        lag = "" if report.lag is None else f", end {report.end:,}, lag {report.lag:,}"
+        above = (f", {counted(report.done_intervals, 'interval')} done above it" if report.done_intervals
+                 else "")
+        back = "  <- holds the run back" if report is busiest and report.pending else ""
+        print(f"  {settings.get('topic')}/{report.partition:<5} next offset {report.next_offset:,} (read "
+              f"{report.read:,}, {report.pending:,} pending{above}){lag}{back}")
 
 
 def _status_line(status: str, claim: Claim | None, letters: int, streams: bool = False) -> str:

@@ -6,7 +6,7 @@ Spark's own real-time mode (``trigger(realTime=...)``, Spark 4.1) runs no Python
 records offsets only at the end of each batch duration. So segack runs the same shape itself: one
 Spark job whose tasks never end while the stream runs, each owning some of the topic's partitions
 and reading them with a consumer of its own (:mod:`~segack.spark_adapter.worker.partition_task`).
-Spark places the tasks, and starts them again together (a barrier stage) when one is lost.
+Spark places the tasks, and starts a lost one again (it resumes from its partitions' last save).
 
 The driver goes like this:
 
@@ -56,7 +56,7 @@ from segack.spark_adapter.errors import (
 )
 from segack.spark_adapter.handlers import RunContext, orderable_refusal, prepare_handler, refusing
 from segack.spark_adapter.options import RunOptions, takes_options
-from segack.spark_adapter.results import PartitionReport, RealTimeReport, RealTimeResult
+from segack.spark_adapter.results import RealTimeReport, RealTimeResult
 from segack.spark_adapter.sources.kafka import UNPARSED, unparsed_refusal, value_schema
 from segack.spark_adapter.sources.reader_options import spelled
 from segack.spark_adapter.spark.executors import check_executors
@@ -78,12 +78,19 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["DEFAULT_MAX_PENDING", "stream_real_time"]
+__all__ = ["BATCH_ONLY_OPTIONS", "DEFAULT_MAX_PENDING", "stream_real_time"]
 
 log = logging.getLogger(__name__)
 
 #: The reader options a real-time stream takes, in Spark's spelling (the ``kafka.*`` ones too).
 _OPTIONS = ("subscribe", "startingOffsets")
+#: Seconds between looks at the topic's partitions while the stream runs.
+PARTITIONS_LOOK_SECONDS = 10.0
+#: The run options of replays and micro-batch streams that a real-time stream has no use for, with
+#: the value that means "not given".
+BATCH_ONLY_OPTIONS = {"segments": None, "retry_dead_letters": False, "hash": "spark", "key_group_bits": None,
+                  "method": "auto", "flush_every": 10_000, "flush_interval": 5.0, "verify": "auto",
+                  "source": None}
 #: Records a partition's task reads ahead of its calls when ``max_pending`` is not given: enough
 #: for a slow call not to hold other keys back for long.
 DEFAULT_MAX_PENDING = 10_000
@@ -152,6 +159,22 @@ def _starts(settings: dict[str, str], topic: str, partitions: list[int], startin
         consumer.close()
 
 
+def _run_options(options: dict[str, Any], handler: Callable[..., Any], commit_interval: Any) -> RunOptions:
+    """The run's options, ``max_pending`` :data:`DEFAULT_MAX_PENDING` unless given; an
+    :class:`~segack.spark_adapter.OptionError` for one of :data:`BATCH_ONLY_OPTIONS` or a
+    ``commit_interval`` that is not a positive number of seconds."""
+    if options.get("max_pending") is None:
+        options = {**options, "max_pending": DEFAULT_MAX_PENDING}
+    given = [name for name, unset in BATCH_ONLY_OPTIONS.items() if options.get(name, unset) != unset]
+    if given:
+        raise OptionError(f"{given[0]} is not for a real-time stream: its tasks own Kafka partitions, read "
+                          f"as records arrive")
+    if (isinstance(commit_interval, bool) or not isinstance(commit_interval, (int, float))
+            or not commit_interval > 0):
+        raise OptionError(f"commit_interval must be a positive number of seconds, not {commit_interval!r}")
+    return RunOptions.from_keywords(options, handler=handler, streams=True, caller="stream_real_time")
+
+
 def _slots(spark: SparkSession) -> int:
     """The tasks the session runs at once."""
     if is_connect(spark):
@@ -175,7 +198,8 @@ def _dead_letter_schema(spark: SparkSession, schema: StructType) -> pa.Schema:
     ])
 
 
-def _check_checkpoint(state: Checkpoint | None, store: CheckpointStore, topic: str) -> Checkpoint:
+def _check_checkpoint(state: Checkpoint | None, store: CheckpointStore, topic: str,
+                      partitions: int) -> Checkpoint:
     if state is None:
         return Checkpoint()
     mode = state.settings.get("mode")
@@ -186,17 +210,17 @@ def _check_checkpoint(state: Checkpoint | None, store: CheckpointStore, topic: s
     if state.settings.get("topic") != topic:
         raise ForeignInputError(f"checkpoint {store.location} is a real-time stream of topic "
                                 f"{state.settings.get('topic')!r}, not {topic!r}")
+    was = state.settings.get("partitions")
+    if was is not None and was != partitions:
+        raise InputError(_changed(topic, was, partitions))
     return state
 
 
-def _reports(store: CheckpointStore, began: float, claim: int, partitions: list[int],
-             ) -> RealTimeReport:
+def _reports(store: CheckpointStore, began: float, claim: int, partitions: list[int]) -> RealTimeReport:
+    """The partitions' progress as the tasks last saved it; ``handled``: by this run (``claim``)."""
     states = store.partitions.all()
-    reports = tuple(PartitionReport(
-        partition, int(state["next"]), int(state.get("read", state["next"])), state.get("end"),
-        int(state.get("pending", 0)), len(state.get("done", [])), int(state.get("handled_total", 0)),
-    ) for partition, state in sorted(states.items()) if partition in partitions)
     handled = sum(int(state.get("handled", 0)) for state in states.values() if state.get("claim") == claim)
+    reports = tuple(report for report in store.partitions.reports() if report.partition in partitions)
     return RealTimeReport(handled, time.monotonic() - began, reports)
 
 
@@ -215,7 +239,7 @@ class _Job:
         self.spark.addTag(self.tag)
         try:
             frame = self.spark.range(0, self.tasks, 1, self.tasks).mapInArrow(
-                functools.partial(run_partitions, self.plan), from_arrow_schema(RESULT_SCHEMA), barrier=True)
+                functools.partial(run_partitions, self.plan), from_arrow_schema(RESULT_SCHEMA))
             self.results = frame.toArrow()
         except BaseException as error:
             self.error = error
@@ -291,24 +315,20 @@ def stream_real_time(
         a reader option of Spark's Kafka source), a value field of another type, a ``commit_interval``
         that is not a positive number.
     InputError
-        Kafka does not answer, the topic does not exist, or records a partition needs are gone.
+        Kafka does not answer, the topic does not exist, or it has other partitions than the
+        checkpoint's stream read (a key's records may be in two).
     CheckpointError
         The checkpoint holds a replay, a micro-batch stream or another topic's stream.
     SessionError, CheckpointLocationError, ExecutorEnvironmentError, SinkError
         As :func:`~segack.spark_adapter.stream` raises them, before anything is written.
     HandlerFailedError, ReplayError
-        The stream stopped: a handler failed for good, or the job did; progress was saved first.
+        The stream stopped: a handler failed for good, records a partition needs are gone, the
+        topic's partitions changed, or the job failed; progress was saved first.
     """
     from confluent_kafka import TopicPartition  # noqa: F401  (a missing client is refused here)
 
     began = time.monotonic()
-    if "max_pending" not in options:
-        options = {**options, "max_pending": DEFAULT_MAX_PENDING}
-    run_options = RunOptions.from_keywords(options, handler=handler, streams=True,  # 1
-                                           caller="stream_real_time")
-    if (isinstance(commit_interval, bool) or not isinstance(commit_interval, (int, float))
-            or not commit_interval > 0):
-        raise OptionError(f"commit_interval must be a positive number of seconds, not {commit_interval!r}")
+    run_options = _run_options(options, handler, commit_interval)  # 1
     kafka_options = spelled(kafka_options, _OPTIONS, prefixes=("kafka.",))
     topic = _topic(kafka_options)
     starting = str(kafka_options.get("startingOffsets", "earliest")).strip().lower()
@@ -320,11 +340,14 @@ def stream_real_time(
     partitions = _partitions(settings, topic)
     check_session(spark)
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
-    state = _check_checkpoint(store.load(), store, topic)
+    state = _check_checkpoint(store.load(), store, topic, len(partitions))
     check_location(spark, store, run_options.shared_local_checkpoint)
     check_executors(spark)
     refused = refusing(handler, [unparsed_refusal(schema), orderable_refusal(
         "key", "offset", UNPARSED, frozenset(schema.fieldNames()))])
+    starts = _starts(settings, topic, partitions, starting, commit_offsets_to)
+    records = RecordEvents(fields, setting(spark, "spark.sql.session.timeZone", "UTC"))
+    dead_letter_schema = _dead_letter_schema(spark, schema)
     stop = stop or StopRequest()
     run_id = new_run_id()
     with claimed(spark, store, run_id, run_options) as keeper:  # 2
@@ -332,47 +355,44 @@ def stream_real_time(
         prepare_handler(refused, RunContext(
             store.location, checkpoint_id, "key", "offset", run_options.handling.policy,
             run_options.claim_timeout, run_options.handling.batch_size, keeper.claim.number))
-        state.settings.update({"mode": REAL_TIME_MODE, "topic": topic, "key": "key", "order": "offset",
-                               "commit_interval": commit_interval, "updated_at": time.time(),
+        state.settings.update({"mode": REAL_TIME_MODE, "topic": topic, "partitions": len(partitions),
+                               "key": "key", "order": "offset", "commit_interval": commit_interval,
+                               "commit_offsets_to": commit_offsets_to, "updated_at": time.time(),
                                "status": "running"})
         keeper.save(state)
         tasks = min(len(partitions), _slots(spark))  # 3
         plan = PartitionPlan(
             store=store.for_tasks(run_id, keeper.claim.number), handler=refused,
             handling=run_options.handling, topic=topic,
-            assignment=tuple(tuple(partitions[index::tasks]) for index in range(tasks)),
-            starts=_starts(settings, topic, partitions, starting, commit_offsets_to), consumer=settings,
-            records=RecordEvents(fields, setting(spark, "spark.sql.session.timeZone", "UTC")),
-            checkpoint_id=checkpoint_id, commit_interval=float(commit_interval), group=commit_offsets_to,
-            parked=store.dead_letter_keys("key"), dead_letter_schema=_dead_letter_schema(spark, schema))
+            assignment=tuple(tuple(partitions[index::tasks]) for index in range(tasks)), starts=starts,
+            consumer=settings, records=records, checkpoint_id=checkpoint_id,
+            commit_interval=float(commit_interval), group=commit_offsets_to,
+            parked=store.dead_letter_keys("key"), dead_letter_schema=dead_letter_schema)
         log.info("%s: a real-time stream of %s: %d partitions in %d tasks", store.location, topic,
                  len(partitions), tasks)
         job = _Job(spark, plan, tasks, run_tag(run_id))
         job.thread.start()
-        asked = interrupted = False
-        while job.thread.is_alive():  # 4, 5
-            job.thread.join(commit_interval)
-            if stop.asked.is_set() and not asked:
-                asked = True
-                store.request_stop(run_id, "asked to stop")
-            if stop.now.is_set() and not interrupted:
-                interrupted = True
-                spark.interruptTag(run_tag(run_id))
-            if progress is not None and job.thread.is_alive():
-                progress(_reports(store, began, keeper.claim.number, partitions))
-        report = _reports(store, began, keeper.claim.number, partitions)
-        failures = _failures(job.results)
+        watch = _Watch(job, store, run_id, keeper.claim.number, began, partitions)
+        try:
+            watch.until_ended(stop, progress, lambda: _partitions(settings, topic))  # 4, 5
+        except BaseException:
+            watch.stop_now()  # no task may go on with the claim released
+            raise
+        errors = _errors(job.results)
         state.settings.update({"updated_at": time.time(),  # 6
-                               "status": "failed" if failures or job.error else "stopped"})
+                               "status": "failed" if errors or job.error or watch.changed else "stopped"})
         if keeper.lost is None:
             keeper.save(state)
         store.clear_stop(run_id)
         if keeper.lost is not None:
             raise keeper.lost
-        if failures:
-            raise failures[0]
-        if job.error is not None and not interrupted:
+        if watch.changed:
+            raise ReplayError(watch.changed)
+        if errors:  # a handler's failure; records gone, after the stream handled others: not a refusal
+            raise errors[0] if isinstance(errors[0], HandlerFailedError) else ReplayError(str(errors[0]))
+        if job.error is not None and not watch.interrupted:
             raise ReplayError(f"the real-time stream's job failed: {worker_error(job.error)}") from job.error
+    report = _reports(store, began, keeper.claim.number, partitions)
     results = job.results.to_pylist() if job.results is not None else []
     return RealTimeResult(
         handled=report.handled, skipped=sum(row["skipped"] for row in results),
@@ -381,9 +401,71 @@ def stream_real_time(
         stopped=stop.asked.is_set(), seconds=time.monotonic() - began, partitions=report.partitions)
 
 
-def _failures(results: pa.Table | None) -> list[HandlerFailedError]:
+class _Watch:
+    """The driver's side of a running job (steps 4 and 5): reports, stop requests, and the topic's
+    partitions looked at every :data:`PARTITIONS_LOOK_SECONDS`."""
+
+    def __init__(self, job: _Job, store: CheckpointStore, run_id: str, claim: int, began: float,
+                 partitions: list[int]) -> None:
+        self.job, self.store, self.run_id, self.claim = job, store, run_id, claim
+        self.began, self.partitions = began, partitions
+        self.asked = self.interrupted = False
+        #: Why the stream stopped for a change of the topic's partitions, if it did.
+        self.changed: str | None = None
+
+    def until_ended(self, stop: StopRequest, progress: Callable[[RealTimeReport], None] | None,
+                    list_partitions: Callable[[], list[int]]) -> None:
+        next_look = time.monotonic() + PARTITIONS_LOOK_SECONDS
+        interval = self.job.plan.commit_interval
+        while self.job.thread.is_alive():
+            self.job.thread.join(interval)
+            if stop.asked.is_set():
+                self._ask("asked to stop")
+            if stop.now.is_set():
+                self.stop_now()
+            if time.monotonic() >= next_look and self.changed is None:
+                next_look = time.monotonic() + PARTITIONS_LOOK_SECONDS
+                self._look(list_partitions)
+            if progress is not None and self.job.thread.is_alive():
+                progress(_reports(self.store, self.began, self.claim, self.partitions))
+
+    def _ask(self, reason: str) -> None:
+        if not self.asked:
+            self.asked = True
+            self.store.request_stop(self.run_id, reason)
+
+    def stop_now(self) -> None:
+        """Interrupt the tasks at once: each partition keeps what its last save recorded."""
+        if not self.interrupted:
+            self.interrupted = True
+            self.job.spark.interruptTag(self.job.tag)
+
+    def _look(self, list_partitions: Callable[[], list[int]]) -> None:
+        """Stop the stream if the topic's partitions changed: a key's later records may be in another
+        partition, whose offsets do not follow its earlier ones."""
+        try:
+            now = list_partitions()
+        except InputError as error:  # Kafka out of reach for a moment: the tasks' consumers retry
+            log.warning("%s: could not list the partitions of the stream's topic: %s", self.store.location,
+                        error)
+            return
+        if now != self.partitions:
+            self.changed = _changed(self.job.plan.topic, len(self.partitions), len(now))
+            log.info("%s: the topic's partitions changed: the tasks are asked to stop", self.store.location)
+            self._ask(self.changed)
+
+
+def _changed(topic: str, was: int, now: int) -> str:
+    return (f"topic {topic} has {now} partitions, not the {was} this stream reads: a key's later records "
+            f"may now be in another partition, whose offsets do not order them after its earlier ones; "
+            f"start a new checkpoint (with --commit-offsets-to, it starts where the group is)")
+
+
+def _errors(results: pa.Table | None) -> list[HandlerFailedError | InputError]:
+    """What ended the tasks that did not stop as asked: handler failures first."""
     import pickle
 
     if results is None:
         return []
-    return [pickle.loads(data) for data in results.column("failure").to_pylist() if data is not None]
+    found = [pickle.loads(data) for data in results.column("error").to_pylist() if data is not None]
+    return sorted(found, key=lambda error: not isinstance(error, HandlerFailedError))

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from segack.spark_adapter.errors import CheckpointError, ForeignInputError
+from segack.spark_adapter.results import PartitionReport
 from segack.spark_adapter.store.crash_points import durable_write
 
 if TYPE_CHECKING:
@@ -80,3 +81,10 @@ class PartitionStates:
                 if state is not None:
                     found[partition] = state
         return found
+
+    def reports(self) -> tuple[PartitionReport, ...]:
+        """Every partition's progress as a :class:`~segack.spark_adapter.PartitionReport`, by partition."""
+        return tuple(PartitionReport(
+            partition, int(state["next"]), int(state.get("read", state["next"])), state.get("end"),
+            int(state.get("pending", 0)), len(state.get("done", [])), int(state.get("handled_total", 0)),
+        ) for partition, state in sorted(self.all().items()))

@@ -197,11 +197,13 @@ class Dispatcher:
         with self._lock:
             return self._rows_read - self._acker.next_index
 
-    def done_rows(self) -> tuple[int, int, list[tuple[int, int]]]:
-        """At one moment: the rows read, the rows committed, and the runs ``(first, last)`` of rows
-        done above the committed point (the acker's intervals)."""
+    def done_rows(self) -> tuple[int, int, list[tuple[int, int]], list[DeadLetter]]:
+        """At one moment: the rows read, the rows committed, the runs ``(first, last)`` of rows done
+        above the committed point (the acker's intervals), and the dead letters since the last take
+        (taken: every dead letter's row counted done here is among them or taken before)."""
         with self._lock:
-            return self._rows_read, self._acker.next_index, self._acker.runs()
+            taken, self._dead = sorted(self._dead, key=lambda letter: letter.row), []
+            return self._rows_read, self._acker.next_index, self._acker.runs(), taken
 
     def offer(self, event: dict[str, Any]) -> bool:
         """Take the next row's event, unless ``max_pending`` rows are pending (``False``: wait

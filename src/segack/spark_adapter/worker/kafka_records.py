@@ -11,7 +11,8 @@ null and its text in ``unparsed_value``, and the run refuses to hand it over unl
 
 The declared types are the scalar ones (:data:`FIELD_TYPES`): each takes what Spark's JSON reader
 takes for it (a ``STRING`` field takes any JSON value, a non-string one as its JSON text; an
-integer field an integral number within its range; a fractional one any number; ``BOOLEAN`` true or
+integer field an integral number within its range; a fractional one any number, or ``"NaN"``,
+``"Infinity"``, ``"-Infinity"`` quoted, a ``FLOAT`` rounded to 32 bits; ``BOOLEAN`` true or
 false). A schema with another type is refused on the driver, before anything runs
 (:func:`~segack.spark_adapter.worker.kafka_records.check_fields`).
 """
@@ -20,6 +21,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
+import re
+import struct
 import zoneinfo
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +34,7 @@ from segack.spark_adapter.errors import OptionError
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
-__all__ = ["FIELD_TYPES", "UNPARSED", "RecordEvents", "check_fields"]
+__all__ = ["FIELD_TYPES", "UNPARSED", "RecordEvents", "check_fields", "time_zone"]
 
 #: The column that holds a value that did not parse (:mod:`~segack.spark_adapter.sources.kafka`'s
 #: rule 2), null for every record that parsed.
@@ -47,10 +51,26 @@ def _integer(bits: int) -> Callable[[Any], Any]:
     return parse
 
 
-def _fractional(value: Any) -> Any:
+#: The quoted words Spark's JSON reader takes for a fractional field (``allowNonNumericNumbers``).
+_NON_NUMERIC = {"NaN": math.nan, "Infinity": math.inf, "+Infinity": math.inf, "-Infinity": -math.inf,
+                "INF": math.inf, "+INF": math.inf, "-INF": -math.inf}
+
+
+def _double(value: Any) -> Any:
+    if isinstance(value, str) and value in _NON_NUMERIC:
+        return _NON_NUMERIC[value]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError
     return float(value)
+
+
+def _float(value: Any) -> Any:
+    """A ``FLOAT``: the nearest 32-bit value, as Spark keeps it (and gives Python as a double)."""
+    number = _double(value)
+    try:
+        return struct.unpack("<f", struct.pack("<f", number))[0]
+    except OverflowError:  # past a float's range: Spark's reader gives infinity
+        return math.copysign(math.inf, number)
 
 
 def _boolean(value: Any) -> Any:
@@ -60,13 +80,13 @@ def _boolean(value: Any) -> Any:
 
 
 def _string(value: Any) -> Any:
-    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 #: The value field types a real-time stream parses, by Spark's type name, and how.
 FIELD_TYPES: dict[str, Callable[[Any], Any]] = {
     "string": _string, "bigint": _integer(64), "int": _integer(32), "smallint": _integer(16),
-    "tinyint": _integer(8), "double": _fractional, "float": _fractional, "boolean": _boolean,
+    "tinyint": _integer(8), "double": _double, "float": _float, "boolean": _boolean,
 }
 
 
@@ -83,6 +103,26 @@ def check_fields(schema: StructType) -> tuple[tuple[str, str], ...]:
     return fields
 
 
+#: A zone given as an offset from UTC, as Spark takes it: ``+08:00``, ``-5``, ``UTC+8``, ``GMT-03:30``.
+_OFFSET = re.compile(r"(?:UTC|GMT|UT)?([+-])(\d{1,2})(?::?(\d{2}))?(?::?(\d{2}))?")
+
+
+def time_zone(name: str) -> dt.tzinfo:
+    """The ``tzinfo`` of Spark's session time zone ``name`` (a region, ``UTC``, or an offset); an
+    :class:`~segack.spark_adapter.OptionError` for a name Python cannot place."""
+    found = _OFFSET.fullmatch(name.strip())
+    if found:
+        sign, hours, minutes, seconds = found.groups()
+        delta = dt.timedelta(hours=int(hours), minutes=int(minutes or 0), seconds=int(seconds or 0))
+        return dt.timezone(-delta if sign == "-" else delta)
+    try:
+        return zoneinfo.ZoneInfo(name.strip())
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise OptionError(f"the session's time zone {name!r} (spark.sql.session.timeZone) is not one "
+                          f"Python knows; give a region such as 'Europe/Paris', or an offset such as "
+                          f"'+02:00'") from None
+
+
 @dataclass(frozen=True)
 class RecordEvents:
     """Turns a topic's records into events: ``fields`` as :func:`check_fields` gives them,
@@ -94,7 +134,7 @@ class RecordEvents:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_parsers", tuple((name, FIELD_TYPES[type_name])
                                                    for name, type_name in self.fields))
-        object.__setattr__(self, "_zone", zoneinfo.ZoneInfo(self.time_zone))
+        object.__setattr__(self, "_zone", time_zone(self.time_zone))
 
     def event(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
               timestamp_ms: int) -> dict[str, Any]:

@@ -24,10 +24,11 @@ goes like this:
    intervals as ``done``); then each partition's ``next`` committed to the consumer group, if the
    run names one. Each write follows the one it depends on: the group's offset is never ahead of
    the checkpoint, and the checkpoint never calls done a record that is not.
-5. **Stop** when the checkpoint asks (the driver, on SIGTERM or Ctrl-C, or another task's failure:
-   the calls read finish, then a last save), when a call fails for good under ``on_error="stop"``
-   (the calls in flight finish, the last save stops before the failing record, the other tasks are
-   asked to stop), or when a newer claim fences the run (nothing more is written).
+5. **Stop** when the checkpoint asks (the driver, on SIGTERM or Ctrl-C, or another task's end: the
+   calls read finish, then a last save), when a call fails for good under ``on_error="stop"`` or
+   records a partition needs are gone (the calls in flight finish, no other starts, the last save
+   stops before the failing record, the other tasks are asked to stop), or when a newer claim
+   fences the run (nothing more is written: every save looks at the claims first).
 
 State is bounded per partition: the records read and not yet committed (at most ``max_pending``),
 kept as runs of consecutive offsets, and the acker's intervals, never a map per record.
@@ -76,7 +77,8 @@ log = logging.getLogger(__name__)
 #: One row per task: what it did, and why it ended.
 RESULT_SCHEMA = pa.schema([
     ("task", pa.int32()), ("handled", pa.int64()), ("skipped", pa.int64()), ("dead_letters", pa.int64()),
-    ("failure", pa.binary()), ("fenced", pa.bool_()),
+    # What ended the task, pickled: a HandlerFailedError, an InputError; null when asked to stop.
+    ("error", pa.binary()), ("fenced", pa.bool_()),
 ])
 #: Records asked of the consumer at once, and how long a look for them waits (seconds).
 _CONSUME_AT_ONCE = 500
@@ -186,19 +188,27 @@ class PartitionReader:
         self.read_to = offset + 1
         return True
 
-    def state(self) -> dict[str, Any]:
-        """The partition's progress now: ``next`` (every record below it is done), ``done`` (the
+    def state(self, position: int | None = None) -> tuple[dict[str, Any], list[DeadLetter]]:
+        """The partition's progress now, and the dead letters set aside since the last call, taken
+        at one moment (each dead letter whose record the progress counts done is among them or an
+        earlier call's). The progress: ``next`` (every record below it is done), ``done`` (the
         intervals done above it, those an earlier run recorded past ``read_to`` included), ``read``
-        and the counts. Forgets the rows it no longer needs."""
-        rows_read, committed, runs = self.dispatcher.done_rows()
+        and the counts. ``position``: the consumer's, when nothing it fetched waits to be taken
+        (past a transaction's marker after the last record). Forgets the rows it no longer needs."""
+        rows_read, committed, runs, letters = self.dispatcher.done_rows()
+        self.dead_letters += len(letters)
         offsets = self._offsets
-        next_offset = self.read_to if committed == rows_read else offsets.offset(committed)
+        if committed == rows_read:
+            next_offset = max(self.read_to, position if position is not None else self.read_to)
+        else:
+            next_offset = offsets.offset(committed)
         done = [[offsets.offset(first), offsets.offset(last)] for first, last in runs]
         done += [[max(first, self.read_to), last] for first, last in self._done_above if last >= self.read_to]
         offsets.drop_before(committed)
-        handled = committed - self.skipped - self.dead_letters if committed >= self.skipped else 0
+        rows_done = committed + sum(last - first + 1 for first, last in runs)
         return {"next": next_offset, "done": done, "read": self.read_to, "pending": rows_read - committed,
-                "handled": max(handled, 0), "skipped": self.skipped, "dead_letters": self.dead_letters}
+                "handled": rows_done - self.skipped - self.dead_letters, "skipped": self.skipped,
+                "dead_letters": self.dead_letters}, letters
 
 
 def _dead_letter_table(letters: list[tuple[int, DeadLetter]], schema: pa.Schema) -> pa.Table:
@@ -230,7 +240,8 @@ class _PartitionsTask:
             dispatcher = Dispatcher(called, _record_key, plan.handling, parked=plan.parked)
             self.readers[partition] = PartitionReader(partition, start, done, dispatcher, earlier)
         self.dead_files = 0
-        self.failure: HandlerFailedError | None = None
+        #: What ended the task, if not a stop request: a handler's failure, records gone.
+        self.error: HandlerFailedError | InputError | None = None
         self.fenced = False
         self.saved_states: dict[int, dict[str, Any]] = {}
 
@@ -245,23 +256,24 @@ class _PartitionsTask:
         try:
             consumer.assign([TopicPartition(plan.topic, partition, reader.start)
                              for partition, reader in self.readers.items()])  # 2
-            paused: set[int] = set()
+            self._paused: set[int] = set()
             next_save = time.monotonic() + plan.commit_interval
             while True:
-                caught_up = self._read(consumer, paused, KafkaError, TopicPartition)  # 2, 3
+                try:
+                    caught_up = self._read(consumer, KafkaError, TopicPartition)  # 2, 3
+                except InputError as error:
+                    self._end(consumer, error)
+                    return
                 if caught_up:
                     for reader in self.readers.values():
                         reader.dispatcher.send_partial()
-                failed = next((reader for reader in self.readers.values() if reader.dispatcher.failure), None)
-                if failed is not None:
-                    self._fail(consumer, failed)
+                if self._failed() is not None:
+                    self._end(consumer)
                     return
                 if time.monotonic() >= next_save:
                     next_save = time.monotonic() + plan.commit_interval
-                    if plan.store.fenced():
-                        self._fenced()
+                    if not self._save(consumer):  # 4
                         return
-                    self._save(consumer)  # 4
                     if plan.store.stop_requested():
                         self._stop(consumer)  # 5
                         return
@@ -271,10 +283,12 @@ class _PartitionsTask:
             consumer.close()
             close_handler(self.handler)
 
-    def _read(self, consumer: Any, paused: set[int], kafka_error: Any, topic_partition: Any) -> bool:
+    def _read(self, consumer: Any, kafka_error: Any, topic_partition: Any) -> bool:
         """Offer what waits, then what the consumer has; pause the partitions with no room and resume
-        those that have some again. Whether the consumer had nothing more for now."""
-        plan = self.plan
+        those that have some again. Whether the consumer had nothing more for now. Records gone, a
+        topic gone or not readable, or a client that failed for good: an
+        :class:`~segack.spark_adapter.InputError`."""
+        plan, paused = self.plan, self._paused
         for partition, reader in self.readers.items():
             while reader.waiting and reader.take(*reader.waiting[0]):
                 reader.waiting.popleft()
@@ -285,15 +299,13 @@ class _PartitionsTask:
         for message in messages:
             error = message.error()
             if error is not None:
-                if error.code() == kafka_error._PARTITION_EOF:
-                    continue
-                if error.fatal() or error.code() in (kafka_error.OFFSET_OUT_OF_RANGE,
-                                                     kafka_error._AUTO_OFFSET_RESET):
-                    raise InputError(f"Kafka partition {plan.topic}/{message.partition()}: {error.str()}: "
-                                     f"records it needs are gone; nothing past them was handled")
-                log.warning("Kafka consumer of %s: %s", plan.topic, error.str())
+                _check(error, kafka_error, f"{plan.topic}/{message.partition()}")
                 continue
             partition, offset = message.partition(), message.offset()
+            if partition not in self.readers:
+                log.warning("Kafka gave a record of %s/%s, a partition this task does not read: left alone",
+                            plan.topic, partition)
+                continue
             reader = self.readers[partition]
             event = plan.records.event(plan.topic, partition, offset, message.key(), message.value(),
                                        message.timestamp()[1])
@@ -311,29 +323,36 @@ class _PartitionsTask:
                 break
         return len(messages) < _CONSUME_AT_ONCE
 
-    def _save(self, consumer: Any) -> None:
-        """Step 4: the dead letters, then each partition's progress, then the group's offsets."""
+    def _save(self, consumer: Any) -> bool:
+        """Step 4: the dead letters, then each partition's progress, then the group's offsets;
+        ``False``, writing nothing, once a newer claim fences the run."""
         from confluent_kafka import TopicPartition
 
         plan = self.plan
-        letters = [(partition, letter) for partition, reader in self.readers.items()
-                   for letter in reader.dispatcher.take_dead_letters()]
+        if plan.store.fenced():
+            self._fenced()
+            return False
+        letters: list[tuple[int, DeadLetter]] = []
+        states = {}
+        for partition, reader in self.readers.items():
+            position = None
+            if not reader.waiting:
+                [where] = consumer.position([TopicPartition(plan.topic, partition)])
+                position = where.offset if where.offset >= 0 else None
+            states[partition], taken = reader.state(position)
+            letters += [(partition, letter) for letter in taken]
         if letters:
             name = f"{plan.store.run_id}-rt-{self.task:05d}-{uuid.uuid4().hex[:8]}-{self.dead_files:05d}"
             plan.store.write_dead_letters(name, _dead_letter_table(letters, plan.dead_letter_schema))
             self.dead_files += 1
-            for partition, _ in letters:
-                self.readers[partition].dead_letters += 1
         commits = []
-        for partition, reader in self.readers.items():
-            state = reader.state()
+        for partition, state in states.items():
             state.update(topic=plan.topic, partition=partition, claim=plan.store.claim_number,
-                         handled_total=reader.handled_before + state["handled"],
+                         handled_total=self.readers[partition].handled_before + state["handled"],
                          end=_end_offset(consumer, plan.topic, partition, TopicPartition))
-            unchanged = {name: value for name, value in state.items() if name != "at"}
-            if unchanged != self.saved_states.get(partition):
+            if state != self.saved_states.get(partition):
                 plan.store.partitions.write(partition, {**state, "at": time.time()})
-                self.saved_states[partition] = unchanged
+                self.saved_states[partition] = state
                 commits.append(TopicPartition(plan.topic, partition, state["next"]))
         if plan.group is not None and commits:
             try:
@@ -342,12 +361,21 @@ class _PartitionsTask:
             except Exception as error:  # the next save commits again; the checkpoint holds the progress
                 log.warning("could not commit the offsets of %s to group %s: %s", plan.topic, plan.group,
                             error)
+        return True
+
+    def _failed(self) -> PartitionReader | None:
+        """The first partition whose dispatcher has a call that failed for good."""
+        return next((reader for reader in self.readers.values() if reader.dispatcher.failure), None)
 
     def _stop(self, consumer: Any) -> None:
-        """Step 5, asked: the calls read finish, then the last save."""
+        """Step 5, asked: the calls read finish, then the last save (or, if one of them failed for
+        good, :meth:`_end`)."""
         for reader in self.readers.values():
             reader.dispatcher.drain()
-        self._save(consumer)
+        if self._failed() is not None:
+            self._end(consumer)
+        else:
+            self._save(consumer)
 
     def _fenced(self) -> None:
         """Step 5, fenced: no call starts, nothing is written."""
@@ -355,21 +383,24 @@ class _PartitionsTask:
         for reader in self.readers.values():
             reader.dispatcher.stop()
 
-    def _fail(self, consumer: Any, failed: PartitionReader) -> None:
-        """Step 5, a call failed for good: the others stop, the progress before it is saved, and
-        the run's other tasks are asked to stop."""
+    def _end(self, consumer: Any, error: InputError | None = None) -> None:
+        """Step 5, a call failed for good (or ``error``: records gone): no call starts, those in
+        flight finish, the progress before it is saved, and the run's other tasks are asked to stop."""
         for reader in self.readers.values():
             reader.dispatcher.stop()
             reader.dispatcher.drain()
-        failure = failed.dispatcher.failure
-        assert failure is not None
-        event = failure.event
-        offset = int(event["offset"])
-        self.failure = HandlerFailedError(event.get("key"), offset, offset, failed.partition, failure.reason,
-                                          failure.traceback, record_of(event))
-        if not self.plan.store.fenced():
-            self._save(consumer)
-            self.plan.store.request_stop(f"partition {failed.partition}: the handler failed")
+        failed = self._failed()
+        if error is None and failed is not None:
+            failure = failed.dispatcher.failure
+            assert failure is not None
+            event = failure.event
+            offset = int(event["offset"])
+            self.error = HandlerFailedError(event.get("key"), offset, offset, failed.partition,
+                                            failure.reason, failure.traceback, record_of(event))
+        else:
+            self.error = error
+        if self._save(consumer):
+            self.plan.store.request_stop(f"a task ended: {self.error}")
 
     def result(self) -> pa.RecordBatch:
         readers = self.readers.values()
@@ -378,8 +409,24 @@ class _PartitionsTask:
             "handled": sum(state.get("handled", 0) for state in self.saved_states.values()),
             "skipped": sum(reader.skipped for reader in readers),
             "dead_letters": sum(reader.dead_letters for reader in readers),
-            "failure": None if self.failure is None else pickle.dumps(self.failure), "fenced": self.fenced,
+            "error": None if self.error is None else pickle.dumps(self.error), "fenced": self.fenced,
         }], schema=RESULT_SCHEMA)
+
+
+def _check(error: Any, kafka_error: Any, where: str) -> None:
+    """Raise :class:`~segack.spark_adapter.InputError` for a consumer's error the stream cannot
+    read past; log the others (the client retries them)."""
+    code = error.code()
+    if code == kafka_error._PARTITION_EOF:
+        return
+    if code in (kafka_error.OFFSET_OUT_OF_RANGE, kafka_error._AUTO_OFFSET_RESET):
+        raise InputError(f"Kafka partition {where}: records the stream needs are gone ({error.str()}); "
+                         f"nothing past them was handled: to go on past them, start a new checkpoint")
+    if code in (kafka_error.UNKNOWN_TOPIC_OR_PART, kafka_error.TOPIC_AUTHORIZATION_FAILED):
+        raise InputError(f"Kafka partition {where} cannot be read: {error.str()}")
+    if error.fatal():
+        raise InputError(f"the Kafka client reading {where} failed: {error.str()}")
+    log.warning("Kafka consumer of %s: %s", where, error.str())
 
 
 def _record_key(event: dict[str, Any]) -> Any:
