@@ -38,6 +38,19 @@ def note_latency(event: dict[str, Any]) -> None:
         log.write(f"{produced:.3f} {time.time() - produced:.4f}\n")
 
 
+#: The account whose records :func:`note_latency_beside_a_slow_key` takes 50 ms over.
+SLOW_KEY = "acct-0"
+
+
+def note_latency_beside_a_slow_key(event: dict[str, Any]) -> None:
+    """:func:`note_latency`, but each record of :data:`SLOW_KEY` takes 50 ms and is not noted: the
+    other keys' latency beside one slow key."""
+    if event["key"] == SLOW_KEY:
+        time.sleep(0.05)
+        return
+    note_latency(event)
+
+
 def _each(handler: Callable[[dict[str, Any]], Any]) -> Callable[[Iterator[Any]], None]:
     def each(rows: Iterator[Any]) -> None:
         for row in rows:

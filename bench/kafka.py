@@ -123,9 +123,10 @@ def _lines(path: Path) -> int:
 
 
 def _steady(name: str, command: list[str], environment: dict[str, str], bootstrap: str, topic: str,
-            scratch: Path, produce_seconds: int = STEADY_SECONDS) -> dict[str, str]:
+            scratch: Path, produce_seconds: int = STEADY_SECONDS, noted: int | None = None) -> dict[str, str]:
     """One contender under the steady producer: its micro-batches' median duration and the
-    latency from a record's timestamp to its handler call."""
+    latency from a record's timestamp to its handler call (``noted``: the records its handler
+    notes, when not all)."""
     log = scratch / f"latency-{topic}.txt"
     process = subprocess.Popen(command, env=dict(environment, **{LATENCY_LOG: str(log)}), text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -136,21 +137,22 @@ def _steady(name: str, command: list[str], environment: dict[str, str], bootstra
     began = time.time()
     _produce(bootstrap, topic, STEADY_RATE * produce_seconds, STEADY_RATE)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and _lines(log) < STEADY_RATE * produce_seconds:
+    expected = STEADY_RATE * produce_seconds if noted is None else noted
+    while time.monotonic() < deadline and _lines(log) < expected:
         time.sleep(1)  # every record handled
     process.send_signal(signal.SIGTERM)
     process.wait(120)
     reader.join(10)
     seconds = [float(line.split(" in ")[1].split()[0]) for line in lines
                if line.startswith(("segack stream: batch ", "batch ")) and " in " in line]
-    noted = (line.split() for line in log.read_text().splitlines())
-    latencies = sorted(float(latency) for stamp, latency in noted if float(stamp) >= began + WARM_UP)
+    lines_noted = (line.split() for line in log.read_text().splitlines())
+    latencies = sorted(float(latency) for stamp, latency in lines_noted if float(stamp) >= began + WARM_UP)
     if not latencies:
         raise RuntimeError(f"{name} reported nothing:\n{''.join(lines)[-3000:]}")
     return {"pipeline": name, "micro-batches": f"{len(seconds)}",
             "median micro-batch (s)": f"{statistics.median(seconds):.2f}" if seconds else "-",
-            "median latency (s)": f"{statistics.median(latencies):.2f}",
-            "p99 latency (s)": f"{latencies[int(len(latencies) * 0.99)]:.2f}",
+            "median latency (s)": f"{statistics.median(latencies):.3f}",
+            "p99 latency (s)": f"{latencies[int(len(latencies) * 0.99)]:.3f}",
             "records timed": f"{len(latencies):,}"}
 
 

@@ -11,6 +11,9 @@ notes, for each record, the time from its Kafka timestamp to its call
 (:func:`bench.handwritten_kafka.note_latency`). Reported: the median and the 99th percentile of that
 latency over the records produced after the first :data:`~bench.kafka.WARM_UP` seconds.
 
+A second real-time stream runs beside a slow key: each record of one account (``acct-0``, about one
+record in 300) takes 50 ms, and the others' latency is timed, against the idle case above.
+
 Then a backlog of :data:`BACKLOG` records, a no-op handler: the seconds from the contender's start
 until every record is done (the real-time stream's partitions' progress all at the end; the
 micro-batch stream's whole process, ``availableNow``), best of :data:`~bench.kafka.ROUNDS`,
@@ -20,6 +23,7 @@ alternated, and the ratio of the real-time stream's records per second to the mi
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -27,6 +31,7 @@ import time
 from pathlib import Path
 
 from bench.common import print_table, save
+from bench.handwritten_kafka import SLOW_KEY
 from bench.kafka import (
     BOUND,
     PARTITIONS,
@@ -36,6 +41,7 @@ from bench.kafka import (
     WARM_UP,
     _create_topic,
     _produce,
+    _records,
     _steady,
     _timed,
 )
@@ -51,6 +57,12 @@ def _segack(bootstrap: str, topic: str, handler: str, checkpoint: str, *extra: s
             "--option", f"kafka.bootstrap.servers={bootstrap}", "--option", f"subscribe={topic}",
             "--value-schema", SCHEMA, "--key", "key", "--order", "offset", "--handler", handler,
             "--checkpoint", checkpoint, *extra]
+
+
+def _not_slow(count: int) -> int:
+    """How many of the first ``count`` records the producer writes are not :data:`SLOW_KEY`'s."""
+    return sum(1 for _, (key, _) in zip(range(count), _records(random.Random(1)), strict=False)
+               if key != SLOW_KEY.encode())
 
 
 def _real_time_backlog(command: list[str], environment: dict[str, str], checkpoint: Path) -> float:
@@ -85,9 +97,12 @@ def run() -> None:
     with tempfile.TemporaryDirectory(prefix="segack-bench-latency-") as scratch, \
             kafka_broker(Path(scratch) / "broker") as broker:
         bootstrap = broker.bootstrap
+        beside_slow = "bench.handwritten_kafka:note_latency_beside_a_slow_key"
         contenders = {
             "segack real-time": lambda topic, checkpoint: _segack(
                 bootstrap, topic, latency, checkpoint, "--trigger", "real-time", "--concurrency", "4"),
+            f"segack real-time, {SLOW_KEY} 50 ms a record (others timed)": lambda topic, checkpoint: _segack(
+                bootstrap, topic, beside_slow, checkpoint, "--trigger", "real-time", "--concurrency", "4"),
             "segack micro-batches (1 s)": lambda topic, checkpoint: _segack(
                 bootstrap, topic, latency, checkpoint, "--trigger", "1s", "--segments", "4",
                 "--conf", f"spark.jars={jars}"),
@@ -98,8 +113,9 @@ def run() -> None:
         for index, (name, command) in enumerate(contenders.items()):
             topic = f"latency-{index}"
             _create_topic(bootstrap, topic)
+            noted = _not_slow(STEADY_RATE * STEADY_SECONDS) if SLOW_KEY in name else None
             row = _steady(name, command(topic, str(Path(scratch) / topic)), environment, bootstrap, topic,
-                          Path(scratch), STEADY_SECONDS)
+                          Path(scratch), STEADY_SECONDS, noted)
             rows.append({key: row[key] for key in ("pipeline", "median latency (s)", "p99 latency (s)",
                                                    "records timed")})
         print_table(f"Kafka latency: {STEADY_RATE:,} records/s for {STEADY_SECONDS} s into {PARTITIONS} "

@@ -155,6 +155,34 @@ def test_a_place_with_no_checkpoint_serves_only_its_read_errors(tmp_path):
     assert set(samples) == {"segack_checkpoint_read_errors_total"}
 
 
+def _real_time_checkpoint(path):
+    """A real-time stream's checkpoint: its settings, and two partitions' progress as tasks save it."""
+    from segack.spark_adapter.store.checkpoint import Checkpoint, CheckpointStore
+
+    store = CheckpointStore(str(path))
+    store.save(Checkpoint({"mode": "real-time", "topic": "accounts", "key": "key", "order": "offset",
+                           "updated_at": time.time(), "status": "stopped"}), 1)
+    for partition, (next_offset, end, pending) in enumerate([(120, 130, 10), (80, 80, 0)]):
+        store.partitions.write(partition, {"next": next_offset, "read": next_offset + pending, "end": end,
+                                           "pending": pending, "done": [], "handled_total": next_offset,
+                                           "claim": 1})
+    return store
+
+
+def test_a_real_time_streams_partitions_are_served_with_the_records_each_holds_pending(tmp_path):
+    with serve_metrics(_real_time_checkpoint(tmp_path / "real-time"), 0) as server:
+        samples = scrape(server.port)
+    by_partition = {name: {labels["partition"]: value for labels, value in samples[name]}
+                    for name in ("segack_kafka_next_offset", "segack_kafka_lag_records",
+                                 "segack_kafka_pending_records")}
+    assert by_partition == {"segack_kafka_next_offset": {"0": 120, "1": 80},
+                            "segack_kafka_lag_records": {"0": 10, "1": 0},
+                            "segack_kafka_pending_records": {"0": 0, "1": 0}}  # no live run: none pending
+    assert sample_value(samples, "segack_events_done_total") == 200
+    [(labels, _)] = samples["segack_run_info"]
+    assert labels["kind"] == "real-time" and labels["state"] == "stopped"
+
+
 def test_every_family_served_is_documented_and_has_a_grafana_panel(tmp_path):
     """The families a replay's checkpoint and a live Kafka stream's serve, the operations guide's
     table and the sample Grafana dashboard's queries name the same metrics."""
@@ -173,7 +201,7 @@ def test_every_family_served_is_documented_and_has_a_grafana_panel(tmp_path):
             "commit_offsets_to": "accounts-group",
             "group_offsets": [["accounts", 0, 120], ["accounts", 1, 70]]})
         keeper.save(state)
-        for store in (replay, stream):
+        for store in (replay, stream, _real_time_checkpoint(tmp_path / "real-time")):
             with serve_metrics(store, 0) as server:
                 served |= {name.removesuffix("_created") for name in scrape(server.port)}
     rows = re.findall(r"^   \* - (``segack_.*)$", (ROOT / "docs" / "operations.rst").read_text(), re.M)

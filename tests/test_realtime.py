@@ -15,6 +15,8 @@ import time
 import pytest
 
 from segack.cli import ExitCode, main
+from segack.spark_adapter import serve_metrics
+from segack.spark_adapter.console.page import page_state
 from segack.spark_adapter.errors import ForeignInputError, InputError, OptionError
 from segack.spark_adapter.store.checkpoint import CheckpointStore
 from segack.spark_adapter.store.partitions import refuse_real_time
@@ -32,6 +34,7 @@ from tests.test_kafka import (
     produce,
     start_stream,
 )
+from tests.test_metrics import scrape
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 REAL_TIME = ("--trigger", "real-time", "--commit-interval", "0.5")
@@ -110,6 +113,14 @@ def test_a_slow_call_holds_the_groups_offset_not_the_other_keys_and_status_names
     held = f"{topic}/0     next offset 500 (read 2,501, 2,001 pending, 1 interval done above it)"
     assert held in status, status
     assert "holds the run back" in status and f"committed to consumer group {group}" in status
+    with serve_metrics(str(tmp_path / "checkpoint"), 0) as server:
+        samples = scrape(server.port)
+    assert samples["segack_kafka_pending_records"] == [({"topic": topic, "partition": "0"}, 2001)]
+    assert samples["segack_kafka_next_offset"] == [({"topic": topic, "partition": "0"}, 500)]
+    [(labels, _)] = samples["segack_run_info"]
+    assert labels["kind"] == "real-time" and labels["state"] == "running"
+    [shown] = page_state(CheckpointStore(str(tmp_path / "checkpoint")))["stream"]["partitions"]
+    assert shown["pending"] == 2001 and shown["holds_back"] and shown["committed"] == 500
     _wait_for(lambda: len(read_log(log)) == 2501, 60, "the slow call", process)
     _wait_for(lambda: committed_offsets(bootstrap, topic, group) == {0: 2501}, 30, "the group at the end",
               process)
@@ -253,7 +264,7 @@ def _topic_exists(bootstrap: str, topic: str) -> bool:
     (("--key", "user"), "--key is not for --trigger real-time: a real-time stream's key is the record's"),
     (("--retry-dead-letters",), "--retry-dead-letters is not for --trigger real-time: a real-time stream"),
     (("--flush-interval", "2"), "--flush-interval is not for --trigger real-time"),
-    (("--metrics-port", "0"), "--metrics-port is not for --trigger real-time: a real-time stream serves no"),
+    (("--hash", "java"), "--hash is not for --trigger real-time"),
 ])
 def test_flags_a_real_time_stream_cannot_take_are_refused_before_spark_starts(tmp_path, capsys, flags, said):
     command = ["stream", "--format", "kafka", "--option", "kafka.bootstrap.servers=127.0.0.1:9",

@@ -236,7 +236,6 @@ _NOT_REAL_TIME = (
     ("--format", "format", "kafka", "a real-time stream reads a Kafka topic"),
     ("--key", "key", "key", "a real-time stream's key is the record's Kafka key (--key key)"),
     ("--order", "order", "offset", "a real-time stream's order is the record's offset (--order offset)"),
-    ("--metrics-port", "metrics_port", None, "a real-time stream serves no metrics yet"),
 )
 
 
@@ -273,7 +272,7 @@ def _stream_real_time(args: argparse.Namespace, job: _Job) -> int:
             result = stream_real_time(
                 spark, dict(args.option), args.value_schema, handler=job.handler, checkpoint=job.store,
                 commit_interval=args.commit_interval or 1.0, commit_offsets_to=args.commit_offsets_to,
-                stop=stop, progress=_RealTimeLine(), **job.options)
+                stop=stop, progress=_RealTimeLine(), metrics_port=args.metrics_port, **job.options)
     except Exception as error:
         return _failure_code(args, error)
     finally:

@@ -66,12 +66,13 @@ class CheckpointCollector(Collector):
         yield from self._run(snapshot)
         yield from self._segments(snapshot)
         yield from self._stream(snapshot.stream)
+        yield from self._partitions(snapshot)
 
     def _run(self, snapshot: Snapshot) -> Iterator[Metric]:
         settings, claim = snapshot.state.settings, snapshot.claim
         info = GaugeMetricFamily("segack_run_info", "The checkpoint's run: 1, with what it is as labels.",
                                  labels=["checkpoint", "kind", "state", "run"])
-        info.add_metric([self.store.location, "stream" if snapshot.stream else "replay", snapshot.condition,
+        info.add_metric([self.store.location, snapshot.kind, snapshot.condition,
                          claim.run_id if claim is not None else ""], 1)
         yield info
         done = snapshot.events_done
@@ -167,6 +168,31 @@ class CheckpointCollector(Collector):
             yield _gauge("segack_kafka_end_offsets_timestamp_seconds", "When the run last read the "
                          "topic-partitions' end offsets from the broker (Unix time).",
                          float(stream["ends_at"]))
+
+
+    @staticmethod
+    def _partitions(snapshot: Snapshot) -> Iterator[Metric]:
+        """A real-time stream's partitions, as their tasks last saved them (every commit interval)."""
+        if not snapshot.partitions:
+            return
+        settings, labels = snapshot.state.settings, ["topic", "partition"]
+        offsets = GaugeMetricFamily("segack_kafka_next_offset", "The offset of each topic-partition below "
+                                    "which every record is done.", labels=labels)
+        ends = GaugeMetricFamily("segack_kafka_end_offset", "Each topic-partition's end offset, as the "
+                                 "run's consumer last heard it.", labels=labels)
+        lags = GaugeMetricFamily("segack_kafka_lag_records", "Records of each topic-partition written but "
+                                 "not done yet: its end offset less its next offset.", labels=labels)
+        pending = GaugeMetricFamily("segack_kafka_pending_records", "Records of each topic-partition read "
+                                    "and not yet done by the live run (a real-time stream): the partition "
+                                    "with the most holds the run back.", labels=labels)
+        for partition in snapshot.partitions:
+            names = [str(settings.get("topic")), str(partition.partition)]
+            offsets.add_metric(names, partition.next_offset)
+            pending.add_metric(names, partition.pending if snapshot.live else 0)  # a dead run's is not work
+            if partition.end is not None and partition.lag is not None:
+                ends.add_metric(names, partition.end)
+                lags.add_metric(names, partition.lag)
+        yield from (offsets, ends, lags, pending)
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

@@ -128,6 +128,22 @@ def _requested(store: CheckpointStore) -> dict[str, Any] | None:
                                         "requested_at": change.requested_at, "by": change.by}
 
 
+def _real_time(snapshot: Snapshot) -> dict[str, Any]:
+    """A real-time stream's partitions as the page draws a stream's, each with its records pending,
+    and the one with the most marked: it holds the run back."""
+    settings = snapshot.state.settings
+    group = settings.get("commit_offsets_to")
+    busiest = max(snapshot.partitions, key=lambda partition: partition.pending, default=None)
+    return {"real_time": True, "commit_interval": settings.get("commit_interval"), "group": group,
+            "completed_batch": -1, "last_batch": None, "in_progress": None, "ends_at": None,
+            "partitions": [{"topic": settings.get("topic"), "partition": partition.partition,
+                            "next_offset": partition.next_offset,
+                            "committed": partition.next_offset if group else None,
+                            "end_offset": partition.end, "lag": partition.lag, "pending": partition.pending,
+                            "holds_back": partition is busiest and partition.pending > 0}
+                           for partition in snapshot.partitions]}
+
+
 def page_state(store: CheckpointStore) -> dict[str, Any]:
     """What ``/api/state`` answers: the checkpoint now, as the page draws it (JSON-able)."""
     snapshot = Snapshot.read(store)
@@ -142,7 +158,7 @@ def page_state(store: CheckpointStore) -> dict[str, Any]:
                  for topic, partition, end in (stream or {}).get("group_offsets", [])}
     return {
         "checkpoint": store.location, "exists": True, "at": snapshot.at,
-        "kind": "stream" if stream else "replay", "state": snapshot.condition,
+        "kind": snapshot.kind, "state": snapshot.condition,
         "claim": None if claim is None else {
             "number": claim.number, "owner": claim.owner(), "live": snapshot.live,
             "claimed_at": claim.claimed_at, "extended_at": claim.extended_at, "timeout": claim.timeout,
@@ -159,7 +175,7 @@ def page_state(store: CheckpointStore) -> dict[str, Any]:
         "key_group_bits": None if snapshot.state.tokens is None else snapshot.state.tokens.bits,
         "history": _history(settings.get("segment_history", [])),
         "hottest_key_group": _hottest_key_group(snapshot),
-        "stream": None if not stream else {
+        "stream": _real_time(snapshot) if snapshot.real_time else None if not stream else {
             "completed_batch": stream.get("completed_batch", -1), "last_batch": stream.get("last_batch"),
             "in_progress": (stream.get("batch") or {}).get("id"), "group": stream.get("commit_offsets_to"),
             "ends_at": stream.get("ends_at"),

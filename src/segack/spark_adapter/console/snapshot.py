@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from segack.kernel import SegmentSet
+from segack.spark_adapter.results import PartitionReport
 from segack.spark_adapter.store.checkpoint import (
     DEAD_ATTEMPTS,
     DEAD_ERROR,
@@ -22,6 +23,7 @@ from segack.spark_adapter.store.checkpoint import (
     TaskLoad,
 )
 from segack.spark_adapter.store.claims import Claim, latest_claim, unmerged_progress
+from segack.spark_adapter.store.partitions import REAL_TIME_MODE
 from segack.spark_adapter.store.stream_view import stream_now
 from segack.spark_adapter.store.tokens import KeyGroupTokens
 
@@ -102,6 +104,8 @@ class Snapshot:
     pending: int
     #: When it was read (``time.time()``).
     at: float
+    #: A real-time stream's partitions, as their tasks last saved them (``()`` for other runs).
+    partitions: tuple[PartitionReport, ...] = ()
 
     @classmethod
     def read(cls, store: CheckpointStore) -> Snapshot | None:
@@ -120,6 +124,10 @@ class Snapshot:
                 state.tokens.apply(updates)
             if live:  # a dead run's last report is not work under way
                 load += CheckpointStore.task_load(updates)
+        if state.settings.get("mode") == REAL_TIME_MODE:
+            partitions = store.partitions.reports()
+            pending = sum(partition.pending for partition in partitions) if live else 0
+            return cls(state, claim, store.count_dead_letters(), 0, pending, now, partitions)
         return cls(state, claim, store.count_dead_letters(), load.in_flight, load.pending, now)
 
     @property
@@ -132,6 +140,16 @@ class Snapshot:
         """Handler calls made again after a call raised, over the checkpoint's runs, as of the live
         run's last merge (its driver's, every flush interval)."""
         return int(self.state.settings.get("handler_retries", 0))
+
+    @property
+    def real_time(self) -> bool:
+        """Whether the checkpoint is a real-time stream's."""
+        return self.state.settings.get("mode") == REAL_TIME_MODE
+
+    @property
+    def kind(self) -> str:
+        """``replay``, ``stream`` (micro-batches) or ``real-time``."""
+        return "real-time" if self.real_time else "stream" if self.stream else "replay"
 
     @property
     def stream(self) -> dict[str, Any] | None:
@@ -154,6 +172,8 @@ class Snapshot:
     def events_done(self) -> int:
         """Events done, handled or set aside (a stream: over its complete micro-batches and the one
         under way)."""
+        if self.real_time:
+            return sum(partition.handled_total for partition in self.partitions) + self.dead_letters
         tokens, stream = self.state.tokens, self.stream
         done = 0 if tokens is None else tokens.done
         if stream:  # the tokens count the micro-batch in progress, or the last complete one

@@ -42,8 +42,10 @@ from segack.spark_adapter.coordinator.job import run_tag
 from segack.spark_adapter.coordinator.query import StopRequest
 from segack.spark_adapter.coordinator.run import (
     check_location,
+    check_metrics_address,
     check_session,
     claimed,
+    metrics_served,
     new_run_id,
 )
 from segack.spark_adapter.errors import (
@@ -259,6 +261,7 @@ def stream_real_time(
     commit_offsets_to: str | None = None,
     stop: StopRequest | None = None,
     progress: Callable[[RealTimeReport], None] | None = None,
+    metrics_port: int | str | None = None,
     **options: Any,
 ) -> RealTimeResult:
     """Hand each record of a Kafka topic to ``handler`` as it arrives, in offset order per key, many
@@ -301,6 +304,10 @@ def stream_real_time(
         Set it to stop: the calls read finish, and the last progress is saved.
     progress : callable, optional
         Receives a :class:`~segack.spark_adapter.RealTimeReport` every ``commit_interval``.
+    metrics_port : int or str, optional
+        Serve the checkpoint's Prometheus metrics on ``http://HOST:PORT/metrics`` while the stream
+        runs (each partition's offsets, lag and records pending), as
+        :func:`~segack.spark_adapter.replay` does.
 
     {options}
 
@@ -331,6 +338,7 @@ def stream_real_time(
     run_options = _run_options(options, handler, commit_interval)  # 1
     kafka_options = spelled(kafka_options, _OPTIONS, prefixes=("kafka.",))
     topic = _topic(kafka_options)
+    check_metrics_address(metrics_port)
     starting = str(kafka_options.get("startingOffsets", "earliest")).strip().lower()
     if starting not in ("earliest", "latest"):
         raise OptionError(f"a real-time stream takes startingOffsets earliest or latest, not {starting!r}")
@@ -350,7 +358,7 @@ def stream_real_time(
     dead_letter_schema = _dead_letter_schema(spark, schema)
     stop = stop or StopRequest()
     run_id = new_run_id()
-    with claimed(spark, store, run_id, run_options) as keeper:  # 2
+    with metrics_served(store, metrics_port), claimed(spark, store, run_id, run_options) as keeper:  # 2
         checkpoint_id = state.settings.setdefault("checkpoint_id", uuid.uuid4().hex)
         prepare_handler(refused, RunContext(
             store.location, checkpoint_id, "key", "offset", run_options.handling.policy,

@@ -160,7 +160,8 @@ function drawStream(state) {
   $("stream-section").hidden = !stream;
   if (!stream) return;
   const last = stream.last_batch || {};
-  let line = stream.completed_batch < 0 ? "no micro-batch complete yet"
+  let line = stream.real_time ? `real-time: each partition's progress saved every ${stream.commit_interval} s`
+    : stream.completed_batch < 0 ? "no micro-batch complete yet"
     : `micro-batch ${stream.completed_batch} the last complete`;
   if (last.seconds != null) line += `; micro-batch ${last.id} took ${last.seconds.toFixed(1)} s`;
   if (stream.in_progress != null) line += `; micro-batch ${stream.in_progress} in progress`;
@@ -178,6 +179,8 @@ function drawStream(state) {
     cell(row, number(where.committed), "number");
     cell(row, number(where.end_offset), "number");
     cell(row, number(where.lag), "number");
+    cell(row, where.pending == null ? "" : number(where.pending) + (where.holds_back ? " (holds the run back)" : ""),
+         "number");
   }
 }
 
@@ -297,7 +300,11 @@ function draw(state) {
   drawHeader(state);
   drawEvents(state);
   drawStream(state);
-  drawSegments(state);
+  // A real-time stream's tasks own Kafka partitions: it has no segments.
+  const segmented = state.kind !== "real-time";
+  $("segments-section").hidden = !segmented;
+  $("segment-sets-section").hidden = !segmented;
+  if (segmented) drawSegments(state);
   drawDeadLetters(state);
   $("updated").textContent = `read ${new Date(state.at * 1000).toLocaleTimeString()}`;
 }
