@@ -6,6 +6,7 @@ import asyncio
 import datetime
 import json
 import os
+import signal
 import threading
 import time
 from typing import Any
@@ -314,6 +315,20 @@ def record_refusing_tenth_until_fixed(event: dict[str, Any]) -> None:
     line = json.dumps({"user": event["user"], "seq": event["seq"], "run": os.environ.get("SEGACK_TEST_RUN")})
     with open(os.environ[LOG_ENV], "a") as log:
         log.write(line + "\n")
+
+
+def refusing_tenth_dying_once(event: dict[str, Any]) -> None:
+    """:func:`record_refusing_tenth_until_fixed`; and on u2's 40th event, the first time (a marker
+    beside the log), 1.5 s (the task saves meanwhile), then its Python worker's own SIGKILL: Spark
+    runs the task again."""
+    if event["user"] == "u2" and event["seq"] == 40:
+        marker = os.environ[LOG_ENV] + ".died"
+        if not os.path.exists(marker):
+            with open(marker, "w"):
+                pass
+            time.sleep(1.5)
+            os.kill(os.getpid(), signal.SIGKILL)
+    record_refusing_tenth_until_fixed(event)
 
 
 def slow_refusing_tenth(event: dict[str, Any]) -> None:

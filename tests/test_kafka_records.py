@@ -28,6 +28,11 @@ def test_a_value_that_parses_gives_its_fields_and_the_records_own_columns():
     assert event["count"] == 2**31 - 1 and event["ok"] is None and event[UNPARSED] is None
     assert event["ratio"] == pytest.approx(0.1) and event["ratio"] != 0.1  # rounded to 32 bits
     assert math.isnan(event["score"])
+    # An integer past a double's range is infinity, as Spark's reader gives it, not a failure.
+    digits = b"0" * 400
+    value = b'{"name": "a", "count": 1, "ratio": -1' + digits + b', "score": 1' + digits + b', "ok": true}'
+    huge = RecordEvents(FIELDS, "UTC").event("t", 0, 0, None, value, 0)
+    assert huge["score"] == math.inf and huge["ratio"] == -math.inf and huge[UNPARSED] is None
 
 
 @pytest.mark.parametrize("value", [

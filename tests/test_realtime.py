@@ -6,6 +6,7 @@ across kills while a producer writes."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import signal
@@ -165,6 +166,50 @@ def test_a_failed_call_stops_the_stream_after_saving_what_is_done_or_parks_its_k
     partition, offset = first["__segack_key_group"], first["__segack_position"]
     assert first["partition"] == partition and first["offset"] == offset
     assert 0 < saved[partition] == after_failure[partition] <= offset
+    # A run with the handler fixed retries them first, in order, then handles the key's new records.
+    newer = [("u1", json.dumps({"user": "u1", "seq": seq, "amount": 1}).encode()) for seq in range(80, 90)]
+    produce(bootstrap, topic, newer)
+    fixed = start_stream(tmp_path, bootstrap, topic, handler, *REAL_TIME, "--concurrency", "4",
+                         "--commit-offsets-to", group, "--retry-dead-letters", run="fixed")
+    _wait_for(lambda: committed_offsets(bootstrap, topic, group) == end_offsets(bootstrap, topic)
+              and len(read_log(log)) >= 410, 120, "the letters retried and the new records handled", fixed)
+    out, _ = _stopped(fixed)
+    assert "70 dead letters retried and handled, 0 kept" in out, out
+    u1 = [event["seq"] for event in read_log(log) if event["user"] == "u1"]
+    assert u1 == list(range(90)), u1
+    assert store.count_dead_letters() == 0
+
+
+@pytest.mark.faults
+def test_a_task_whose_worker_dies_is_run_again_from_its_save_its_keys_set_aside_still_parked(
+        tmp_path, kafka_broker):
+    bootstrap, topic, group = kafka_broker.bootstrap, "real-time-retried", "segack-real-time-retried"
+    make_topic(bootstrap, topic, 1)
+    records = [(f"u{n % 5}", json.dumps({"user": f"u{n % 5}", "seq": n // 5, "amount": 1}).encode())
+               for n in range(400)]
+    produce(bootstrap, topic, records)
+    log = str(tmp_path / "log.jsonl")
+    # u1's tenth record is refused (a dead letter, the key parked); on u2's 40th, after a save, the
+    # task's Python worker dies, and Spark (allowed 4 failures a task) runs the task again.
+    process = start_stream(tmp_path, bootstrap, topic, "tests.spark_handlers:refusing_tenth_dying_once",
+                           *REAL_TIME, "--concurrency", "4", "--on-error", "dead-letter",
+                           "--commit-offsets-to", group, "--master", "local[2,4]")
+    _wait_for(lambda: committed_offsets(bootstrap, topic, group) == end_offsets(bootstrap, topic), 180,
+              "the group at the end", process)
+    assert os.path.exists(log + ".died"), "the worker did not die: the test proves nothing"
+    # Records written now reach the retried attempt: it keeps u1 parked, as its earlier attempt did.
+    later = [(user, json.dumps({"user": user, "seq": seq, "amount": 1}).encode())
+             for seq in range(80, 90) for user in ("u0", "u1")]
+    produce(bootstrap, topic, later)
+    _wait_for(lambda: committed_offsets(bootstrap, topic, group) == end_offsets(bootstrap, topic), 60,
+              "the later records", process)
+    _stopped(process)
+    handled = [(event["user"], event["seq"]) for event in read_log(log)]
+    set_aside = {("u1", seq) for seq in range(10, 90)}
+    expected = {(f"u{n % 5}", n // 5) for n in range(400)} | {("u0", seq) for seq in range(80, 90)}
+    assert set(handled) == expected - set_aside
+    store = CheckpointStore(str(tmp_path / "checkpoint"))
+    assert store.count_dead_letters() == 80 and store.dead_letter_keys("key") == {"u1"}
 
 
 @pytest.mark.faults
@@ -262,7 +307,7 @@ def _topic_exists(bootstrap: str, topic: str) -> bool:
 @pytest.mark.parametrize(("flags", "said"), [
     (("--segments", "3"), "--segments is not for --trigger real-time: a real-time stream's tasks own Kafka"),
     (("--key", "user"), "--key is not for --trigger real-time: a real-time stream's key is the record's"),
-    (("--retry-dead-letters",), "--retry-dead-letters is not for --trigger real-time: a real-time stream"),
+    (("--key-group-bits", "8"), "--key-group-bits is not for --trigger real-time: a real-time stream"),
     (("--flush-interval", "2"), "--flush-interval is not for --trigger real-time"),
     (("--hash", "java"), "--hash is not for --trigger real-time"),
 ])

@@ -283,8 +283,10 @@ def _stream_real_time(args: argparse.Namespace, job: _Job) -> int:
         return ExitCode.FAILED
     lag = "" if result.partitions and None in [p.lag for p in result.partitions] else (
         f", {counted(sum(p.lag or 0 for p in result.partitions), 'record')} behind")
+    retried = "" if not (result.retried or result.retry_failed) else (
+        f"; {counted(result.retried, 'dead letter')} retried and handled, {result.retry_failed:,} kept")
     print(f"segack stream: stopped as asked: {result.handled:,} events handled, "
-          f"{result.dead_letters:,} dead letters{lag}, in {result.seconds:.1f} s")
+          f"{result.dead_letters:,} dead letters{lag}, in {result.seconds:.1f} s{retried}")
     return ExitCode.OK
 
 

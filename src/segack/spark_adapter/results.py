@@ -206,3 +206,7 @@ class RealTimeResult:
     seconds: float
     #: The partitions at the end, as the tasks last recorded them.
     partitions: tuple[PartitionReport, ...] = ()
+    #: Dead letters of earlier runs handled this time (``retry_dead_letters=True``).
+    retried: int = 0
+    #: Dead letters retried that failed again, or wait behind one of their key that did: they stay.
+    retry_failed: int = 0

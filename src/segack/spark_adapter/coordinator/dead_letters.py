@@ -45,9 +45,40 @@ from segack.spark_adapter.worker.retry_task import (
 )
 
 if TYPE_CHECKING:
-    from segack.spark_adapter.coordinator.state import RunState
+    from collections.abc import Callable
+    from typing import Any
 
-__all__ = ["RetryOutcome", "retry_dead_letters"]
+    from pyspark.sql import SparkSession
+
+    from segack.spark_adapter.coordinator.state import RunState
+    from segack.spark_adapter.options import Handling
+    from segack.spark_adapter.store.checkpoint import CheckpointStore
+    from segack.spark_adapter.store.claims import ClaimKeeper
+
+__all__ = ["RetryOutcome", "RetryRun", "retry_dead_letters"]
+
+
+@dataclass(frozen=True)
+class RetryRun:
+    """What a retry needs of the run it is part of: a replay's or a micro-batch's
+    (:meth:`of`), or a real-time stream's, whose letters' key groups are Kafka partitions and
+    positions offsets."""
+
+    spark: SparkSession
+    store: CheckpointStore
+    keeper: ClaimKeeper
+    handler: Callable[..., Any]
+    key: str
+    handling: Handling
+    checkpoint_id: str
+    #: How the names of the files the retry writes begin.
+    files_prefix: str
+
+    @classmethod
+    def of(cls, run: RunState) -> RetryRun:
+        """A replay's, or a micro-batch's, retry."""
+        return cls(run.spark, run.store, run.keeper, run.handler, run.events.key, run.options.handling,
+                   run.checkpoint_id, run.files_prefix)
 
 @dataclass(frozen=True)
 class RetryOutcome:
@@ -59,7 +90,7 @@ class RetryOutcome:
     kept: int = 0
 
 
-def retry_dead_letters(run: RunState, segments: SegmentSet) -> RetryOutcome:
+def retry_dead_letters(run: RetryRun, segments: SegmentSet) -> RetryOutcome:
     """Handle the checkpoint's dead letters again, each key's in order (the module's rule 3), for
     ``run`` (its handler, as its options say), over ``segments``.
 
@@ -73,7 +104,7 @@ def retry_dead_letters(run: RunState, segments: SegmentSet) -> RetryOutcome:
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    spark, store, run_id, key, keeper = run.spark, run.store, run.files_prefix, run.events.key, run.keeper
+    spark, store, run_id, key, keeper = run.spark, run.store, run.files_prefix, run.key, run.keeper
     old = store.dead_letter_files()
     if not old:
         return RetryOutcome()
@@ -86,7 +117,7 @@ def retry_dead_letters(run: RunState, segments: SegmentSet) -> RetryOutcome:
     columns = tuple(name for name in schema.names if name not in RETRY_FIELDS)
     tasks = store.for_tasks(run_id, keeper.claim.number)
     plan = RetryPlan(store=tasks, handler=run.handler, key=key, columns=columns, schema=schema,
-                      handling=run.options.handling, checkpoint_id=run.checkpoint_id)
+                      handling=run.handling, checkpoint_id=run.checkpoint_id)
     files = spark.createDataFrame([(path,) for path in old], "path string")
     letters = files.repartition(max(1, min(len(old), len(segments)))).mapInArrow(
         functools.partial(read_files, tasks, schema), from_arrow_schema(schema))

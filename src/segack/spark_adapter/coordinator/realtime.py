@@ -15,7 +15,10 @@ The driver goes like this:
    stream's of the same topic), the executors' Python.
 2. **Claim** the checkpoint for as long as the stream runs, let a sink prepare, and record the
    stream's settings.
-3. **Start** the job: as many tasks as the session has slots, up to one per partition, each with
+3. **Retry the dead letters** (``retry_dead_letters``), each key's in offset order, as a replay
+   does (:mod:`~segack.spark_adapter.coordinator.dead_letters`: the letters' key groups are
+   partitions, their positions offsets); those that fail again stay, their keys parked. Then
+   **start** the job: as many tasks as the session has slots, up to one per partition, each with
    its partitions; a partition with no progress yet starts at the consumer group's committed offset
    (``commit_offsets_to``), else at ``startingOffsets`` (``earliest`` by default: nothing the topic
    holds is passed over unless told).
@@ -38,6 +41,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from segack.kernel import SegmentSet
+from segack.spark_adapter.coordinator.dead_letters import RetryOutcome, RetryRun, retry_dead_letters
 from segack.spark_adapter.coordinator.job import run_tag
 from segack.spark_adapter.coordinator.query import StopRequest
 from segack.spark_adapter.coordinator.run import (
@@ -49,6 +54,7 @@ from segack.spark_adapter.coordinator.run import (
     new_run_id,
 )
 from segack.spark_adapter.errors import (
+    CheckpointError,
     ForeignInputError,
     HandlerFailedError,
     InputError,
@@ -80,6 +86,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
+    from segack.spark_adapter.store.claims import ClaimKeeper
+
 __all__ = ["BATCH_ONLY_OPTIONS", "DEFAULT_MAX_PENDING", "stream_real_time"]
 
 log = logging.getLogger(__name__)
@@ -88,11 +96,12 @@ log = logging.getLogger(__name__)
 _OPTIONS = ("subscribe", "startingOffsets")
 #: Seconds between looks at the topic's partitions while the stream runs.
 PARTITIONS_LOOK_SECONDS = 10.0
+#: Seconds after the job's start by which every partition's task must have saved once.
+STARTUP_SECONDS = 180.0
 #: The run options of replays and micro-batch streams that a real-time stream has no use for, with
 #: the value that means "not given".
-BATCH_ONLY_OPTIONS = {"segments": None, "retry_dead_letters": False, "hash": "spark", "key_group_bits": None,
-                  "method": "auto", "flush_every": 10_000, "flush_interval": 5.0, "verify": "auto",
-                  "source": None}
+BATCH_ONLY_OPTIONS = {"segments": None, "hash": "spark", "key_group_bits": None, "method": "auto",
+                      "flush_every": 10_000, "flush_interval": 5.0, "verify": "auto", "source": None}
 #: Records a partition's task reads ahead of its calls when ``max_pending`` is not given: enough
 #: for a slow call not to hold other keys back for long.
 DEFAULT_MAX_PENDING = 10_000
@@ -368,7 +377,12 @@ def stream_real_time(
                                "commit_offsets_to": commit_offsets_to, "updated_at": time.time(),
                                "status": "running"})
         keeper.save(state)
-        tasks = min(len(partitions), _slots(spark))  # 3
+        tasks = min(len(partitions), _slots(spark))
+        retried = RetryOutcome()
+        if run_options.retry_dead_letters:  # 3
+            retried = retry_dead_letters(RetryRun(
+                spark, store, keeper, refused, "key", run_options.handling, checkpoint_id, f"{run_id}-retry"),
+                SegmentSet.balanced(tasks))
         plan = PartitionPlan(
             store=store.for_tasks(run_id, keeper.claim.number), handler=refused,
             handling=run_options.handling, topic=topic,
@@ -386,27 +400,15 @@ def stream_real_time(
         except BaseException:
             watch.stop_now()  # no task may go on with the claim released
             raise
-        errors = _errors(job.results)
-        state.settings.update({"updated_at": time.time(),  # 6
-                               "status": "failed" if errors or job.error or watch.changed else "stopped"})
-        if keeper.lost is None:
-            keeper.save(state)
-        store.clear_stop(run_id)
-        if keeper.lost is not None:
-            raise keeper.lost
-        if watch.changed:
-            raise ReplayError(watch.changed)
-        if errors:  # a handler's failure; records gone, after the stream handled others: not a refusal
-            raise errors[0] if isinstance(errors[0], HandlerFailedError) else ReplayError(str(errors[0]))
-        if job.error is not None and not watch.interrupted:
-            raise ReplayError(f"the real-time stream's job failed: {worker_error(job.error)}") from job.error
+        watch.end(state, keeper)  # 6
     report = _reports(store, began, keeper.claim.number, partitions)
     results = job.results.to_pylist() if job.results is not None else []
     return RealTimeResult(
         handled=report.handled, skipped=sum(row["skipped"] for row in results),
         dead_letters=sum(row["dead_letters"] for row in results),
-        dead_letters_left=store.count_dead_letters(),
-        stopped=stop.asked.is_set(), seconds=time.monotonic() - began, partitions=report.partitions)
+        dead_letters_left=store.count_dead_letters(), stopped=stop.asked.is_set(),
+        seconds=time.monotonic() - began, partitions=report.partitions, retried=retried.handled,
+        retry_failed=retried.kept)
 
 
 class _Watch:
@@ -418,8 +420,9 @@ class _Watch:
         self.job, self.store, self.run_id, self.claim = job, store, run_id, claim
         self.began, self.partitions = began, partitions
         self.asked = self.interrupted = False
-        #: Why the stream stopped for a change of the topic's partitions, if it did.
+        #: Why the stream stopped for its partitions (the topic's changed, or some never read), if it did.
         self.changed: str | None = None
+        self.all_started = False
 
     def until_ended(self, stop: StopRequest, progress: Callable[[RealTimeReport], None] | None,
                     list_partitions: Callable[[], list[int]]) -> None:
@@ -434,8 +437,49 @@ class _Watch:
             if time.monotonic() >= next_look and self.changed is None:
                 next_look = time.monotonic() + PARTITIONS_LOOK_SECONDS
                 self._look(list_partitions)
+            try:
+                report = _reports(self.store, self.began, self.claim, self.partitions)
+            except (OSError, CheckpointError) as error:  # the store out of reach for a moment
+                log.warning("%s: could not read the partitions' progress: %s", self.store.location, error)
+                continue
+            self._check_started(report)
             if progress is not None and self.job.thread.is_alive():
-                progress(_reports(self.store, self.began, self.claim, self.partitions))
+                progress(report)
+
+    def end(self, state: Checkpoint, keeper: ClaimKeeper) -> None:
+        """Step 6: record how the stream ended, then raise what ended it, if anything."""
+        job = self.job
+        errors = _errors(job.results)
+        state.settings.update({"updated_at": time.time(),
+                               "status": "failed" if errors or job.error or self.changed else "stopped"})
+        if keeper.lost is None:
+            keeper.save(state)
+        self.store.clear_stop(self.run_id)
+        if keeper.lost is not None:
+            raise keeper.lost
+        if self.changed:
+            raise ReplayError(self.changed)
+        if errors:  # a handler's failure; records gone, after the stream handled others: not a refusal
+            raise errors[0] if isinstance(errors[0], HandlerFailedError) else ReplayError(str(errors[0]))
+        if job.error is not None and not self.interrupted:
+            raise ReplayError(f"the real-time stream's job failed: {worker_error(job.error)}") from job.error
+
+    def _check_started(self, report: RealTimeReport) -> None:
+        """Stop the stream if some partitions have no save of this run :data:`STARTUP_SECONDS` after
+        the job started: their tasks found no free slot (the running ones never end), and nothing
+        else would tell."""
+        if self.all_started or self.changed is not None or report.seconds < STARTUP_SECONDS:
+            return
+        started = {partition for partition, state in self.store.partitions.all().items()
+                   if state.get("claim") == self.claim}
+        missing = [partition for partition in self.partitions if partition not in started]
+        self.all_started = not missing
+        if missing:
+            self.changed = (f"partitions {', '.join(map(str, missing))} of topic {self.job.plan.topic} were "
+                            f"not read {STARTUP_SECONDS:g} s after the stream started: their tasks found no "
+                            f"free slot (a real-time stream's tasks never end); give the session a slot per "
+                            f"task (it runs {self.job.tasks})")
+            self._ask(self.changed)
 
     def _ask(self, reason: str) -> None:
         if not self.asked:

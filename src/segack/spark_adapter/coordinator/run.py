@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from segack.kernel import SegmentSet
-from segack.spark_adapter.coordinator.dead_letters import RetryOutcome, retry_dead_letters
+from segack.spark_adapter.coordinator.dead_letters import RetryOutcome, RetryRun, retry_dead_letters
 from segack.spark_adapter.coordinator.job import Job, run_tag
 from segack.spark_adapter.coordinator.state import RunState
 from segack.spark_adapter.errors import (
@@ -181,7 +181,7 @@ class Run(RunState):
         self.already_done = self.tokens.done
         retried = RetryOutcome()
         if self.options.retry_dead_letters:  # 4
-            retried = retry_dead_letters(self, segments)
+            retried = retry_dead_letters(RetryRun.of(self), segments)
         self.began = time.monotonic()
         jobs = self._run_jobs(segments, watch_requests)  # 5
         if not jobs.recorded_end:  # 6
@@ -194,7 +194,7 @@ class Run(RunState):
         """Steps 0 and 4 alone: the dead letters handled again over ``segments``, for a stream whose
         query may have nothing new to read (and so no micro-batch to retry them in)."""
         self._prepare_handler()
-        return retry_dead_letters(self, segments)
+        return retry_dead_letters(RetryRun.of(self), segments)
 
     def _prepare_handler(self) -> None:
         """Step 0."""

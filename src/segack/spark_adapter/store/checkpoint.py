@@ -47,6 +47,12 @@ import pyarrow as pa
 from segack._version import __version__
 from segack.spark_adapter.errors import CheckpointError, CheckpointLocationError, TokenError
 from segack.spark_adapter.store.crash_points import durable_write
+from segack.spark_adapter.store.dead_letter_files import (
+    DEAD_LETTERS_DIR,
+    dead_letter_keys_of,
+    dead_letter_paths,
+    read_dead_letter_file,
+)
 from segack.spark_adapter.store.driver_watch import DriverProcess
 from segack.spark_adapter.store.partitions import PartitionStates
 from segack.spark_adapter.store.query_log import QueryLog
@@ -66,9 +72,6 @@ STATE_SUFFIX = ".json"
 PROGRESS_DIR = "progress"
 PROGRESS_SUFFIX = ".sgku"
 STOP_SUFFIX = ".stop"
-#: Where tasks write the events they did not handle (``on_error="dead-letter"``), as Parquet:
-#: the event's columns and these.
-DEAD_LETTERS_DIR = "dead-letters"
 #: Where runs claim the checkpoint (:mod:`segack.spark_adapter.store.claims`).
 CLAIMS_DIR = "claims"
 #: A change of segments asked of the run that holds the checkpoint
@@ -209,20 +212,6 @@ def _stop_path(files: Files, run_id: str) -> str:
     return files.path(PROGRESS_DIR, f"{run_id}{STOP_SUFFIX}")
 
 
-def _dead_letter_file(files: Files, path: str, columns: list[str] | None, schema_only: bool) -> Any:
-    import pyarrow.parquet as pq
-
-    try:
-        source = files.parquet_source(path)
-        if schema_only:
-            return pq.read_schema(source)
-        return pq.read_table(source, columns=columns)
-    except FileNotFoundError:
-        return None
-    except (pa.ArrowException, KeyError) as error:
-        raise CheckpointError(f"dead-letter file {path} cannot be read: {error}") from None
-
-
 class CheckpointStore:
     """A checkpoint directory on local disk or on any filesystem :mod:`pyarrow.fs` opens: what a
     run's coordinator, on the driver, and the ``segack`` command do with it.
@@ -353,19 +342,17 @@ class CheckpointStore:
 
     def dead_letter_files(self, prefix: str = "") -> list[str]:
         """The dead-letter files present now whose names start with ``prefix``, sorted."""
-        start = self.files.path(DEAD_LETTERS_DIR, prefix)
-        return sorted(path for path, _ in self.files.list(self.files.path(DEAD_LETTERS_DIR))
-                      if path.endswith(".parquet") and path.startswith(start))
+        return dead_letter_paths(self.files, prefix)
 
     def read_dead_letter_file(self, path: str, columns: list[str] | None = None) -> pa.Table | None:
         """One dead-letter file (only ``columns``, if given); ``None`` if it has gone. A file
         that is not Parquet, or lacks a column, is a :class:`~segack.spark_adapter.CheckpointError`."""
-        table: pa.Table | None = _dead_letter_file(self.files, path, columns, schema_only=False)
+        table: pa.Table | None = read_dead_letter_file(self.files, path, columns, schema_only=False)
         return table
 
     def dead_letter_schema(self, path: str) -> pa.Schema | None:
         """The schema of one dead-letter file, read from its footer; ``None`` if it has gone."""
-        schema: pa.Schema | None = _dead_letter_file(self.files, path, None, schema_only=True)
+        schema: pa.Schema | None = read_dead_letter_file(self.files, path, None, schema_only=True)
         return schema
 
     def read_dead_letters(self, columns: list[str] | None = None) -> pa.Table | None:
@@ -396,12 +383,7 @@ class CheckpointStore:
 
     def dead_letter_keys(self, key: str) -> frozenset[Any]:
         """The keys that have dead letters (their later events wait behind them)."""
-        keys: set[Any] = set()
-        for path in self.dead_letter_files():
-            table = self.read_dead_letter_file(path, columns=[key])
-            if table is not None:
-                keys.update(table.column(key).to_pylist())
-        return frozenset(keys)
+        return dead_letter_keys_of(self.files, key)
 
     def delete_dead_letters(self, paths: list[str]) -> None:
         """Remove dead-letter files whose events are handled, or recorded again elsewhere."""
@@ -577,9 +559,14 @@ class TaskStore:
         with durable_write("dead-letters"):
             self.files.write(self.files.path(DEAD_LETTERS_DIR, f"{name}.parquet"), data)
 
+    def dead_letter_keys(self, key: str) -> frozenset[Any]:
+        """The keys that have dead letters now: a retried attempt's (its run may have set some
+        aside since its start)."""
+        return dead_letter_keys_of(self.files, key)
+
     def read_dead_letter_file(self, path: str) -> pa.Table | None:
         """One dead-letter file, to handle its events again; ``None`` if it has gone."""
-        table: pa.Table | None = _dead_letter_file(self.files, path, None, schema_only=False)
+        table: pa.Table | None = read_dead_letter_file(self.files, path, None, schema_only=False)
         return table
 
     def stop_requested(self) -> bool:

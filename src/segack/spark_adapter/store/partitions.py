@@ -27,7 +27,7 @@ PARTITIONS_DIR = "partitions"
 #: The ``mode`` setting of a real-time stream's checkpoint, whose positions are Kafka offsets: no
 #: replay or micro-batch stream may use it.
 REAL_TIME_MODE = "real-time"
-_PREFIX, _SUFFIX = "partition-", ".json"
+_PREFIX, _SUFFIX, _OWNER = "partition-", ".json", ".owner"
 
 
 def refuse_real_time(settings: Mapping[str, Any], location: str) -> None:
@@ -69,6 +69,19 @@ class PartitionStates:
         data = json.dumps(state, sort_keys=True).encode("utf-8")
         with durable_write("progress"):
             self.files.write(self._path(partition), data)
+
+    def own(self, partition: int, token: str) -> None:
+        """Make the task attempt ``token`` the one that reads ``partition``: an earlier attempt still
+        running (its executor out of reach, not gone) sees it at its next save and writes nothing
+        more."""
+        with durable_write("progress"):
+            self.files.write(self.files.path(PARTITIONS_DIR, f"{_PREFIX}{partition:05d}{_OWNER}"),
+                             token.encode("ascii"))
+
+    def owner(self, partition: int) -> str | None:
+        """The task attempt that reads ``partition`` now (:meth:`own`)."""
+        data = self.files.read(self.files.path(PARTITIONS_DIR, f"{_PREFIX}{partition:05d}{_OWNER}"))
+        return None if data is None else data.decode("ascii", errors="replace")
 
     def all(self) -> dict[int, dict[str, Any]]:
         """Every partition's progress, by partition."""

@@ -61,7 +61,10 @@ def _double(value: Any) -> Any:
         return _NON_NUMERIC[value]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer past a double's range: Spark's reader gives infinity
+        return math.inf if value > 0 else -math.inf
 
 
 def _float(value: Any) -> Any:
@@ -156,7 +159,7 @@ class RecordEvents:
                 raise ValueError
             fields = [(name, None if parsed[name] is None else parse(parsed[name]))
                       for name, parse in parsers]
-        except (ValueError, KeyError, RecursionError):
+        except (ValueError, KeyError, RecursionError, OverflowError):
             event.update((name, None) for name, _ in parsers)
             event[UNPARSED] = text
             return event

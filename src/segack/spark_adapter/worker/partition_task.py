@@ -233,12 +233,20 @@ class _PartitionsTask:
         called = with_identities_passed(plan.handler)
         self.identify = wants_identity(plan.handler)
         self.readers: dict[int, PartitionReader] = {}
+        #: This attempt: a later attempt of the task (Spark's retry) takes the partitions over.
+        self.token = uuid.uuid4().hex
+        # A retried attempt parks the keys an earlier attempt of this run set aside too.
+        parked = plan.parked if _attempt() == 0 else plan.store.dead_letter_keys("key")
         for partition in self.partitions:  # 1
+            plan.store.partitions.own(partition, self.token)
             earlier = plan.store.partitions.read(partition)
             start = plan.starts[partition] if earlier is None else int(earlier["next"])
             done = [] if earlier is None else list(earlier.get("done", []))
-            dispatcher = Dispatcher(called, _record_key, plan.handling, parked=plan.parked)
+            dispatcher = Dispatcher(called, _record_key, plan.handling, parked=parked)
             self.readers[partition] = PartitionReader(partition, start, done, dispatcher, earlier)
+        # Whether the last look at the consumer took every record it gave (then its position is
+        # past nothing not taken).
+        self._whole = True
         self.dead_files = 0
         #: What ended the task, if not a stop request: a handler's failure, records gone.
         self.error: HandlerFailedError | InputError | None = None
@@ -295,6 +303,7 @@ class _PartitionsTask:
             if partition in paused and not reader.waiting:
                 consumer.resume([topic_partition(plan.topic, partition)])
                 paused.discard(partition)
+        self._whole = False
         messages = consumer.consume(_CONSUME_AT_ONCE, _CONSUME_WAIT)
         for message in messages:
             error = message.error()
@@ -317,6 +326,7 @@ class _PartitionsTask:
                 if partition not in paused:
                     consumer.pause([topic_partition(plan.topic, partition)])
                     paused.add(partition)
+        self._whole = True
         for reader in self.readers.values():
             if reader.waiting:
                 reader.dispatcher.wait_for_room(_CONSUME_WAIT)
@@ -329,14 +339,15 @@ class _PartitionsTask:
         from confluent_kafka import TopicPartition
 
         plan = self.plan
-        if plan.store.fenced():
+        if plan.store.fenced() or any(plan.store.partitions.owner(partition) != self.token
+                                      for partition in self.partitions):
             self._fenced()
             return False
         letters: list[tuple[int, DeadLetter]] = []
         states = {}
         for partition, reader in self.readers.items():
             position = None
-            if not reader.waiting:
+            if self._whole and not reader.waiting:
                 [where] = consumer.position([TopicPartition(plan.topic, partition)])
                 position = where.offset if where.offset >= 0 else None
             states[partition], taken = reader.state(position)
@@ -378,7 +389,8 @@ class _PartitionsTask:
             self._save(consumer)
 
     def _fenced(self) -> None:
-        """Step 5, fenced: no call starts, nothing is written."""
+        """Step 5, fenced (a newer claim, or a newer attempt of this task): no call starts, nothing
+        is written."""
         self.fenced = True
         for reader in self.readers.values():
             reader.dispatcher.stop()
@@ -424,9 +436,20 @@ def _check(error: Any, kafka_error: Any, where: str) -> None:
                          f"nothing past them was handled: to go on past them, start a new checkpoint")
     if code in (kafka_error.UNKNOWN_TOPIC_OR_PART, kafka_error.TOPIC_AUTHORIZATION_FAILED):
         raise InputError(f"Kafka partition {where} cannot be read: {error.str()}")
+    if code in (kafka_error._BAD_MSG, kafka_error._BAD_COMPRESSION):  # the client would pass over them
+        raise InputError(f"Kafka partition {where} holds records the client cannot read ({error.str()}); "
+                         f"nothing past them was handled")
     if error.fatal():
         raise InputError(f"the Kafka client reading {where} failed: {error.str()}")
     log.warning("Kafka consumer of %s: %s", where, error.str())
+
+
+def _attempt() -> int:
+    """This task's attempt (0: Spark's first)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return 0 if context is None else context.attemptNumber()
 
 
 def _record_key(event: dict[str, Any]) -> Any:
