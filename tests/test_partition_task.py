@@ -9,7 +9,6 @@ import random
 import threading
 import time
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -98,15 +97,16 @@ def test_a_resumed_interval_not_yet_read_is_saved_again_and_not_lost():
     assert state["done"] == [[54, 54], [60, 70]]
 
 
-@pytest.mark.parametrize("later", [1_000_000])
-def test_a_slow_key_holding_back_a_million_later_records_keeps_one_interval(later):
+def test_a_slow_key_holding_back_a_million_later_records_keeps_one_interval():
     """Issue 44: the acker's state per partition stays bounded (its intervals, not a per-record map)
-    while one slow call holds the committed offset."""
+    while one slow call holds the committed offset. (The mutation run leaves it out: a million
+    records through a mutated dispatcher take too long; the tests above cover its paths.)"""
+    later = 1_000_000
     release = threading.Event()
 
     def handler(event: dict) -> None:
         if event["key"] == "slow":
-            release.wait(60)
+            release.wait(900)
 
     dispatcher = Dispatcher(handler, lambda event: event["key"], concurrency=2, max_pending=later + 1)
     reader = PartitionReader(3, 0, [], dispatcher)
@@ -116,7 +116,7 @@ def test_a_slow_key_holding_back_a_million_later_records_keeps_one_interval(late
     for offset in range(1, later + 1):
         assert reader.take(offset, _event(rng.choice(keys), offset))
     dispatcher.send_partial()
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600
     while dispatcher.done_rows()[2] != [(1, later)]:
         assert time.monotonic() < deadline, dispatcher.done_rows()
         time.sleep(0.05)
