@@ -11,7 +11,7 @@ import sys
 import threading
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from segack.cli.exit_codes import ExitCode
 from segack.cli.flags import REAL_TIME, run_keywords
@@ -29,6 +29,9 @@ from segack.spark_adapter.errors import HandlerFailedError, OptionError, ReplayE
 from segack.spark_adapter.results import STARTUP, BatchReport, RealTimeReport, StreamResult
 from segack.spark_adapter.sources.files import check_input_files, read_input
 from segack.spark_adapter.store.checkpoint import CheckpointStore
+
+if TYPE_CHECKING:
+    from segack.spark_adapter.coordinator.query import StopRequest
 
 log = logging.getLogger("segack.cli")
 
@@ -197,12 +200,7 @@ def _stream(args: argparse.Namespace, job: _Job) -> int:
         return ExitCode.USAGE
     store = job.store
     stop = StopRequest()
-
-    def asked(number: int, frame: Any) -> None:
-        then = "now" if stop.asked.is_set() else "at the end of the micro-batch under way (again: now)"
-        say(f"segack stream: stopping {then}")
-        # Its events' locks are not for a signal handler, which may have interrupted their holder.
-        threading.Thread(target=stop.set, name="segack-stop", daemon=True).start()
+    asked = _stopping(stop, "at the end of the micro-batch under way")
 
     spark = None
     try:
@@ -239,6 +237,17 @@ _NOT_REAL_TIME = (
 )
 
 
+def _stopping(stop: StopRequest, first: str) -> Callable[[int, Any], None]:
+    """The signal handler of ``segack stream``: the first signal stops ``stop``'s stream ``first``,
+    the second at once."""
+    def asked(number: int, frame: Any) -> None:
+        then = "now" if stop.asked.is_set() else f"{first} (again: now)"
+        say(f"segack stream: stopping {then}")
+        # Its events' locks are not for a signal handler, which may have interrupted their holder.
+        threading.Thread(target=stop.set, name="segack-stop", daemon=True).start()
+    return asked
+
+
 def _stream_real_time(args: argparse.Namespace, job: _Job) -> int:
     """``segack stream --trigger real-time``: until SIGTERM or Ctrl-C (the calls read finish, exit
     0; twice: at once, exit 1, the progress saved so far kept) or a failure."""
@@ -255,11 +264,7 @@ def _stream_real_time(args: argparse.Namespace, job: _Job) -> int:
         print("segack stream: --value-schema is required for Kafka", file=sys.stderr)
         return ExitCode.USAGE
     stop = StopRequest()
-
-    def asked(number: int, frame: Any) -> None:
-        then = "now" if stop.asked.is_set() else "once the calls read finish (again: now)"
-        say(f"segack stream: stopping {then}")
-        threading.Thread(target=stop.set, name="segack-stop", daemon=True).start()
+    asked = _stopping(stop, "once the calls read finish")
 
     spark = None
     try:
