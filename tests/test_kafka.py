@@ -618,6 +618,22 @@ def _ledger(dsn: str) -> tuple[list[tuple[str, int]], dict[str, int]]:
                 dict(db.execute("SELECT user_id, balance FROM balances").fetchall()))
 
 
+def assert_each_record_applied_once_in_order(dsn: str, records: list[tuple[str, bytes]]) -> None:
+    """The ledger holds each of ``records`` once, each user's in ``seq`` order, and every balance is
+    the sequential fold."""
+    rows, balances = _ledger(dsn)
+    pairs = [(key, json.loads(value)["seq"]) for key, value in records]
+    assert len(rows) == len(set(rows)) == len(pairs) and set(rows) == set(pairs)
+    last: dict[str, int] = {}
+    for user, seq in rows:
+        assert seq == last.get(user, -1) + 1, f"{user} {seq} applied after {last.get(user)}"
+        last[user] = seq
+    expected: dict[str, int] = {}
+    for user, seq in sorted(pairs):
+        expected[user] = fold(expected.get(user, 0), seq)
+    assert balances == expected
+
+
 def _kill(process: subprocess.Popen[str]) -> None:
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
@@ -665,17 +681,7 @@ def test_a_stream_killed_thrice_rescaled_and_split_while_records_arrive_applies_
                          "--batch-size", "200", "--concurrency", "8", "--commit-offsets-to", group,
                          "--segments", "4", run="drain", dsn=pg_database)
     assert drained.returncode == 0, drained.stderr
-    rows, balances = _ledger(pg_database)
-    pairs = [(key, json.loads(value)["seq"]) for key, value in producer.records]
-    assert len(rows) == len(set(rows)) == len(pairs) and set(rows) == set(pairs)
-    last: dict[str, int] = {}
-    for user, seq in rows:
-        assert seq == last.get(user, -1) + 1, f"{user} {seq} applied after {last.get(user)}"
-        last[user] = seq
-    expected: dict[str, int] = {}
-    for user, seq in sorted(pairs):
-        expected[user] = fold(expected.get(user, 0), seq)
-    assert balances == expected
+    assert_each_record_applied_once_in_order(pg_database, producer.records)
     assert committed_offsets(kafka_broker.bootstrap, topic, group) == end_offsets(kafka_broker.bootstrap,
                                                                                    topic)
 

@@ -21,7 +21,7 @@ from segack.spark_adapter.console.page import page_state
 from segack.spark_adapter.errors import ForeignInputError, InputError, OptionError
 from segack.spark_adapter.store.checkpoint import CheckpointStore
 from segack.spark_adapter.store.partitions import refuse_real_time
-from tests.spark_handlers import SLOW_ENV, fold, read_log
+from tests.spark_handlers import SLOW_ENV, read_log
 from tests.test_kafka import (
     _kill,
     _ledger,
@@ -29,6 +29,7 @@ from tests.test_kafka import (
     _wait_for,
     account_events,
     assert_each_key_in_offset_order,
+    assert_each_record_applied_once_in_order,
     committed_offsets,
     end_offsets,
     make_topic,
@@ -353,17 +354,7 @@ def test_a_real_time_stream_killed_thrice_while_records_arrive_applies_each_once
     _wait_for(lambda: committed_offsets(bootstrap, topic, group) == end_offsets(bootstrap, topic), 60,
               "the group's offsets at the end", process)
     _stopped(process)
-    rows, balances = _ledger(pg_database)
-    pairs = [(key, json.loads(value)["seq"]) for key, value in producer.records]
-    assert len(rows) == len(set(rows)) == len(pairs) and set(rows) == set(pairs)
-    last: dict[str, int] = {}
-    for user, seq in rows:
-        assert seq == last.get(user, -1) + 1, f"{user} {seq} applied after {last.get(user)}"
-        last[user] = seq
-    expected: dict[str, int] = {}
-    for user, seq in sorted(pairs):
-        expected[user] = fold(expected.get(user, 0), seq)
-    assert balances == expected
+    assert_each_record_applied_once_in_order(pg_database, producer.records)
     states = store.partitions.all()
     assert sorted(states) == list(range(6))
     assert {partition: state["next"] for partition, state in states.items()} == end_offsets(bootstrap, topic)
