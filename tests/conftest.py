@@ -63,6 +63,7 @@ AREAS = {
     "test_hashes.py": ("kernel",),
     "test_hashes_jvm.py": ("kernel",),
     "test_kafka.py": ("streams",),
+    "test_kafka_sink.py": ("sinks",),
     "test_realtime.py": ("streams",),
     "test_layout.py": (),
     "test_logging.py": ("command",),

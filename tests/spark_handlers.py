@@ -473,3 +473,63 @@ def _faults_sink() -> Any:
 
 #: ``--handler tests.spark_handlers:faults_sink``: the ledger, refusing user-3's event 5 until fixed.
 faults_sink = _faults_sink()
+
+
+#: The environment variables that name the tests' Kafka broker (``HOST:PORT``) and the input topic
+#: to commands they start: a :class:`KafkaLedgerApply` sink writes to topics named after it.
+KAFKA_ENV = "SEGACK_TEST_KAFKA"
+KAFKA_TOPIC_ENV = "SEGACK_TEST_KAFKA_TOPIC"
+#: The seconds a :class:`KafkaLedgerApply` takes per event, if set: a pause then lands in a call.
+KAFKA_APPLY_SECONDS_ENV = "SEGACK_TEST_KAFKA_APPLY_SECONDS"
+
+
+def kafka_ledger_topics(topic: str) -> tuple[str, str]:
+    """The ledger and balances topics a :class:`KafkaLedgerApply` of input ``topic`` writes."""
+    return f"{topic}-ledger", f"{topic}-balances"
+
+
+class KafkaLedgerApply:
+    """``apply`` for a KafkaSink: per account event, a ledger record (``{"user", "seq", "run"}``, the
+    run the ``SEGACK_TEST_RUN`` variable names) and the
+    user's balance after it (``{"user", "seq", "balance"}``, :func:`fold` over seqs 0 to ``seq``),
+    each keyed by the user; ``fail_on`` a ``(user, seq)`` whose apply raises."""
+
+    def __init__(self, topic: str, fail_on: tuple[str, int] | None = None) -> None:
+        self.ledger, self.balances = kafka_ledger_topics(topic)
+        self.fail_on = fail_on
+        self._last: dict[str, tuple[int, int]] = {}  # user -> (seq, balance), a cache of the fold
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_last": {}}
+
+    def _balance(self, user: str, seq: int) -> int:
+        start, balance = self._last.get(user, (-1, 0))
+        if start >= seq:
+            start, balance = -1, 0
+        for step in range(start + 1, seq + 1):
+            balance = fold(balance, step)
+        self._last[user] = (seq, balance)
+        return balance
+
+    def __call__(self, output: Any, event: dict[str, Any]) -> None:
+        user, seq = event["user"], event["seq"]
+        if self.fail_on is not None and (user, seq) == self.fail_on:
+            raise ValueError("the sink's apply refuses this event")
+        time.sleep(float(os.environ.get(KAFKA_APPLY_SECONDS_ENV, "0")))
+        run = os.environ.get("SEGACK_TEST_RUN")
+        output.produce(self.ledger, json.dumps({"user": user, "seq": seq, "run": run}), user)
+        output.produce(self.balances, json.dumps({"user": user, "seq": seq,
+                                                  "balance": self._balance(user, seq)}), user)
+
+
+def _kafka_ledger_sink() -> Any:
+    from segack.sinks import KafkaSink
+
+    apply = KafkaLedgerApply(os.environ.get(KAFKA_TOPIC_ENV, "accounts"))
+    return KafkaSink({"bootstrap.servers": os.environ.get(KAFKA_ENV, "127.0.0.1:9"), "linger.ms": 5},
+                     apply, topics=[apply.ledger, apply.balances])
+
+
+#: ``--handler tests.spark_handlers:kafka_ledger_sink``: the ledger and balances as Kafka topics on
+#: the broker :data:`KAFKA_ENV` names, after the topic :data:`KAFKA_TOPIC_ENV` names.
+kafka_ledger_sink = _kafka_ledger_sink()

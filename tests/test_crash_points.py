@@ -36,7 +36,8 @@ def _durable_calls(tree: ast.AST, path: Path) -> list[ast.Call]:
         files = ((isinstance(owner, ast.Attribute) and owner.attr == "files")
                  or (isinstance(owner, ast.Name) and owner.id == "files"))
         on_files = files and name in FILE_WRITES
-        if on_files or name == "alterConsumerGroupOffsets" or (path.name == "sinks.py" and name == "commit"):
+        commits = path.parent.name == "sinks" and name in ("commit", "commit_transaction")
+        if on_files or name == "alterConsumerGroupOffsets" or commits:
             found.append(node)
     return found
 

@@ -285,6 +285,33 @@ def run_cluster_driver(sandbox: Sandbox, code: str, request: Any) -> None:
     assert exit_.value.code == 0
 
 
+def run_kafka_sink(sandbox: Sandbox, code: str, request: Any) -> None:
+    """In the connectors session: the guide's sink, prepared by a run and called by a task as
+    ``segack stream`` does, its records read back once by a ``read_committed`` consumer, and again
+    none when a resume hands the events over again."""
+    import pickle
+
+    from segack.spark_adapter.handlers import EventIdentity, RunContext
+    from segack.spark_adapter.options import Policy
+    from tests.test_kafka import make_topic
+    from tests.test_kafka_sink import committed_records
+
+    broker = request.getfixturevalue("kafka_broker")
+    make_topic(broker.bootstrap, "ledger", 2)
+    sink = sandbox.run(code.replace("broker-1:9092", broker.bootstrap))["sink"]
+    sink.prepare(RunContext(str(sandbox.root / "checkpoint"), "0" * 32, "account", "seq", Policy.PER_KEY,
+                            60.0, None, 1))
+    events = [{"account": account, "seq": seq, "amount": amount} for seq, (account, amount)
+              in enumerate(zip(sandbox.accounts, sandbox.amounts, strict=True))]
+    identities = [EventIdentity(event["account"], 0, event["seq"], "0" * 32) for event in events]
+    for _ in range(2):  # a run, then a resume that hands every event over again
+        task = pickle.loads(pickle.dumps(sink))
+        task(events, identities)
+        task.close()
+    written = committed_records(broker.bootstrap, "ledger")
+    assert sorted(record["seq"] for record in written) == list(range(EVENTS))
+
+
 #: Each example by a line of its own, and what runs it.
 RUNNERS: dict[str, Callable[[Sandbox, str, Any], None]] = {
     "psycopg.connect(\"dbname=bank\"), apply_many=apply_many)": run_readme_sink,
@@ -297,6 +324,7 @@ RUNNERS: dict[str, Callable[[Sandbox, str, Any], None]] = {
     "class Payments(Sink):": run_payments_sink,
     ".foreachBatch(foreach_batch(handle,": run_foreach_batch,
     "records = kafka_stream(spark,": run_kafka_stream,
+    'sink = KafkaSink({"bootstrap.servers": "broker-1:9092"}, apply, topics=["ledger"])': run_kafka_sink,
     "changes = delta_change_feed(spark,": run_delta_change_feed,
     "def add_once(event):": run_idempotent_handler,
     "sys.exit(0 if result.complete else 3 if result.dead_letters_left else 1)": run_cluster_driver,
@@ -315,7 +343,8 @@ def test_every_example_is_run():
 
 @pytest.mark.spark
 @pytest.mark.parametrize(("where", "code"), [
-    pytest.param(where, code, id=where, marks=[pytest.mark.kafka] if "kafka_stream(" in code
+    pytest.param(where, code, id=where,
+                 marks=[pytest.mark.kafka] if re.search(r"kafka_stream\(|KafkaSink\(", code)
                  else [pytest.mark.delta] if "delta_change_feed(" in code else [])
     for where, code in examples()])
 def test_the_example_runs(where, code, sandbox, request):

@@ -21,7 +21,7 @@ from segack.spark_adapter import serve_metrics
 from segack.spark_adapter.store.checkpoint import CheckpointStore
 from segack.spark_adapter.store.crash_points import ENV
 from tests import maven
-from tests.spark_handlers import DSN_ENV, LOG_ENV, fold, read_log
+from tests.spark_handlers import DSN_ENV, KAFKA_ENV, KAFKA_TOPIC_ENV, LOG_ENV, fold, read_log
 from tests.test_metrics import sample_value, scrape
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
@@ -120,8 +120,11 @@ def stream_command(tmp_path: Path, bootstrap: str, topic: str, handler: str, *ex
     return command
 
 
-def environment(tmp_path: Path, run: str, dsn: str | None = None) -> dict[str, str]:
+def environment(tmp_path: Path, run: str, dsn: str | None = None, bootstrap: str | None = None,
+                topic: str | None = None) -> dict[str, str]:
     found = dict(os.environ, **{LOG_ENV: str(tmp_path / "log.jsonl"), "SEGACK_TEST_RUN": run})
+    if bootstrap is not None and topic is not None:
+        found.update({KAFKA_ENV: bootstrap, KAFKA_TOPIC_ENV: topic})
     if dsn is not None:
         found[DSN_ENV] = dsn
     return found
@@ -130,14 +133,18 @@ def environment(tmp_path: Path, run: str, dsn: str | None = None) -> dict[str, s
 def run_stream(tmp_path: Path, bootstrap: str, topic: str, handler: str, *extra: str, run: str = "0",
                checkpoint: str | None = None, dsn: str | None = None) -> subprocess.CompletedProcess[str]:
     command = stream_command(tmp_path, bootstrap, topic, handler, *extra, checkpoint=checkpoint)
-    return subprocess.run(command, cwd=ROOT, env=environment(tmp_path, run, dsn), capture_output=True,
+    return subprocess.run(command, cwd=ROOT, env=environment(tmp_path, run, dsn, bootstrap, topic),
+                          capture_output=True,
                           text=True, timeout=600)
 
 
 def start_stream(tmp_path: Path, bootstrap: str, topic: str, handler: str, *extra: str, run: str = "0",
-                 dsn: str | None = None, checkpoint: str | None = None) -> subprocess.Popen[str]:
+                 dsn: str | None = None, checkpoint: str | None = None,
+                 variables: dict[str, str] | None = None) -> subprocess.Popen[str]:
     command = stream_command(tmp_path, bootstrap, topic, handler, *extra, checkpoint=checkpoint)
-    return subprocess.Popen(command, cwd=ROOT, env=environment(tmp_path, run, dsn), start_new_session=True,
+    return subprocess.Popen(command, cwd=ROOT, env={**environment(tmp_path, run, dsn, bootstrap, topic),
+                                                    **(variables or {})},
+                            start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

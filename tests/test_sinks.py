@@ -15,7 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from segack.errors import SegackTypeError, SegackValueError
-from segack.sinks import SqlSink, _key_text
+from segack.sinks import SqlSink
+from segack.sinks.key_text import key_text as _key_text
 from segack.spark_adapter import EventIdentity, RunContext, Sink, SinkError, with_identity
 from segack.spark_adapter.handlers import identified_events, with_identities_passed
 from segack.spark_adapter.options import Policy

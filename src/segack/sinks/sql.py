@@ -1,21 +1,9 @@
-"""Sinks: handlers whose effects land exactly once, whatever runs crashed, resumed or were fenced.
-
-A key's events reach the handler in the order of their positions, and an event's position is the
-same in every run of its checkpoint (:class:`~segack.spark_adapter.EventIdentity`). So a
-sink that records, in the same transaction as its effects, the position of the last event of each
-key it applied, and skips events at or below it, applies each event once and in order. The one
-assumption: the effects and that record live in one database and commit together.
-
-:class:`SqlSink` does this for any DB-API 2 database (PostgreSQL through psycopg 3, SQLite through
-``sqlite3``, others through their ``paramstyle``). For a service that takes idempotency keys,
-subclass :class:`~segack.spark_adapter.Sink` and send each event's
-:attr:`~segack.spark_adapter.EventIdentity.idempotency_key`.
-"""
+"""SQL databases: :class:`SqlSink`, which records each key's last applied position in a table of
+the database its effects go to, in the same transaction."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import re
 import sys
@@ -24,12 +12,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from segack.errors import SegackTypeError, SegackValueError
+from segack.sinks.arguments import check_apply, check_preferred_batch_size, refuse_unordered
+from segack.sinks.key_text import key_text
 from segack.spark_adapter.errors import SinkError, one_line
 from segack.spark_adapter.handlers import EventIdentity, RunContext, Sink
-from segack.spark_adapter.options import Policy
 from segack.spark_adapter.store.crash_points import durable_write
 
-__all__ = ["SESSION_PREFIX", "Sink", "SqlSink"]
+__all__ = ["SESSION_PREFIX", "SqlSink"]
 
 log = logging.getLogger(__name__)
 
@@ -55,18 +44,8 @@ def _placeholders(paramstyle: str, count: int) -> list[str]:
                     f"it knows qmark, format, pyformat and numeric")
 
 
-# Made once: ``json.dumps`` with arguments builds an encoder per call, which cost more than the
-# encoding of a short key.
-_KEY_ENCODER = json.JSONEncoder(default=str, ensure_ascii=False, separators=(",", ":"))
-_encode_text = json.encoder.encode_basestring  # what the encoder does with a str, without its checks
-#: Between the keys' texts of a call's record (ASCII's unit separator).
+#: Between the keys' texts of a call's record (ASCII's unit separator, which no key's text holds).
 _SEPARATOR = "\x1f"
-
-
-def _key_text(key: Any) -> str:
-    """A key as the sink's table stores it: JSON, so that ``None``, ``"null"`` and ``1`` and ``"1"``
-    stay apart. JSON escapes every control character, so no key's text holds one."""
-    return _encode_text(key) if type(key) is str else _KEY_ENCODER.encode(key)
 
 
 class _Dialect:
@@ -276,18 +255,11 @@ class SqlSink(Sink):
                  preferred_batch_size: int | None = 5000) -> None:
         if not callable(connect):
             raise SegackTypeError("SqlSink: connect must be callable (it returns a DB-API 2 connection)")
-        if (apply is None) == (apply_many is None):
-            raise SegackValueError("SqlSink: give apply (one event) or apply_many (a list), "
-                                   "not both or neither")
-        if not callable(apply if apply is not None else apply_many):
-            raise SegackTypeError("SqlSink: apply and apply_many must be callable")
+        check_apply("SqlSink", apply, apply_many)
         if not isinstance(table, str) or not _NAME.fullmatch(table):
             raise SegackValueError(f"SqlSink: table must be a plain name of at most 30 letters, digits and "
                                    f"underscores, starting with a letter or an underscore, not {table!r}")
-        if preferred_batch_size is not None and (isinstance(preferred_batch_size, bool) or not isinstance(
-                preferred_batch_size, int) or preferred_batch_size < 1):
-            raise SegackValueError(f"SqlSink: preferred_batch_size must be a positive int or None, not "
-                                   f"{preferred_batch_size!r}")
+        check_preferred_batch_size("SqlSink", preferred_batch_size)
         self.connect, self.apply, self.apply_many, self.table = connect, apply, apply_many, table
         self.preferred_batch_size = preferred_batch_size
         if pipeline is not None and not isinstance(pipeline, bool):
@@ -322,9 +294,7 @@ class SqlSink(Sink):
 
     def prepare(self, run: RunContext) -> None:
         """Refuse a run the sink cannot keep exactly once; make its table of positions."""
-        if run.policy == Policy.CONCURRENT:
-            raise SinkError("SqlSink needs each key's events in order; policy 'concurrent' does not keep "
-                            "that (use 'per-key' or 'sequential')")
+        refuse_unordered("SqlSink", run)
         self.idle_timeout = run.claim_timeout
         self.session_name = f"{SESSION_PREFIX}{run.checkpoint_id}:{run.claim}"
         name = self.table_for(run.checkpoint_id)
@@ -429,7 +399,7 @@ class SqlSink(Sink):
         5. **Commit**.
         """
         table = self.table_for(identities[0].checkpoint_id)
-        keys = [_key_text(identity.key) for identity in identities]
+        keys = [key_text(identity.key) for identity in identities]
         cursor = connection.cursor()
         dialect.begin(cursor)  # 1
         applied = dialect.positions(cursor, table, sorted(set(keys)))
@@ -456,7 +426,7 @@ class SqlSink(Sink):
         firsts: dict[str, int] = {}
         lasts: dict[str, int] = {}
         for identity in identities:
-            key = _key_text(identity.key)
+            key = key_text(identity.key)
             firsts.setdefault(key, identity.position)
             lasts[key] = identity.position
         with self._pipeline(connection):

@@ -1,0 +1,137 @@
+"""``python -m bench kafka-sink``: Kafka to Kafka, each input record's output record exactly once
+through :class:`~segack.sinks.KafkaSink`, against the job a PySpark user writes with Spark's own
+Kafka sink (at least once, no order), whole process each, on one real broker.
+
+A topic of 8 partitions holding 1,000,000 JSON records of 20,000 accounts (a few hot), as
+``python -m bench kafka`` makes it. Each contender reads the whole backlog (``availableNow``) in
+micro-batches of the same bound (``maxOffsetsPerTrigger``), parses each value with the same schema
+and writes one record per input record, keyed by the account, to an output topic of 8 partitions:
+
+- ``segack stream --format kafka ... --handler bench.kafka_out:sink``: a :class:`KafkaSink` with
+  ``apply_many`` and no flags (lists of its preferred 5,000, one transaction each, each key's
+  position recorded with them);
+- :mod:`bench.spark_kafka_sink`: ``readStream`` kafka, ``from_json`` and ``to_json``, and
+  ``writeStream.format("kafka")``.
+
+Timed by the output consumer's clock: from the first output record's timestamp to the last one's
+(``CreateTime``, set as each is produced), read back by a ``read_committed`` consumer; the whole
+process's time beside it. The runs alternate; the ratio is of the best of each. Then the cost of
+the positions topic: its records and bytes against the output's.
+
+Needs the PySpark Spark's Kafka connector is released for (``nox -s bench -- kafka-sink`` installs it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.common import print_table, save
+from segack.sinks import KafkaOutput, KafkaSink
+
+#: The environment variables naming the broker and the output topic to the sink's tasks.
+BOOTSTRAP_ENV = "SEGACK_BENCH_KAFKA"
+OUTPUT_ENV = "SEGACK_BENCH_KAFKA_OUTPUT"
+ROUNDS = 3
+
+
+def apply_many(output: KafkaOutput, events: list[dict[str, Any]]) -> None:
+    """One record per event, keyed by its account, its fields as JSON."""
+    topic = os.environ[OUTPUT_ENV]
+    for event in events:
+        output.produce(topic, json.dumps({"account": event["account"], "seq": event["seq"],
+                                          "amount": event["amount"]}, separators=(",", ":")),
+                       event["account"])
+
+
+#: ``--handler bench.kafka_out:sink``.
+sink = KafkaSink({"bootstrap.servers": os.environ.get(BOOTSTRAP_ENV, "127.0.0.1:9")}, apply_many=apply_many,
+                 topics=[os.environ.get(OUTPUT_ENV, "output")])
+
+
+def _span(bootstrap: str, topic: str) -> tuple[int, float, int]:
+    """The committed records of ``topic``, the seconds from the first one's timestamp to the last
+    one's, and their bytes (keys and values)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-reader",
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    count, first, last, size = 0, float("inf"), 0.0, 0
+    try:
+        for partition in consumer.list_topics(topic, timeout=10).topics[topic].partitions:
+            _, end = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            consumer.assign([TopicPartition(topic, partition, 0)])
+            while end and consumer.position([TopicPartition(topic, partition)])[0].offset < end:
+                for message in consumer.consume(10_000, 0.2):
+                    stamp = message.timestamp()[1] / 1000
+                    first, last = min(first, stamp), max(last, stamp)
+                    count += 1
+                    size += len(message.value() or b"") + len(message.key() or b"")
+    finally:
+        consumer.close()
+    return count, last - first, size
+
+
+def run() -> None:
+    from tests import maven
+    from tests.kafka import kafka_broker
+
+    from bench.kafka import BOUND, PARTITIONS, RECORDS, SCHEMA, _create_topic, _produce, _timed
+    from segack.spark_adapter.store.checkpoint import CheckpointStore
+
+    jars = ",".join(map(str, maven.spark_kafka()))
+    here = Path(__file__).resolve().parents[1]
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(here), os.environ.get(
+        "PYTHONPATH")])))
+    names = ("segack stream, KafkaSink (exactly once, in key order)",
+             "Spark's Kafka sink (at least once, no order)")
+    spans: dict[str, list[float]] = {name: [] for name in names}
+    wholes: dict[str, list[float]] = {name: [] for name in names}
+    positions: list[tuple[int, int]] = []
+    with tempfile.TemporaryDirectory(prefix="segack-bench-kafka-sink-") as scratch, \
+            kafka_broker(Path(scratch) / "broker") as broker:
+        _create_topic(broker.bootstrap, "accounts")
+        _produce(broker.bootstrap, "accounts")
+        for round_ in range(ROUNDS):
+            for name in names:
+                output = f"output-{round_}-{names.index(name)}"
+                _create_topic(broker.bootstrap, output)
+                checkpoint = Path(scratch) / output
+                command = [
+                    sys.executable, "-m", "segack", "stream", "--format", "kafka",
+                    "--option", f"kafka.bootstrap.servers={broker.bootstrap}",
+                    "--option", "subscribe=accounts", "--option", "startingOffsets=earliest",
+                    "--option", f"maxOffsetsPerTrigger={BOUND}",
+                    "--value-schema", SCHEMA, "--key", "key", "--order", "offset",
+                    "--handler", "bench.kafka_out:sink", "--checkpoint", str(checkpoint), "--segments", "4",
+                    "--conf", f"spark.jars={jars}"] if name == names[0] else [
+                    sys.executable, "-m", "bench.spark_kafka_sink", broker.bootstrap, "accounts", output,
+                    SCHEMA, str(BOUND), jars, str(checkpoint)]
+                wholes[name].append(_timed(command, dict(environment, **{BOOTSTRAP_ENV: broker.bootstrap,
+                                                                          OUTPUT_ENV: output})))
+                count, seconds, _ = _span(broker.bootstrap, output)
+                if count < RECORDS or (name == names[0] and count != RECORDS):
+                    raise RuntimeError(f"{name} wrote {count:,} records of {RECORDS:,}")
+                spans[name].append(seconds)
+                print(f"  {name}: {count:,} records in {seconds:.1f} s by their timestamps, "
+                      f"{wholes[name][-1]:.1f} s whole", flush=True)
+                if name == names[0]:
+                    checkpoint_id = CheckpointStore(str(checkpoint)).load_existing().settings["checkpoint_id"]
+                    written, _, size = _span(broker.bootstrap, sink.positions_topic_for(checkpoint_id))
+                    positions.append((written, size))
+    best = {name: min(values) for name, values in spans.items()}
+    rows = [{"pipeline": name, "seconds (best, by the output's timestamps)": f"{best[name]:.1f}",
+             "all runs": ", ".join(f"{value:.1f}" for value in spans[name]),
+             "whole process (best)": f"{min(wholes[name]):.1f}",
+             "records/s": f"{RECORDS / best[name]:,.0f}",
+             "throughput vs Spark's sink": f"{best[names[1]] / best[name]:.2f}x"} for name in names]
+    print_table(f"Kafka to Kafka: {RECORDS:,} records, {PARTITIONS} partitions, one output record each, "
+                f"micro-batches of {BOUND:,} (floor: >= 0.8x Spark's sink)", rows, list(rows[0]))
+    written, size = positions[0]
+    print(f"positions topic: {written:,} records ({size:,} bytes) for {RECORDS:,} output records: "
+          f"{written / RECORDS:.3f} per output record; compacted, it keeps one per key")
+    save("kafka-to-kafka", rows)

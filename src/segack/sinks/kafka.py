@@ -1,0 +1,460 @@
+"""Kafka topics: :class:`KafkaSink`, which writes a call's output records and each of its keys'
+last applied position in one Kafka transaction, so that a ``read_committed`` consumer sees each
+event's output once, whatever runs crashed, resumed or were taken over."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from segack.errors import SegackTypeError, SegackValueError
+from segack.sinks.arguments import check_apply, check_preferred_batch_size, refuse_unordered
+from segack.sinks.kafka_positions import PositionsPartition, positions_partition
+from segack.sinks.key_text import key_text
+from segack.spark_adapter.errors import SinkError, one_line
+from segack.spark_adapter.handlers import EventIdentity, RunContext, Sink
+from segack.spark_adapter.store.checkpoint import CheckpointStore, TaskStore
+from segack.spark_adapter.store.crash_points import durable_write
+from segack.spark_adapter.store.sink_producers import (
+    forget_producers,
+    register_producer,
+    registered_producers,
+)
+
+__all__ = ["ID_PREFIX", "TRANSACTION_SECONDS", "KafkaOutput", "KafkaSink"]
+
+log = logging.getLogger(__name__)
+
+#: How the transactional ids of a sink's producers start: then the checkpoint's id, the run's claim
+#: number and the task (``segack-CHECKPOINT_ID-CLAIM-tN``).
+ID_PREFIX = "segack-"
+#: How long starting a producer, or committing or aborting a transaction, may take.
+TRANSACTION_SECONDS = 60.0
+#: How long the driver waits for the brokers' metadata before it refuses a run.
+METADATA_SECONDS = 15.0
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+# What a consumer of the positions shares with the user's producer: where the brokers are, and how
+# to reach them.
+_CONNECTION_PREFIXES = ("bootstrap.", "security.", "ssl.", "sasl.", "client.", "socket.", "broker.",
+                        "metadata.", "reconnect.", "api.version", "connections.", "allow.auto.create")
+_PAYLOAD_TYPES = (str, bytes, type(None))
+
+
+class KafkaOutput:
+    """What a :class:`KafkaSink`'s ``apply`` writes its records to, as it would to a
+    ``confluent_kafka.Producer``: the records go to Kafka after ``apply`` returns, in the call's
+    transaction, with the positions of the call's keys."""
+
+    __slots__ = ("_topics", "records")
+
+    def __init__(self, topics: frozenset[str]) -> None:
+        self._topics = topics
+        #: ``(topic, value, key, partition, headers, timestamp)`` of each record, in order.
+        self.records: list[tuple[str, Any, Any, int, Any, int]] = []
+
+    def produce(self, topic: str, value: str | bytes | None = None, key: str | bytes | None = None,
+                partition: int = -1, *, headers: Any = None, timestamp: int = 0) -> None:
+        """Add a record to the call's transaction.
+
+        Parameters
+        ----------
+        topic : str
+            One of the sink's ``topics``.
+        value, key : str, bytes or None
+            As ``confluent_kafka.Producer.produce`` takes them (a str is sent as UTF-8).
+        partition : int, default ``-1``
+            The partition; ``-1`` lets the producer's partitioner choose from the key.
+        headers, timestamp
+            As ``confluent_kafka.Producer.produce`` takes them.
+
+        Raises
+        ------
+        SegackValueError
+            ``topic`` is not one of the sink's ``topics`` (the run checked only those).
+        SegackTypeError
+            ``value`` or ``key`` is not a str, bytes or None.
+        """
+        if topic not in self._topics:
+            raise SegackValueError(f"KafkaOutput: topic {topic!r} is not one of the sink's topics "
+                                   f"({', '.join(sorted(self._topics))}); name it in KafkaSink(topics=...)")
+        if not isinstance(value, _PAYLOAD_TYPES) or not isinstance(key, _PAYLOAD_TYPES):
+            raise SegackTypeError(f"KafkaOutput: a record's value and key must be str, bytes or None, not "
+                                  f"{type(value).__name__} and {type(key).__name__}")
+        self.records.append((topic, value, key, partition, headers, timestamp))
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+def _task_name() -> str:
+    """The task this process runs, as a transactional id ends: its partition in the Spark job, the
+    same in every attempt, so that an attempt fences the earlier ones; ``pPID`` outside Spark."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return f"t{context.partitionId()}" if context is not None else f"p{os.getpid()}"
+
+
+def _claim_of(transactional_id: str) -> int:
+    """The claim number in one of the sink's transactional ids (``-1`` for a name not its own)."""
+    parts = transactional_id.split("-")
+    return int(parts[2]) if len(parts) == 4 and parts[2].isdigit() else -1
+
+
+class KafkaSink(Sink):
+    """A handler that writes records to Kafka topics exactly once, each key's in order.
+
+    Each call (one event, or a list of up to ``batch_size``) is one Kafka transaction: the sink
+    skips the events at or below their key's recorded position, calls ``apply`` for the rest with
+    a :class:`KafkaOutput`, and then sends, in one transaction, the records ``apply`` produced and
+    each key's new position (to the positions topic). A ``read_committed`` consumer sees a
+    call's records when the transaction commits, or never. A call that raises, or whose
+    transaction fails, sends nothing visible, and the run retries it or sets it aside as
+    ``retries`` and ``on_error`` say.
+
+    Parameters
+    ----------
+    producer_config : mapping
+        The ``confluent_kafka.Producer`` settings (``bootstrap.servers``, security, batching); the
+        sink sets ``transactional.id`` itself, one per task. Settings that forbid transactions
+        (``enable.idempotence`` false, ``acks`` other than ``all``) are refused by the run.
+    apply : callable, optional
+        ``apply(output, event)`` produces one event's records with ``output.produce(...)``.
+    apply_many : callable, optional
+        ``apply_many(output, events)``: the same for a list of events, each key's in order. Give
+        ``apply`` or ``apply_many``, not both.
+    topics : list of str
+        The topics ``apply`` writes to. The run refuses to start unless each exists; a record for
+        another topic fails its call.
+    positions_topic : str or None, default ``None``
+        The compacted topic of each key's last applied position; ``None``:
+        ``segack-positions-CHECKPOINT_ID``. The run makes it if it is missing.
+    positions_partitions : int, default ``32``
+        The partitions of a positions topic the run makes. A task reads the partitions its key
+        groups map to (``key_group % positions_partitions``); a power of two at least the number of
+        segments gives each segment partitions of its own.
+    preferred_batch_size : int or None, default ``5000``
+        The events per call (one transaction) when the run sets no ``batch_size``.
+
+    Raises
+    ------
+    SegackTypeError
+        ``apply`` or ``apply_many`` not callable, ``producer_config`` not a mapping.
+    SegackValueError
+        Both or neither of ``apply`` and ``apply_many``; ``producer_config`` without
+        ``bootstrap.servers`` or with a ``transactional.id``; no ``topics`` or a name Kafka does not
+        take; ``positions_partitions`` or ``preferred_batch_size`` not a positive int.
+
+    Notes
+    -----
+    A run refuses the sink before handling any event (:class:`~segack.spark_adapter.SinkError`,
+    one line) when the brokers cannot be reached, when the producer settings forbid transactions,
+    when an output topic does not exist, when the positions topic is not compacted, or under
+    ``policy="concurrent"``.
+
+    **Fencing.** A task's producer has the transactional id ``segack-CHECKPOINT_ID-CLAIM-tN``:
+    the run's claim number and the task's partition in its Spark job, the same in each attempt of
+    the task, so that an attempt fences the earlier ones. Before it uses an id, a task records it in
+    the checkpoint (``kafka-producers/``); then it starts the producer, and then it looks for a newer
+    claim. A run that takes the checkpoint over starts a producer with each id of the older claims
+    recorded there before any of its tasks starts, which aborts their open transactions and fences
+    them: none of their producers can commit again. A task of the older run that records its id
+    later sees the newer claim once its producer started, and stops before its first transaction.
+    """
+
+    def __init__(self, producer_config: Mapping[str, Any],
+                 apply: Callable[[KafkaOutput, dict[str, Any]], Any] | None = None, *,
+                 apply_many: Callable[[KafkaOutput, list[dict[str, Any]]], Any] | None = None,
+                 topics: Iterable[str], positions_topic: str | None = None, positions_partitions: int = 32,
+                 preferred_batch_size: int | None = 5000) -> None:
+        if not isinstance(producer_config, Mapping):
+            raise SegackTypeError(f"KafkaSink: producer_config must be a mapping of producer settings, not "
+                                  f"{type(producer_config).__name__}")
+        if not isinstance(producer_config.get("bootstrap.servers"), str):
+            raise SegackValueError("KafkaSink: producer_config must give bootstrap.servers")
+        if "transactional.id" in producer_config:
+            raise SegackValueError("KafkaSink: producer_config must not give transactional.id: the sink "
+                                   "gives each task's producer its own")
+        check_apply("KafkaSink", apply, apply_many)
+        wanted = [topics] if isinstance(topics, str) else list(topics)
+        if not wanted or not all(isinstance(topic, str) and _TOPIC.fullmatch(topic) for topic in wanted):
+            raise SegackValueError(f"KafkaSink: topics must name the topics apply writes to, each a Kafka "
+                                   f"topic name, not {topics!r}")
+        if positions_topic is not None and not (isinstance(positions_topic, str)
+                                                and _TOPIC.fullmatch(positions_topic)):
+            raise SegackValueError(f"KafkaSink: positions_topic must be a Kafka topic name or None, not "
+                                   f"{positions_topic!r}")
+        if isinstance(positions_partitions, bool) or not isinstance(positions_partitions, int) \
+                or positions_partitions < 1:
+            raise SegackValueError(f"KafkaSink: positions_partitions must be a positive int, not "
+                                   f"{positions_partitions!r}")
+        check_preferred_batch_size("KafkaSink", preferred_batch_size)
+        self.producer_config = dict(producer_config)
+        self.apply, self.apply_many = apply, apply_many
+        self.topics = frozenset(wanted)
+        self.positions_topic, self.positions_partitions = positions_topic, positions_partitions
+        self.preferred_batch_size = preferred_batch_size
+        #: What the driver learnt in :meth:`prepare`: the run's checkpoint, its id and claim, and the
+        #: positions topic's name and partitions.
+        self._run: RunContext | None = None
+        self._positions: tuple[str, int] | None = None
+        self._opened(None)
+
+    def _opened(self, task: str | None) -> None:
+        """Nothing started yet in this copy: no producer, no positions read."""
+        self._task = task
+        self._lock = threading.Lock()
+        self._producer: Any = None
+        #: Bumped whenever the producer is started again: positions read before may be stale.
+        self._generation = 0
+        self._read: dict[int, PositionsPartition] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A producer stays where it was started; each task's copy starts its own.
+        return {name: value for name, value in self.__dict__.items()
+                if name not in ("_task", "_lock", "_producer", "_generation", "_read")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        # Unpickled in the task's own thread, where Spark's task context is.
+        self._opened(_task_name())
+
+    def _connection_config(self) -> dict[str, Any]:
+        return {name: value for name, value in self.producer_config.items()
+                if name.startswith(_CONNECTION_PREFIXES)}
+
+    def _producer_config(self, transactional_id: str) -> dict[str, Any]:
+        return {**self.producer_config, "transactional.id": transactional_id, "logger": log}
+
+    def positions_topic_for(self, checkpoint_id: str) -> str:
+        """The name of the positions topic for the checkpoint ``checkpoint_id``."""
+        return self.positions_topic or f"segack-positions-{checkpoint_id}"
+
+    # ------------------------------------------------------------------ the driver
+
+    def prepare(self, run: RunContext) -> None:
+        """Refuse a run the sink cannot keep exactly once; make the positions topic; fence the
+        producers of the runs this one took the checkpoint over from. Once per claim: a stream's
+        later micro-batches find it done."""
+        refuse_unordered("KafkaSink", run)
+        done = self._run
+        if done is not None and (done.checkpoint_id, done.claim) == (run.checkpoint_id, run.claim):
+            return
+        from confluent_kafka.admin import AdminClient
+
+        config: dict[str, Any] = {**self._connection_config(), "logger": log}
+        admin = AdminClient(config)
+        topics = self._metadata(admin).topics
+        missing = sorted(topic for topic in self.topics
+                         if topic not in topics or topics[topic].error is not None)
+        if missing:
+            raise SinkError(f"KafkaSink: output topic{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                            f"{'do' if len(missing) > 1 else 'does'} not exist (or cannot be described); "
+                            f"create {'them' if len(missing) > 1 else 'it'} first")
+        # Transactions allowed, before anything is made: a producer that never begins one.
+        self._close(self._start(f"{ID_PREFIX}{run.checkpoint_id}-{run.claim}-probe"))
+        name = self.positions_topic_for(run.checkpoint_id)
+        partitions = self._positions_topic(admin, name, topics.get(name))
+        self._fence_older(run)
+        self._run, self._positions = run, (name, partitions)
+        log.info("KafkaSink records positions in topic %s (%d partitions)", name, partitions)
+
+    def _metadata(self, admin: Any) -> Any:
+        from confluent_kafka import KafkaException
+
+        try:
+            return admin.list_topics(timeout=METADATA_SECONDS)
+        except KafkaException as error:
+            servers = self.producer_config["bootstrap.servers"]
+            said = error.args[0].str() if error.args else one_line(error)
+            raise SinkError(f"KafkaSink cannot reach the brokers at {servers}: {said}") from None
+
+    def _positions_topic(self, admin: Any, name: str, found: Any) -> int:
+        """The positions topic's partitions, the topic made if it is missing; refused unless
+        compacted."""
+        from confluent_kafka.admin import ConfigResource, NewTopic  # type: ignore[attr-defined]
+
+        if found is None:
+            with durable_write("sink-setup"):
+                future = admin.create_topics([NewTopic(name, self.positions_partitions,
+                                                       config={"cleanup.policy": "compact"})])[name]
+                try:
+                    future.result()
+                except Exception as error:
+                    if "TOPIC_ALREADY_EXISTS" not in str(error):
+                        raise SinkError(f"KafkaSink cannot make its positions topic {name}: "
+                                        f"{one_line(error)}") from None
+            found = self._metadata(admin).topics.get(name)
+            if found is None:
+                raise SinkError(f"KafkaSink made its positions topic {name}, but the brokers do not list it")
+        resource = ConfigResource("topic", name)
+        policy = admin.describe_configs([resource])[resource].result()["cleanup.policy"].value
+        if policy != "compact":
+            raise SinkError(f"KafkaSink: positions topic {name} has cleanup.policy={policy}; it must be "
+                            f"compact alone, or the positions of keys not seen for a while are deleted")
+        return len(found.partitions)
+
+    def _start(self, transactional_id: str) -> Any:
+        """A producer with ``transactional_id``, started: any earlier producer with that id is
+        fenced, and its open transaction aborted."""
+        from confluent_kafka import KafkaException, Producer
+
+        try:
+            producer = Producer(self._producer_config(transactional_id))
+            producer.init_transactions(TRANSACTION_SECONDS)
+        except KafkaException as error:
+            said = error.args[0].str() if error.args else one_line(error)
+            raise SinkError(f"KafkaSink cannot start a transactional producer ({transactional_id}) at "
+                            f"{self.producer_config['bootstrap.servers']}: {said}") from None
+        return producer
+
+    def _fence_older(self, run: RunContext) -> None:
+        """Fence every transactional id the tasks of older claims recorded, then forget them."""
+        files = CheckpointStore(run.checkpoint).files
+        older = [name for name in registered_producers(files) if _claim_of(name) < run.claim]
+        if not older:
+            return
+        with ThreadPoolExecutor(min(16, len(older))) as pool:
+            for producer in pool.map(self._start, older):
+                self._close(producer)
+        forget_producers(files, older)
+        log.info("KafkaSink fenced %d producer(s) of the runs this one took the checkpoint over from",
+                 len(older))
+
+    # ------------------------------------------------------------------ the tasks
+
+    def _started(self) -> Any:
+        """This task's producer, started on first use (hold :attr:`_lock`):
+
+        1. **Record** its transactional id in the checkpoint, so that a newer run fences it.
+        2. **Start** it, fencing the earlier attempts of this task.
+        3. **Look** for a newer claim: a run that took over before step 1 could not know the id.
+        """
+        if self._producer is not None:
+            return self._producer
+        run = self._run
+        if run is None or self._positions is None:
+            raise SinkError("KafkaSink was called before a run prepared it")
+        self._task = self._task or _task_name()
+        name = f"{ID_PREFIX}{run.checkpoint_id}-{run.claim}-{self._task}"
+        store = TaskStore(run.checkpoint, "", run.claim)
+        register_producer(store.files, name)  # 1
+        producer = self._start(name)  # 2
+        if store.fenced():  # 3
+            self._close(producer)
+            raise SinkError(f"KafkaSink: another run took checkpoint {run.checkpoint} over; this one "
+                            f"commits nothing more")
+        self._producer, self._read = producer, {}
+        self._generation += 1
+        return producer
+
+    def _partitions_for(self, identities: list[EventIdentity]) -> dict[int, PositionsPartition]:
+        """The positions partitions of ``identities``' key groups, each read up to its end once
+        since the producer started (hold :attr:`_lock`)."""
+        topic, count = self._positions  # type: ignore[misc]
+        servers = self.producer_config["bootstrap.servers"]
+        for number in {identity.key_group % count for identity in identities} - self._read.keys():
+            partition = positions_partition(servers, topic, number)
+            with partition.lock:
+                partition.catch_up(self._connection_config())
+            self._read[number] = partition
+        return self._read
+
+    def __call__(self, events: list[dict[str, Any]], identities: list[EventIdentity]) -> None:
+        """Apply the events not yet applied; send their records and their keys' new positions in one
+        transaction."""
+        if not events:
+            return
+        keys = [key_text(identity.key) for identity in identities]
+        while True:
+            with self._lock:
+                self._started()
+                generation = self._generation
+                read = self._partitions_for(identities)
+            count = self._positions[1]  # type: ignore[index]
+            fresh: list[dict[str, Any]] = []
+            newest: dict[int, dict[str, int]] = {}
+            for event, identity, key in zip(events, identities, keys, strict=True):
+                partition = identity.key_group % count
+                if identity.position > read[partition].positions.get(key, -1):
+                    fresh.append(event)
+                    newest.setdefault(partition, {})[key] = identity.position
+            if not fresh:
+                return
+            output = KafkaOutput(self.topics)
+            self._apply(output, fresh)
+            with self._lock:
+                if generation == self._generation:
+                    self._commit(output, newest)
+                    for partition, positions in newest.items():
+                        read[partition].record(positions)
+                    return
+            log.debug("KafkaSink applies a call again: its producer was started again meanwhile")
+
+    def _apply(self, output: KafkaOutput, events: list[dict[str, Any]]) -> None:
+        if self.apply_many is not None:
+            self.apply_many(output, events)
+        else:
+            apply = self.apply
+            assert apply is not None
+            for event in events:
+                apply(output, event)
+
+    def _commit(self, output: KafkaOutput, newest: dict[int, dict[str, int]]) -> None:
+        """One transaction (hold :attr:`_lock`): the call's records, then its keys' positions."""
+        producer = self._producer
+        topic = self._positions[0]  # type: ignore[index]
+        try:
+            producer.begin_transaction()
+            for record_topic, value, key, partition, headers, timestamp in output.records:
+                self._send(producer, record_topic, value, key, partition, headers, timestamp)
+            for partition, positions in newest.items():
+                for key, position in positions.items():
+                    self._send(producer, topic, str(position), key, partition, None, 0)
+            with durable_write("sink-commit"):
+                producer.commit_transaction(TRANSACTION_SECONDS)
+        except BaseException as error:
+            self._abort(producer, error)
+            raise
+
+    @staticmethod
+    def _send(producer: Any, topic: str, value: Any, key: Any, partition: int, headers: Any,
+              timestamp: int) -> None:
+        while True:
+            try:
+                producer.produce(topic, value=value, key=key, partition=partition, headers=headers,
+                                 timestamp=timestamp)
+                return
+            except BufferError:
+                producer.poll(0.1)  # the producer's queue is full: let it send some
+
+    def _abort(self, producer: Any, error: BaseException) -> None:
+        """Abort the failed transaction; a producer that cannot (fenced, or a commit whose outcome
+        is unknown) is dropped, and the next call starts another, which settles the transaction."""
+        try:
+            producer.abort_transaction(TRANSACTION_SECONDS)
+            log.debug("KafkaSink aborted a transaction: %s", one_line(error))
+        except Exception as failure:
+            # Not closed: closing aborts the transaction again, and flushes what was queued.
+            log.warning("KafkaSink drops its producer, which could not abort a transaction after %s: %s",
+                        one_line(error), one_line(failure))
+            self._producer = None
+
+    def close(self) -> None:
+        """Let go of this copy's producer (it has no open transaction between calls)."""
+        with self._lock:
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            self._close(producer)
+
+    @staticmethod
+    def _close(producer: Any) -> None:
+        try:
+            producer.close()
+        except Exception as error:
+            log.warning("KafkaSink could not close a producer: %s", one_line(error))

@@ -1,0 +1,116 @@
+"""Each key's last applied position, as a :class:`~segack.sinks.KafkaSink` keeps it: a compacted
+topic, and in each process the partitions of it that its tasks read.
+
+The topic holds one record per transaction and key: the key's text (:func:`~segack.sinks.key_text.key_text`)
+as the record's key, the position as its value (ASCII digits), in partition ``key_group %
+partitions``. Compaction keeps the newest record of each key, so the topic's size follows the
+number of keys, never the number of events.
+
+A task reads only the partitions its key groups map to, once (:meth:`PositionsPartition.catch_up`),
+and then keeps them in memory, adding what it commits: within a run, a key is handled by one task
+at a time, so nobody else moves its position. A process keeps what its tasks read: the next task
+that needs the same partition reads only what was committed to it since.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from segack.spark_adapter.errors import SinkError, one_line
+
+__all__ = ["READ_SECONDS", "PositionsPartition", "positions_partition"]
+
+#: How long a task waits to read a partition of positions up to its end: a transaction that a
+#: producer left open holds a ``read_committed`` reader back until it ends or times out.
+READ_SECONDS = 120.0
+#: Records asked of the consumer at a time while a partition is read.
+_READ_BATCH = 10_000
+
+
+class PositionsPartition:
+    """One partition of the positions topic as this process read it: :attr:`positions` holds each
+    key's position as of the records below :attr:`next_offset`, and what tasks here committed since.
+    Hold :attr:`lock` to read it further or to add to it."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic, self.partition = topic, partition
+        self.positions: dict[str, int] = {}
+        self.next_offset = 0
+        self.lock = threading.Lock()
+
+    def catch_up(self, consumer_config: Mapping[str, Any]) -> int:
+        """Read what transactions committed to the partition since :attr:`next_offset`, up to its
+        end as it is now; returns the records read. Raises
+        :class:`~segack.spark_adapter.SinkError` if records it has not read were deleted (the
+        positions they held are lost), or if it cannot reach the end in :data:`READ_SECONDS`."""
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+        where = f"partition {self.partition} of positions topic {self.topic}"
+        consumer = Consumer({**consumer_config, "group.id": f"segack-{self.topic}",
+                             "isolation.level": "read_committed", "enable.auto.commit": False})
+        try:
+            try:
+                low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, self.partition),
+                                                           timeout=READ_SECONDS)
+            except KafkaException as error:
+                raise SinkError(f"KafkaSink cannot read {where}: {one_line(error)}") from None
+            if self.next_offset < low:
+                raise SinkError(f"KafkaSink: the records of {where} from offset {self.next_offset} to {low} "
+                                f"were deleted, and the positions they held with them; the topic must be "
+                                f"compacted, never cleaned by time or size")
+            if self.next_offset >= high:
+                return 0
+            consumer.assign([TopicPartition(self.topic, self.partition, self.next_offset)])
+            return self._read_to(consumer, high, where)
+        finally:
+            consumer.close()
+
+    def _read_to(self, consumer: Any, end: int, where: str) -> int:
+        from confluent_kafka import TopicPartition
+
+        deadline = time.monotonic() + READ_SECONDS
+        positions, read = self.positions, 0
+        while True:
+            for message in consumer.consume(_READ_BATCH, 0.05):
+                if message.error() is not None:
+                    raise SinkError(f"KafkaSink cannot read {where}: {message.error().str()}")
+                value = message.value()
+                if value is None:
+                    continue
+                key, position = message.key().decode("utf-8"), int(value)
+                if position > positions.get(key, -1):
+                    positions[key] = position
+                read += 1
+            # A read_committed consumer's position passes the markers that end transactions too.
+            reached = consumer.position([TopicPartition(self.topic, self.partition)])[0].offset
+            if reached >= end:
+                self.next_offset = reached
+                return read
+            if time.monotonic() > deadline:
+                raise SinkError(f"KafkaSink could not read {where} up to offset {end} in "
+                                f"{READ_SECONDS:.0f} s (it reached {reached}): a transaction that no run "
+                                f"fenced holds it back")
+
+    def record(self, positions: Mapping[str, int]) -> None:
+        """Add the positions a task here committed."""
+        with self.lock:
+            known = self.positions
+            for key, position in positions.items():
+                if position > known.get(key, -1):
+                    known[key] = position
+
+
+_read: dict[tuple[str, str, int], PositionsPartition] = {}
+_read_lock = threading.Lock()
+
+
+def positions_partition(servers: str, topic: str, partition: int) -> PositionsPartition:
+    """This process's copy of ``partition`` of ``topic`` on the cluster at ``servers``."""
+    with _read_lock:
+        found = _read.get((servers, topic, partition))
+        if found is None:
+            found = _read[(servers, topic, partition)] = PositionsPartition(topic, partition)
+        return found

@@ -1,0 +1,363 @@
+"""``segack.sinks.KafkaSink`` on the real broker (``tests/kafka.py``): each event's records once
+for a ``read_committed`` consumer, each key's in order, across tasks, retries, resumes and runs
+that took the checkpoint over; refusals in one line that write nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+import re
+import signal
+import subprocess
+import time
+import uuid
+import zlib
+from pathlib import Path
+
+import pytest
+
+from segack.cli import ExitCode, main
+from segack.errors import SegackTypeError, SegackValueError
+from segack.sinks import KafkaOutput, KafkaSink
+from segack.spark_adapter.errors import SinkError
+from segack.spark_adapter.handlers import EventIdentity, RunContext
+from segack.spark_adapter.options import Policy
+from segack.spark_adapter.store.checkpoint import CheckpointStore
+from tests.spark_handlers import KAFKA_APPLY_SECONDS_ENV, KafkaLedgerApply, fold, kafka_ledger_topics
+from tests.test_kafka import (
+    _closed_port,
+    _kill,
+    _Producer,
+    _wait_for,
+    account_events,
+    committed_offsets,
+    end_offsets,
+    make_topic,
+    produce,
+    run_stream,
+    start_stream,
+)
+
+KEY_GROUPS = 8
+
+
+def _apply(_output, _event) -> None:
+    pass
+
+
+@pytest.mark.sinks
+@pytest.mark.parametrize(("arguments", "error", "said"), [
+    (dict(producer_config=[("bootstrap.servers", "x")]), SegackTypeError, "must be a mapping"),
+    (dict(producer_config={}), SegackValueError, "bootstrap.servers"),
+    (dict(producer_config={"bootstrap.servers": "x", "transactional.id": "mine"}), SegackValueError,
+     "transactional.id"),
+    (dict(apply=None), SegackValueError, "not both or neither"),
+    (dict(apply_many=_apply), SegackValueError, "not both or neither"),
+    (dict(apply="print"), SegackTypeError, "callable"),
+    (dict(topics=[]), SegackValueError, "topics must name"),
+    (dict(topics=["bad name"]), SegackValueError, "topics must name"),
+    (dict(topics=[7]), SegackValueError, "topics must name"),
+    (dict(positions_topic="a/b"), SegackValueError, "positions_topic"),
+    (dict(positions_partitions=0), SegackValueError, "positions_partitions"),
+    (dict(positions_partitions=True), SegackValueError, "positions_partitions"),
+    (dict(preferred_batch_size=0), SegackValueError, "preferred_batch_size"),
+])
+def test_arguments_it_cannot_use_are_refused_naming_them(arguments, error, said):
+    given = dict(producer_config={"bootstrap.servers": "127.0.0.1:9"}, apply=_apply, topics=["out"])
+    given.update(arguments)
+    with pytest.raises(error, match=said):
+        KafkaSink(**given)
+
+
+@pytest.mark.sinks
+def test_an_output_takes_records_for_its_topics_only_and_str_or_bytes():
+    output = KafkaOutput(frozenset({"out"}))
+    output.produce("out", "value", b"key", headers=[("h", b"1")])
+    with pytest.raises(SegackValueError, match="'other' is not one of the sink's topics"):
+        output.produce("other", "value")
+    with pytest.raises(SegackTypeError, match="str, bytes or None"):
+        output.produce("out", {"a": 1})
+    assert output.records == [("out", "value", b"key", -1, [("h", b"1")], 0)]
+    assert len(output) == 1
+
+
+def _topics(bootstrap: str) -> set[str]:
+    from confluent_kafka.admin import AdminClient
+
+    return set(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics)
+
+
+def _checkpoint_id(checkpoint: Path) -> str:
+    """A checkpoint's id, made with it, as a run's is."""
+    made = checkpoint / "id"
+    if not made.exists():
+        made.write_text(uuid.uuid4().hex)
+    return made.read_text()
+
+
+def _run(checkpoint: Path, claim: int, policy: Policy = Policy.PER_KEY) -> RunContext:
+    return RunContext(str(checkpoint), _checkpoint_id(checkpoint), "user", "seq", policy, 30.0, None, claim)
+
+
+def _claimed(checkpoint: Path, claim: int) -> None:
+    """A claim file numbered ``claim``, as a run that takes the checkpoint over writes it."""
+    assert CheckpointStore(str(checkpoint)).create_claim_file(claim, b"{}")
+
+
+def _task(sink: KafkaSink) -> KafkaSink:
+    """The copy of ``sink`` a Spark task gets."""
+    return pickle.loads(pickle.dumps(sink))
+
+
+def _events(records: list[tuple[str, bytes]], checkpoint: Path) -> tuple[list[dict], list[EventIdentity]]:
+    """Account records as events, with identities: a key group by the user, positions in order."""
+    events = [json.loads(value) for _, value in records]
+    identities = [EventIdentity(event["user"], zlib.crc32(event["user"].encode()) % KEY_GROUPS, position,
+                                _checkpoint_id(checkpoint)) for position, event in enumerate(events)]
+    return events, identities
+
+
+def _sink(bootstrap: str, topic: str, fail_on: tuple[str, int] | None = None) -> KafkaSink:
+    apply = KafkaLedgerApply(topic, fail_on)
+    return KafkaSink({"bootstrap.servers": bootstrap, "linger.ms": 5}, apply,
+                     topics=[apply.ledger, apply.balances], positions_partitions=4)
+
+
+def _outputs(bootstrap: str, topic: str) -> tuple[str, str]:
+    ledger, balances = kafka_ledger_topics(topic)
+    make_topic(bootstrap, ledger, 3)
+    make_topic(bootstrap, balances, 3)
+    return ledger, balances
+
+
+def committed_records(bootstrap: str, topic: str) -> list[dict]:
+    """Every record of ``topic`` a ``read_committed`` consumer sees, partition by partition, each in
+    offset order."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "segack-test-reader",
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    found: list[dict] = []
+    try:
+        for partition in consumer.list_topics(topic, timeout=10).topics[topic].partitions:
+            _, end = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            consumer.assign([TopicPartition(topic, partition, 0)])
+            while end and consumer.position([TopicPartition(topic, partition)])[0].offset < end:
+                for message in consumer.consume(1000, 0.2):
+                    assert message.error() is None, message.error()
+                    found.append(json.loads(message.value()))
+    finally:
+        consumer.close()
+    return found
+
+
+def assert_each_event_once_in_order(bootstrap: str, topic: str, records: list[tuple[str, bytes]]) -> None:
+    """The ledger topic holds each of ``records`` once, each user's in ``seq`` order, and the balances
+    topic each user's balance after each of them, the last one the sequential fold."""
+    ledger, balances = kafka_ledger_topics(topic)
+    seen = [(row["user"], row["seq"]) for row in committed_records(bootstrap, ledger)]
+    pairs = [(key, json.loads(value)["seq"]) for key, value in records]
+    assert len(seen) == len(set(seen)) and sorted(seen) == sorted(pairs)
+    last: dict[str, int] = {}
+    for user, seq in seen:
+        assert seq == last.get(user, -1) + 1, f"{user} {seq} after {last.get(user)}"
+        last[user] = seq
+    expected: dict[str, int] = {}
+    for user, seq in sorted(pairs):
+        expected[user] = fold(expected.get(user, 0), seq)
+    steps = committed_records(bootstrap, balances)
+    assert len(steps) == len(pairs)
+    assert {row["user"]: row["balance"] for row in steps} == expected
+
+
+@pytest.mark.kafka
+@pytest.mark.sinks
+def test_each_event_is_sent_once_across_tasks_resumes_and_runs(tmp_path, kafka_broker):
+    bootstrap, topic = kafka_broker.bootstrap, "sink-resumes"
+    _outputs(bootstrap, topic)
+    records = account_events(1200, users=40, seed=11)
+    events, identities = _events(records, tmp_path)
+    sink = _sink(bootstrap, topic)
+    sink.prepare(_run(tmp_path, 1))
+    first = _task(sink)
+    for start in range(0, 300, 100):
+        first(events[start:start + 100], identities[start:start + 100])
+    first(events[:300], identities[:300])  # the same task again: nothing new
+    first.close()
+    # Another task (a retried attempt, a resume) from the start: it reads what the first committed.
+    _task(sink)(events[:600], identities[:600])
+    # A run that took over: it fences the first run's producers, and reads the positions too.
+    _claimed(tmp_path, 2)
+    later = _sink(bootstrap, topic)
+    later.prepare(_run(tmp_path, 2))
+    _task(later)(events, identities)
+    assert_each_event_once_in_order(bootstrap, topic, records)
+    assert os.listdir(tmp_path / "kafka-producers") == [f"segack-{_checkpoint_id(tmp_path)}-2-p{os.getpid()}"]
+
+
+@pytest.mark.kafka
+@pytest.mark.sinks
+def test_a_call_that_fails_sends_nothing_and_its_retry_sends_it_once(tmp_path, kafka_broker):
+    bootstrap, topic = kafka_broker.bootstrap, "sink-failures"
+    _outputs(bootstrap, topic)
+    records = account_events(300, users=10, seed=12)
+    events, identities = _events(records, tmp_path)
+    refused = json.loads(records[150][1])
+    sink = _sink(bootstrap, topic, fail_on=(refused["user"], refused["seq"]))
+    sink.prepare(_run(tmp_path, 1))
+    task = _task(sink)
+    task(events[:100], identities[:100])
+    with pytest.raises(ValueError, match="refuses this event"):
+        task(events[100:200], identities[100:200])
+    assert len(committed_records(bootstrap, kafka_ledger_topics(topic)[0])) == 100
+    fixed = _sink(bootstrap, topic)
+    fixed.prepare(_run(tmp_path, 1))
+    _task(fixed)(events, identities)
+    assert_each_event_once_in_order(bootstrap, topic, records)
+
+
+@pytest.mark.kafka
+@pytest.mark.sinks
+def test_a_run_taken_over_commits_nothing_more_whenever_its_producer_started(tmp_path, kafka_broker):
+    from confluent_kafka import KafkaException
+
+    bootstrap, topic = kafka_broker.bootstrap, "sink-takeover"
+    _outputs(bootstrap, topic)
+    records = account_events(400, users=10, seed=13)
+    events, identities = _events(records, tmp_path)
+    stale = _sink(bootstrap, topic)
+    stale.prepare(_run(tmp_path, 1))
+    started = _task(stale)
+    started(events[:100], identities[:100])
+    _claimed(tmp_path, 2)
+    taking_over = _sink(bootstrap, topic)
+    taking_over.prepare(_run(tmp_path, 2))
+    # The stale run's producer was fenced: its next transaction fails, and sends nothing.
+    with pytest.raises(KafkaException, match="fenced"):
+        started(events[100:200], identities[100:200])
+    # Started again, or started only now, its producer sees the newer claim before any transaction.
+    for producer_of_the_stale_run in (started, _task(stale)):
+        with pytest.raises(SinkError, match=r"another run took checkpoint .* over"):
+            producer_of_the_stale_run(events[100:200], identities[100:200])
+    assert len(committed_records(bootstrap, kafka_ledger_topics(topic)[0])) == 100
+    _task(taking_over)(events, identities)
+    assert_each_event_once_in_order(bootstrap, topic, records)
+
+
+@pytest.mark.kafka
+@pytest.mark.sinks
+@pytest.mark.parametrize(("case", "said"), [
+    ("unreachable", r"^KafkaSink cannot reach the brokers at 127\.0\.0\.1:\d+: .*"),
+    ("no transactions", r"^KafkaSink cannot start a transactional producer .*: Failed to create producer: "
+                        r"`transactional.id` requires `enable.idempotence=true`$"),
+    ("no output topic", r"^KafkaSink: output topic sink-refusals-no-output-topic-ledger does not exist "
+                        r".*create it first$"),
+    ("concurrent", r"^KafkaSink needs each key's events in order; policy 'concurrent' does not keep that"),
+])
+def test_a_run_it_cannot_serve_is_refused_in_one_line_and_nothing_is_written(tmp_path, kafka_broker, case,
+                                                                               said):
+    bootstrap, topic = kafka_broker.bootstrap, f"sink-refusals-{case.replace(' ', '-')}"
+    apply = KafkaLedgerApply(topic)
+    config = {"bootstrap.servers": bootstrap}
+    policy = Policy.CONCURRENT if case == "concurrent" else Policy.PER_KEY
+    if case == "unreachable":
+        config["bootstrap.servers"] = f"127.0.0.1:{_closed_port()}"
+    if case == "no transactions":
+        config["enable.idempotence"] = False
+    topics = [apply.ledger] if case == "no output topic" else [apply.balances]
+    if case != "no output topic":
+        make_topic(bootstrap, apply.balances, 1)
+    sink = KafkaSink(config, apply, topics=topics, positions_topic=f"positions-{case.replace(' ', '-')}")
+    with pytest.raises(SinkError) as refused:
+        sink.prepare(_run(tmp_path, 1, policy))
+    assert "\n" not in str(refused.value) and refused.match(said)
+    assert sink.positions_topic not in _topics(bootstrap)
+    assert not tmp_path.joinpath("kafka-producers").exists()
+
+
+def _sent(bootstrap: str, topic: str) -> int:
+    """Records written to ``topic``'s ledger so far, committed or not (cheap: the end offsets)."""
+    return sum(end_offsets(bootstrap, kafka_ledger_topics(topic)[0]).values())
+
+
+def _ledger(bootstrap: str, topic: str, run: str | None = None) -> set[tuple[str, int]]:
+    """The ``(user, seq)`` of the ledger's committed records (those of ``run`` alone if given)."""
+    return {(row["user"], row["seq"]) for row in committed_records(bootstrap, kafka_ledger_topics(topic)[0])
+            if run is None or row["run"] == run}
+
+
+@pytest.mark.faults
+@pytest.mark.sinks
+def test_a_kafka_to_kafka_stream_killed_split_and_taken_over_sends_each_output_once(tmp_path, kafka_broker):
+    bootstrap, topic, group = kafka_broker.bootstrap, "sink-exactly-once", "segack-sink-exactly-once"
+    make_topic(bootstrap, topic, 6)
+    _outputs(bootstrap, topic)
+    producer = _Producer(bootstrap, topic, 12_000, seed=21)
+    options = ["--trigger", "1s", "--batch-size", "200", "--concurrency", "8", "--commit-offsets-to", group,
+               "--option", "maxOffsetsPerTrigger=1500", "--flush-interval", "1", "--claim-timeout", "4"]
+    rng = random.Random(22)
+
+    def start(run: str, segments: int, **variables: str) -> subprocess.Popen[str]:
+        return start_stream(tmp_path, bootstrap, topic, "tests.spark_handlers:kafka_ledger_sink", *options,
+                            "--segments", str(segments), run=run, variables=variables)
+
+    def sends(more: int, process: subprocess.Popen[str]) -> None:
+        sent = _sent(bootstrap, topic)
+        _wait_for(lambda: _sent(bootstrap, topic) > sent + more, 300, "records sent", process)
+
+    for run, segments in enumerate([3, 5, 2]):
+        process = start(str(run), segments)
+        sends(300, process)
+        if run == 1:
+            assert main(["split", str(tmp_path / "checkpoint"), "0"]) == ExitCode.OK
+            sends(500, process)
+        time.sleep(rng.uniform(0.2, 1.5))
+        assert process.poll() is None, "the stream ended before its kill: the test proves nothing"
+        _kill(process)
+        # Never ahead: every record below a committed offset has its output.
+        committed = committed_offsets(bootstrap, topic, group)
+        assert producer.below(committed) <= _ledger(bootstrap, topic)
+    # Paused past its claim's timeout, taken over, then woken: nothing it sends after is visible. Each
+    # of its calls takes 0.4 s, so that the pause lands in the middle of some.
+    stale = start("stale", 4, **{KAFKA_APPLY_SECONDS_ENV: "0.002"})
+    sends(300, stale)
+    os.killpg(stale.pid, signal.SIGSTOP)
+    try:
+        before = _ledger(bootstrap, topic, "stale")
+        time.sleep(6)
+        taker = start("taker", 3)
+        sends(600, taker)
+    finally:
+        os.killpg(stale.pid, signal.SIGCONT)
+    _, err = stale.communicate(timeout=300)
+    assert stale.returncode != 0 and "lost its claim" in err, err[-3000:]
+    producer.thread.join(120)
+    _wait_for(lambda: committed_offsets(bootstrap, topic, group) == end_offsets(bootstrap, topic), 300,
+              "the taker's group offsets at the end", taker)
+    taker.send_signal(signal.SIGTERM)
+    _, err = taker.communicate(timeout=120)
+    assert taker.returncode == ExitCode.OK, err[-3000:]
+    assert _ledger(bootstrap, topic, "stale") == before
+    assert_each_event_once_in_order(bootstrap, topic, producer.records)
+
+
+@pytest.mark.kafka
+@pytest.mark.sinks
+@pytest.mark.command
+def test_the_command_refuses_a_sink_whose_output_topic_is_missing_in_one_line(tmp_path, kafka_broker):
+    bootstrap, topic = kafka_broker.bootstrap, "sink-command-refusal"
+    make_topic(bootstrap, topic, 2)
+    produce(bootstrap, topic, account_events(50, users=5, seed=14))
+    topics = _topics(bootstrap)
+    done = run_stream(tmp_path, bootstrap, topic, "tests.spark_handlers:kafka_ledger_sink",
+                      "--trigger", "available-now")
+    assert done.returncode == ExitCode.REFUSED, done.stderr
+    said = [line for line in done.stderr.splitlines() if not line.startswith("WARNING: ")]
+    assert len(said) == 1 and re.search(rf"KafkaSink: output topics {topic}-balances, {topic}-ledger do not "
+                                        rf"exist", said[0]), done.stderr
+    # Spark's offset log of the micro-batch it was about to run is all there is: no state, no claim,
+    # no producer, no topic.
+    assert os.listdir(tmp_path / "checkpoint") == ["stream"]
+    assert _topics(bootstrap) == topics
