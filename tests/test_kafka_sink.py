@@ -345,6 +345,29 @@ def test_a_kafka_to_kafka_stream_killed_split_and_taken_over_sends_each_output_o
 
 @pytest.mark.kafka
 @pytest.mark.sinks
+def test_positions_looked_for_elsewhere_than_they_were_written_are_refused(tmp_path, kafka_broker):
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    bootstrap, topic = kafka_broker.bootstrap, "sink-positions-moved"
+    _outputs(bootstrap, topic)
+    first = _sink(bootstrap, topic)
+    first.prepare(_run(tmp_path, 1))
+    name = first.positions_topic_for(_checkpoint_id(tmp_path))
+    elsewhere = KafkaSink({"bootstrap.servers": bootstrap}, _apply, topics=[kafka_ledger_topics(topic)[0]],
+                          positions_topic="sink-positions-elsewhere")
+    with pytest.raises(SinkError, match=rf"positions are in topic {name} of 4 partitions, not in "
+                                        rf"sink-positions-elsewhere of 32"):
+        elsewhere.prepare(_run(tmp_path, 2))
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_partitions([NewPartitions(name, 6)])[name].result(30)
+    _wait_for(lambda: len(admin.list_topics(name, timeout=10).topics[name].partitions) == 6, 30,
+              "the brokers to list the partitions added")
+    with pytest.raises(SinkError, match=rf"in topic {name} of 4 partitions, not in {name} of 6"):
+        _sink(bootstrap, topic).prepare(_run(tmp_path, 3))
+
+
+@pytest.mark.kafka
+@pytest.mark.sinks
 @pytest.mark.command
 def test_the_command_refuses_a_sink_whose_output_topic_is_missing_in_one_line(tmp_path, kafka_broker):
     bootstrap, topic = kafka_broker.bootstrap, "sink-command-refusal"
@@ -361,3 +384,43 @@ def test_the_command_refuses_a_sink_whose_output_topic_is_missing_in_one_line(tm
     # no producer, no topic.
     assert os.listdir(tmp_path / "checkpoint") == ["stream"]
     assert _topics(bootstrap) == topics
+
+
+@pytest.mark.faults
+@pytest.mark.sinks
+def test_a_broker_restarted_in_the_middle_loses_and_repeats_no_output(tmp_path):
+    from tests.kafka import kafka_broker
+
+    with kafka_broker(tmp_path / "broker") as broker:
+        bootstrap, topic = broker.bootstrap, "sink-broker-restart"
+        make_topic(bootstrap, topic, 3)
+        _outputs(bootstrap, topic)
+        seqs: dict[str, int] = {}
+        records = account_events(3000, users=40, seed=15, start=seqs)
+        produce(bootstrap, topic, records)
+        process = start_stream(tmp_path, bootstrap, topic, "tests.spark_handlers:kafka_ledger_sink",
+                               "--trigger", "1s", "--option", "maxOffsetsPerTrigger=300", "--batch-size",
+                               "50", "--concurrency", "4", "--commit-offsets-to", "segack-sink-restart")
+        _wait_for(lambda: _sent(bootstrap, topic) > 600, 300, "records sent", process)
+        broker.stop()
+        time.sleep(5)
+        broker.start()
+        later = account_events(500, users=40, seed=16, start=seqs)
+        produce(bootstrap, topic, later)
+        records += later
+        deadline = time.monotonic() + 180
+        while process.poll() is None and len(_ledger(bootstrap, topic)) < len(records):
+            assert time.monotonic() < deadline, "the stream neither went on nor stopped"
+            time.sleep(1)
+        if process.poll() is None:  # it waited for the broker and went on
+            process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=300)
+        said = [line for line in err.splitlines()
+                if line.startswith("segack stream:") and "stopping" not in line]
+        # It waited for the broker and went on (stopped by SIGTERM), or stopped with one line.
+        assert process.returncode == ExitCode.OK or (
+            process.returncode == ExitCode.FAILED and len(said) == 1), err
+        finished = run_stream(tmp_path, bootstrap, topic, "tests.spark_handlers:kafka_ledger_sink",
+                              "--commit-offsets-to", "segack-sink-restart", run="1")
+        assert finished.returncode == ExitCode.OK, finished.stderr
+        assert_each_event_once_in_order(bootstrap, topic, records)

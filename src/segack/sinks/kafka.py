@@ -20,8 +20,10 @@ from segack.spark_adapter.errors import SinkError, one_line
 from segack.spark_adapter.handlers import EventIdentity, RunContext, Sink
 from segack.spark_adapter.store.checkpoint import CheckpointStore, TaskStore
 from segack.spark_adapter.store.crash_points import durable_write
-from segack.spark_adapter.store.sink_producers import (
+from segack.spark_adapter.store.kafka_sink_files import (
     forget_producers,
+    positions_topic,
+    record_positions_topic,
     register_producer,
     registered_producers,
 )
@@ -43,6 +45,9 @@ _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _CONNECTION_PREFIXES = ("bootstrap.", "security.", "ssl.", "sasl.", "client.", "socket.", "broker.",
                         "metadata.", "reconnect.", "api.version", "connections.", "allow.auto.create")
 _PAYLOAD_TYPES = (str, bytes, type(None))
+#: The transactional ids this process recorded in a checkpoint: a task of a later micro-batch with
+#: the same id need not record it again (if a newer run forgot it, that run's claim fences the task).
+_registered: set[tuple[str, str]] = set()
 
 
 class KafkaOutput:
@@ -260,6 +265,7 @@ class KafkaSink(Sink):
         self._close(self._start(f"{ID_PREFIX}{run.checkpoint_id}-{run.claim}-probe"))
         name = self.positions_topic_for(run.checkpoint_id)
         partitions = self._positions_topic(admin, name, topics.get(name))
+        self._same_positions(CheckpointStore(run.checkpoint).files, name, partitions)
         self._fence_older(run)
         self._run, self._positions = run, (name, partitions)
         log.info("KafkaSink records positions in topic %s (%d partitions)", name, partitions)
@@ -298,6 +304,19 @@ class KafkaSink(Sink):
             raise SinkError(f"KafkaSink: positions topic {name} has cleanup.policy={policy}; it must be "
                             f"compact alone, or the positions of keys not seen for a while are deleted")
         return len(found.partitions)
+
+    @staticmethod
+    def _same_positions(files: Any, name: str, partitions: int) -> None:
+        """Refuse positions elsewhere than where the checkpoint's earlier runs wrote them: another
+        topic, or the same with another partition count (a key's position would be looked for in
+        another partition); record them on the first run."""
+        recorded = positions_topic(files)
+        if recorded is None:
+            record_positions_topic(files, name, partitions)
+        elif (recorded["topic"], recorded["partitions"]) != (name, partitions):
+            raise SinkError(f"KafkaSink: this checkpoint's positions are in topic {recorded['topic']} of "
+                            f"{recorded['partitions']} partitions, not in {name} of {partitions}: the "
+                            f"positions recorded would not be found, and events would be applied again")
 
     def _start(self, transactional_id: str) -> Any:
         """A producer with ``transactional_id``, started: any earlier producer with that id is
@@ -343,7 +362,9 @@ class KafkaSink(Sink):
         self._task = self._task or _task_name()
         name = f"{ID_PREFIX}{run.checkpoint_id}-{run.claim}-{self._task}"
         store = TaskStore(run.checkpoint, "", run.claim)
-        register_producer(store.files, name)  # 1
+        if (run.checkpoint, name) not in _registered:
+            register_producer(store.files, name)  # 1
+            _registered.add((run.checkpoint, name))
         producer = self._start(name)  # 2
         if store.fenced():  # 3
             self._close(producer)

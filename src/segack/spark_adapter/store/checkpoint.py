@@ -54,9 +54,9 @@ from segack.spark_adapter.store.dead_letter_files import (
     read_dead_letter_file,
 )
 from segack.spark_adapter.store.driver_watch import DriverProcess
+from segack.spark_adapter.store.kafka_sink_files import SINK_POSITIONS_FILE, SINK_PRODUCERS_DIR
 from segack.spark_adapter.store.partitions import PartitionStates
 from segack.spark_adapter.store.query_log import QueryLog
-from segack.spark_adapter.store.sink_producers import SINK_PRODUCERS_DIR
 from segack.spark_adapter.store.storage import Files, LocalFiles, open_files, resolve_location
 from segack.spark_adapter.store.stream_view import STREAM_VIEW
 from segack.spark_adapter.store.tokens import KeyGroupTokens, decode_updates, encode_updates
@@ -177,7 +177,8 @@ def _checkpoint_entry(name: str) -> bool:
     if name.endswith(".tmp"):
         name = name.rsplit(".", 2)[0]
     return (name.startswith(".") or name in (PROGRESS_DIR, DEAD_LETTERS_DIR, CLAIMS_DIR, SEGMENTS_REQUEST,
-                                             STREAM_DIR, STREAM_VIEW, SINK_PRODUCERS_DIR)
+                                             STREAM_DIR, STREAM_VIEW, SINK_PRODUCERS_DIR,
+                                             SINK_POSITIONS_FILE)
             or (name.startswith(STATE_PREFIX) and name.endswith(STATE_SUFFIX)))
 
 
