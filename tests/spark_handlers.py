@@ -481,6 +481,8 @@ KAFKA_ENV = "SEGACK_TEST_KAFKA"
 KAFKA_TOPIC_ENV = "SEGACK_TEST_KAFKA_TOPIC"
 #: The seconds a :class:`KafkaLedgerApply` takes per event, if set: a pause then lands in a call.
 KAFKA_APPLY_SECONDS_ENV = "SEGACK_TEST_KAFKA_APPLY_SECONDS"
+#: The start of the names of the topics a :class:`KafkaLedgerApply` writes, if not the input topic's.
+KAFKA_OUTPUT_ENV = "SEGACK_TEST_KAFKA_OUTPUT"
 
 
 def kafka_ledger_topics(topic: str) -> tuple[str, str]:
@@ -492,11 +494,12 @@ class KafkaLedgerApply:
     """``apply`` for a KafkaSink: per account event, a ledger record (``{"user", "seq", "run"}``, the
     run the ``SEGACK_TEST_RUN`` variable names) and the
     user's balance after it (``{"user", "seq", "balance"}``, :func:`fold` over seqs 0 to ``seq``),
-    each keyed by the user; ``fail_on`` a ``(user, seq)`` whose apply raises."""
+    each keyed by the user; ``fail_on`` a ``(user, seq)`` whose apply raises (``until_fixed``: unless
+    the run is called "fixed")."""
 
-    def __init__(self, topic: str, fail_on: tuple[str, int] | None = None) -> None:
+    def __init__(self, topic: str, fail_on: tuple[str, int] | None = None, until_fixed: bool = False) -> None:
         self.ledger, self.balances = kafka_ledger_topics(topic)
-        self.fail_on = fail_on
+        self.fail_on, self.until_fixed = fail_on, until_fixed
         self._last: dict[str, tuple[int, int]] = {}  # user -> (seq, balance), a cache of the fold
 
     def __getstate__(self) -> dict[str, Any]:
@@ -513,7 +516,8 @@ class KafkaLedgerApply:
 
     def __call__(self, output: Any, event: dict[str, Any]) -> None:
         user, seq = event["user"], event["seq"]
-        if self.fail_on is not None and (user, seq) == self.fail_on:
+        fixed = self.until_fixed and os.environ.get("SEGACK_TEST_RUN") == "fixed"
+        if self.fail_on is not None and (user, seq) == self.fail_on and not fixed:
             raise ValueError("the sink's apply refuses this event")
         time.sleep(float(os.environ.get(KAFKA_APPLY_SECONDS_ENV, "0")))
         run = os.environ.get("SEGACK_TEST_RUN")
@@ -522,14 +526,18 @@ class KafkaLedgerApply:
                                                   "balance": self._balance(user, seq)}), user)
 
 
-def _kafka_ledger_sink() -> Any:
+def _kafka_ledger_sink(fail_on: tuple[str, int] | None = None) -> Any:
     from segack.sinks import KafkaSink
 
-    apply = KafkaLedgerApply(os.environ.get(KAFKA_TOPIC_ENV, "accounts"))
+    named = os.environ.get(KAFKA_OUTPUT_ENV) or os.environ.get(KAFKA_TOPIC_ENV, "accounts")
+    apply = KafkaLedgerApply(named, fail_on, until_fixed=True)
     return KafkaSink({"bootstrap.servers": os.environ.get(KAFKA_ENV, "127.0.0.1:9"), "linger.ms": 5},
                      apply, topics=[apply.ledger, apply.balances])
 
 
 #: ``--handler tests.spark_handlers:kafka_ledger_sink``: the ledger and balances as Kafka topics on
-#: the broker :data:`KAFKA_ENV` names, after the topic :data:`KAFKA_TOPIC_ENV` names.
+#: the broker :data:`KAFKA_ENV` names, named after :data:`KAFKA_OUTPUT_ENV`, else after the input
+#: topic :data:`KAFKA_TOPIC_ENV` names.
 kafka_ledger_sink = _kafka_ledger_sink()
+#: ``--handler tests.spark_handlers:kafka_faults_sink``: the same, refusing user-3's event 5 until fixed.
+kafka_faults_sink = _kafka_ledger_sink(("user-3", 5))

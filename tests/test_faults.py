@@ -31,7 +31,7 @@ import pytest
 from segack.cli import ExitCode
 from segack.spark_adapter.store.checkpoint import CheckpointStore
 from segack.spark_adapter.store.crash_points import ENV, POINTS
-from tests.spark_handlers import fold
+from tests.spark_handlers import KAFKA_OUTPUT_ENV, fold
 from tests.test_kafka import (
     ROOT,
     _ledger,
@@ -57,6 +57,9 @@ IN_RETRY = ("before-dead-letters-delete", "after-dead-letters-delete")
 #: The passage to die at: the second, so that some work is done first, but the first where a point
 #: is passed once in a run, or as often as the watcher's looks fall (the stream view: written when it
 #: changes, which two micro-batches done in one look make once).
+#: The points a :class:`~segack.sinks.KafkaSink` stream is killed at too: its positions topic made
+#: and recorded (the driver), a transaction about to commit and just committed (a task).
+KAFKA_SINK_POINTS = ("after-sink-setup", "before-sink-commit", "after-sink-commit")
 ONCE = ("before-claim", "after-claim", "before-sink-setup", "after-sink-setup", "before-stop-request",
         "after-stop-request", "before-segments-request", "after-segments-request",
         "before-dead-letters-delete", "after-dead-letters-delete", "before-claim-delete",
@@ -106,13 +109,16 @@ def _case(point: str) -> pytest.param:
     return pytest.param(point, marks=marks, id=point)
 
 
-def _run(tmp_path: Path, bootstrap: str, dsn: str, group: str, *extra: str, run: str, crash: str | None,
+def _run(tmp_path: Path, bootstrap: str, dsn: str | None, group: str, *extra: str, run: str,
+         crash: str | None, handler: str = "tests.spark_handlers:faults_sink", outputs: str | None = None,
          ) -> subprocess.CompletedProcess[str]:
-    command = stream_command(tmp_path, bootstrap, TOPIC, "tests.spark_handlers:faults_sink",
+    command = stream_command(tmp_path, bootstrap, TOPIC, handler,
                              "--commit-offsets-to", group, "--segments", "2", "--option",
                              "maxOffsetsPerTrigger=300", "--flush-every", "50", "--flush-interval", "0.2",
                              *extra)
-    env = environment(tmp_path, run, dsn)
+    env = environment(tmp_path, run, dsn, bootstrap, TOPIC)
+    if outputs is not None:
+        env[KAFKA_OUTPUT_ENV] = outputs
     env.pop(ENV, None)
     if crash is not None:
         env[ENV] = crash
@@ -173,5 +179,30 @@ def test_a_stream_killed_at_a_crash_point_and_resumed_loses_and_repeats_nothing(
     for user, seq in sorted(pairs):
         expected[user] = fold(expected.get(user, 0), seq)
     assert balances == expected
+    assert committed_offsets(bootstrap, TOPIC, group) == end_offsets(bootstrap, TOPIC)
+    assert killed is not None, f"{point}: no process passed the point: the case proves nothing"
+
+
+@pytest.mark.faults
+@pytest.mark.sinks
+@pytest.mark.parametrize("point", KAFKA_SINK_POINTS)
+def test_a_kafka_sink_stream_killed_at_a_sink_point_and_resumed_sends_each_output_once(
+        tmp_path, kafka_broker, fault_topic, point):
+    from tests.test_kafka_sink import _outputs, assert_each_event_once_in_order, committed_records
+
+    bootstrap, group, outputs = kafka_broker.bootstrap, f"kafka-faults-{point}", f"kafka-faults-{point}"
+    _outputs(bootstrap, outputs)
+    crash = f"{point}@1" if point in ONCE else f"{point}@2"
+    first = _run(tmp_path, bootstrap, None, group, "--on-error", "dead-letter", run="A", crash=crash,
+                 handler="tests.spark_handlers:kafka_faults_sink", outputs=outputs)
+    killed = _crashed(first)
+    # Never ahead: every record below a committed offset has its output, or is set aside.
+    sent = {(row["user"], row["seq"]) for row in committed_records(bootstrap, f"{outputs}-ledger")}
+    assert fault_topic.below(committed_offsets(bootstrap, TOPIC, group)) <= sent | _set_aside(
+        tmp_path / "checkpoint"), point
+    resumed = _run(tmp_path, bootstrap, None, group, "--retry-dead-letters", run="fixed", crash=None,
+                   handler="tests.spark_handlers:kafka_faults_sink", outputs=outputs)
+    assert resumed.returncode == ExitCode.OK, (point, killed, first.stderr[-2000:], resumed.stderr[-3000:])
+    assert_each_event_once_in_order(bootstrap, outputs, fault_topic.records)
     assert committed_offsets(bootstrap, TOPIC, group) == end_offsets(bootstrap, TOPIC)
     assert killed is not None, f"{point}: no process passed the point: the case proves nothing"
