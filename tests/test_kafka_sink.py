@@ -237,10 +237,11 @@ def test_a_run_taken_over_commits_nothing_more_whenever_its_producer_started(tmp
     # The stale run's producer was fenced: its next transaction fails, and sends nothing.
     with pytest.raises(KafkaException, match="fenced"):
         started(events[100:200], identities[100:200])
-    # Started again, or started only now, its producer sees the newer claim before any transaction.
-    for producer_of_the_stale_run in (started, _task(stale)):
-        with pytest.raises(SinkError, match=r"another run took checkpoint .* over"):
-            producer_of_the_stale_run(events[100:200], identities[100:200])
+    # It starts no other; a producer the stale run starts only now sees the newer claim first.
+    with pytest.raises(SinkError, match="this task's producer could not abort a transaction after"):
+        started(events[100:200], identities[100:200])
+    with pytest.raises(SinkError, match=r"another run took checkpoint .* over"):
+        _task(stale)(events[100:200], identities[100:200])
     assert len(committed_records(bootstrap, kafka_ledger_topics(topic)[0])) == 100
     _task(taking_over)(events, identities)
     assert_each_event_once_in_order(bootstrap, topic, records)
@@ -325,10 +326,12 @@ def test_a_kafka_to_kafka_stream_killed_split_and_taken_over_sends_each_output_o
     sends(300, stale)
     os.killpg(stale.pid, signal.SIGSTOP)
     try:
-        before = _ledger(bootstrap, topic, "stale")
         time.sleep(6)
         taker = start("taker", 3)
         sends(600, taker)
+        # What the paused run committed before the taker fenced it (a commit it had sent may have
+        # completed after the pause): nothing more may appear once it wakes.
+        before = _ledger(bootstrap, topic, "stale")
     finally:
         os.killpg(stale.pid, signal.SIGCONT)
     _, err = stale.communicate(timeout=300)
@@ -345,25 +348,71 @@ def test_a_kafka_to_kafka_stream_killed_split_and_taken_over_sends_each_output_o
 
 @pytest.mark.kafka
 @pytest.mark.sinks
-def test_positions_looked_for_elsewhere_than_they_were_written_are_refused(tmp_path, kafka_broker):
+def test_positions_stay_where_the_first_run_put_them_and_elsewhere_is_refused(tmp_path, kafka_broker):
     from confluent_kafka.admin import AdminClient, NewPartitions
 
     bootstrap, topic = kafka_broker.bootstrap, "sink-positions-moved"
     _outputs(bootstrap, topic)
+    records = account_events(400, users=30, seed=17)
+    events, identities = _events(records, tmp_path)
     first = _sink(bootstrap, topic)
     first.prepare(_run(tmp_path, 1))
+    _task(first)(events[:200], identities[:200])
     name = first.positions_topic_for(_checkpoint_id(tmp_path))
     elsewhere = KafkaSink({"bootstrap.servers": bootstrap}, _apply, topics=[kafka_ledger_topics(topic)[0]],
                           positions_topic="sink-positions-elsewhere")
-    with pytest.raises(SinkError, match=rf"positions are in topic {name} of 4 partitions, not in "
-                                        rf"sink-positions-elsewhere of 32"):
+    with pytest.raises(SinkError, match=rf"positions are in topic {name}, not in sink-positions-elsewhere"):
         elsewhere.prepare(_run(tmp_path, 2))
+    # Partitions added to the positions topic stay unused: each key's position is where it was.
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_partitions([NewPartitions(name, 6)])[name].result(30)
     _wait_for(lambda: len(admin.list_topics(name, timeout=10).topics[name].partitions) == 6, 30,
               "the brokers to list the partitions added")
-    with pytest.raises(SinkError, match=rf"in topic {name} of 4 partitions, not in {name} of 6"):
-        _sink(bootstrap, topic).prepare(_run(tmp_path, 3))
+    later = _sink(bootstrap, topic)
+    later.prepare(_run(tmp_path, 3))
+    _task(later)(events, identities)
+    assert_each_event_once_in_order(bootstrap, topic, records)
+
+
+@pytest.mark.kafka
+@pytest.mark.sinks
+def test_checkpoints_sharing_a_positions_topic_never_skip_each_others_events(tmp_path, kafka_broker):
+    bootstrap = kafka_broker.bootstrap
+    records = account_events(200, users=10, seed=18)
+    for name in ("sink-shared-a", "sink-shared-b"):  # a backfill and a stream of the same input, say
+        _outputs(bootstrap, name)
+        checkpoint = tmp_path / name
+        checkpoint.mkdir()
+        apply = KafkaLedgerApply(name)
+        sink = KafkaSink({"bootstrap.servers": bootstrap}, apply, topics=[apply.ledger, apply.balances],
+                         positions_topic="sink-shared-positions", positions_partitions=2)
+        sink.prepare(_run(checkpoint, 1))
+        _task(sink)(*_events(records, checkpoint))
+        assert_each_event_once_in_order(bootstrap, name, records)
+
+
+@pytest.mark.kafka
+@pytest.mark.sinks
+def test_a_task_attempt_whose_producer_was_fenced_never_starts_another(tmp_path, kafka_broker):
+    """Another producer with its id would fence the newer attempt (or the task of a later job that
+    holds the id), and commit beside it."""
+    from confluent_kafka import KafkaException
+
+    bootstrap, topic = kafka_broker.bootstrap, "sink-attempts"
+    _outputs(bootstrap, topic)
+    records = account_events(300, users=10, seed=19)
+    events, identities = _events(records, tmp_path)
+    sink = _sink(bootstrap, topic)
+    sink.prepare(_run(tmp_path, 1))
+    earlier, newer = _task(sink), _task(sink)  # two attempts of one task: the same transactional id
+    earlier(events[:100], identities[:100])
+    newer(events[:150], identities[:150])  # its start fenced the earlier attempt
+    with pytest.raises(KafkaException, match="fenced"):
+        earlier(events[150:200], identities[150:200])
+    with pytest.raises(SinkError, match="commits nothing more"):
+        earlier(events[150:200], identities[150:200])
+    newer(events, identities)  # still the id's holder
+    assert_each_event_once_in_order(bootstrap, topic, records)
 
 
 @pytest.mark.kafka
@@ -424,3 +473,29 @@ def test_a_broker_restarted_in_the_middle_loses_and_repeats_no_output(tmp_path):
                               "--commit-offsets-to", "segack-sink-restart", run="1")
         assert finished.returncode == ExitCode.OK, finished.stderr
         assert_each_event_once_in_order(bootstrap, topic, records)
+
+
+@pytest.mark.kafka
+@pytest.mark.sinks
+@pytest.mark.command
+def test_a_real_time_stream_sends_each_output_once_and_its_group_follows(tmp_path, kafka_broker):
+    bootstrap, topic, group = kafka_broker.bootstrap, "sink-real-time", "segack-sink-real-time"
+    make_topic(bootstrap, topic, 4)
+    _outputs(bootstrap, topic)
+    seqs: dict[str, int] = {}
+    records = account_events(2000, users=50, seed=20, start=seqs)
+    produce(bootstrap, topic, records)
+    process = start_stream(tmp_path, bootstrap, topic, "tests.spark_handlers:kafka_ledger_sink",
+                           "--trigger", "real-time", "--commit-interval", "0.5", "--batch-size", "200",
+                           "--concurrency", "8", "--commit-offsets-to", group)
+    _wait_for(lambda: committed_offsets(bootstrap, topic, group) == end_offsets(bootstrap, topic), 240,
+              "the group's offsets at the end", process)
+    later = account_events(500, users=50, seed=21, start=seqs)  # written while it runs
+    produce(bootstrap, topic, later)
+    records += later
+    _wait_for(lambda: committed_offsets(bootstrap, topic, group) == end_offsets(bootstrap, topic), 120,
+              "the group's offsets at the new end", process)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == ExitCode.OK, err[-3000:]
+    assert_each_event_once_in_order(bootstrap, topic, records)

@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -40,10 +41,18 @@ TRANSACTION_SECONDS = 60.0
 #: How long the driver waits for the brokers' metadata before it refuses a run.
 METADATA_SECONDS = 15.0
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
-# What a consumer of the positions shares with the user's producer: where the brokers are, and how
-# to reach them.
-_CONNECTION_PREFIXES = ("bootstrap.", "security.", "ssl.", "sasl.", "client.", "socket.", "broker.",
-                        "metadata.", "reconnect.", "api.version", "connections.", "allow.auto.create")
+# What the positions' consumer and the driver's admin client leave out of the user's settings: the
+# producer's own (the rest, how to reach and authenticate to the brokers, they share).
+_PRODUCER_ONLY = frozenset({
+    "acks", "request.required.acks", "linger.ms", "queue.buffering.max.ms", "batch.size",
+    "batch.num.messages", "compression.type", "compression.codec", "compression.level",
+    "enable.idempotence", "enable.gapless.guarantee", "max.in.flight.requests.per.connection",
+    "max.in.flight", "queue.buffering.max.messages", "queue.buffering.max.kbytes", "message.send.max.retries",
+    "retries", "retry.backoff.ms", "retry.backoff.max.ms", "transaction.timeout.ms", "transactional.id",
+    "delivery.timeout.ms", "message.timeout.ms", "partitioner", "partitioner_cb", "on_delivery",
+    "delivery.report.only.error", "dr_cb", "dr_msg_cb", "sticky.partitioning.linger.ms",
+    "queuing.strategy", "produce.offset.report", "message.copy.max.bytes", "request.timeout.ms",
+})
 _PAYLOAD_TYPES = (str, bytes, type(None))
 #: The transactional ids this process recorded in a checkpoint: a task of a later micro-batch with
 #: the same id need not record it again (if a newer run forgot it, that run's claim fences the task).
@@ -170,6 +179,12 @@ class KafkaSink(Sink):
     recorded there before any of its tasks starts, which aborts their open transactions and fences
     them: none of their producers can commit again. A task of the older run that records its id
     later sees the newer claim once its producer started, and stops before its first transaction.
+    A copy of the sink (a task attempt) starts one producer, ever: once it is fenced, or fails in a
+    transaction whose end is unknown, its later calls fail (:class:`~segack.spark_adapter.SinkError`).
+
+    The positions topic and its partition count are recorded in the checkpoint by its first run;
+    later runs keep to them. A sink object holds the run :meth:`prepare` was last given: give each
+    of several runs at once a sink of its own.
     """
 
     def __init__(self, producer_config: Mapping[str, Any],
@@ -215,14 +230,14 @@ class KafkaSink(Sink):
         self._task = task
         self._lock = threading.Lock()
         self._producer: Any = None
-        #: Bumped whenever the producer is started again: positions read before may be stale.
-        self._generation = 0
+        #: Why this copy's producer was lost, once it was (it starts no other).
+        self._lost: str | None = None
         self._read: dict[int, PositionsPartition] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # A producer stays where it was started; each task's copy starts its own.
         return {name: value for name, value in self.__dict__.items()
-                if name not in ("_task", "_lock", "_producer", "_generation", "_read")}
+                if name not in ("_task", "_lock", "_producer", "_lost", "_read")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -230,8 +245,7 @@ class KafkaSink(Sink):
         self._opened(_task_name())
 
     def _connection_config(self) -> dict[str, Any]:
-        return {name: value for name, value in self.producer_config.items()
-                if name.startswith(_CONNECTION_PREFIXES)}
+        return {name: value for name, value in self.producer_config.items() if name not in _PRODUCER_ONLY}
 
     def _producer_config(self, transactional_id: str) -> dict[str, Any]:
         return {**self.producer_config, "transactional.id": transactional_id, "logger": log}
@@ -244,11 +258,14 @@ class KafkaSink(Sink):
 
     def prepare(self, run: RunContext) -> None:
         """Refuse a run the sink cannot keep exactly once; make the positions topic; fence the
-        producers of the runs this one took the checkpoint over from. Once per claim: a stream's
-        later micro-batches find it done."""
+        producers of the runs this one took the checkpoint over from. A stream's later micro-batches
+        under the same claim only fence what an older run recorded since."""
         refuse_unordered("KafkaSink", run)
         done = self._run
-        if done is not None and (done.checkpoint_id, done.claim) == (run.checkpoint_id, run.claim):
+        if done is not None and (done.checkpoint, done.checkpoint_id, done.claim) == (
+                run.checkpoint, run.checkpoint_id, run.claim):
+            # A claim number withdrawn is taken again: an older run's task may have recorded an id since.
+            self._fence_older(run)
             return
         from confluent_kafka.admin import AdminClient
 
@@ -264,8 +281,8 @@ class KafkaSink(Sink):
         # Transactions allowed, before anything is made: a producer that never begins one.
         self._close(self._start(f"{ID_PREFIX}{run.checkpoint_id}-{run.claim}-probe"))
         name = self.positions_topic_for(run.checkpoint_id)
-        partitions = self._positions_topic(admin, name, topics.get(name))
-        self._same_positions(CheckpointStore(run.checkpoint).files, name, partitions)
+        partitions = self._same_positions(CheckpointStore(run.checkpoint).files, name,
+                                          self._positions_topic(admin, name, topics.get(name)))
         self._fence_older(run)
         self._run, self._positions = run, (name, partitions)
         log.info("KafkaSink records positions in topic %s (%d partitions)", name, partitions)
@@ -299,24 +316,32 @@ class KafkaSink(Sink):
             if found is None:
                 raise SinkError(f"KafkaSink made its positions topic {name}, but the brokers do not list it")
         resource = ConfigResource("topic", name)
-        policy = admin.describe_configs([resource])[resource].result()["cleanup.policy"].value
+        try:
+            policy = admin.describe_configs([resource])[resource].result()["cleanup.policy"].value
+        except Exception as error:
+            raise SinkError(f"KafkaSink cannot describe its positions topic {name}: "
+                            f"{one_line(error)}") from None
         if policy != "compact":
             raise SinkError(f"KafkaSink: positions topic {name} has cleanup.policy={policy}; it must be "
                             f"compact alone, or the positions of keys not seen for a while are deleted")
         return len(found.partitions)
 
     @staticmethod
-    def _same_positions(files: Any, name: str, partitions: int) -> None:
-        """Refuse positions elsewhere than where the checkpoint's earlier runs wrote them: another
-        topic, or the same with another partition count (a key's position would be looked for in
-        another partition); record them on the first run."""
+    def _same_positions(files: Any, name: str, partitions: int) -> int:
+        """The partition count that places the run's positions: the one the checkpoint's first run
+        recorded (a key's position is in partition ``key_group % count``: partitions added since
+        stay unused), or ``partitions``, recorded now. Positions in another topic are refused: the
+        ones recorded would not be found, and events would be applied again."""
         recorded = positions_topic(files)
         if recorded is None:
             record_positions_topic(files, name, partitions)
-        elif (recorded["topic"], recorded["partitions"]) != (name, partitions):
-            raise SinkError(f"KafkaSink: this checkpoint's positions are in topic {recorded['topic']} of "
-                            f"{recorded['partitions']} partitions, not in {name} of {partitions}: the "
-                            f"positions recorded would not be found, and events would be applied again")
+            return partitions
+        if recorded["topic"] != name:
+            raise SinkError(f"KafkaSink: this checkpoint's positions are in topic {recorded['topic']}, "
+                            f"not in {name}: the positions recorded would not be found, and events would "
+                            f"be applied again")
+        count: int = recorded["partitions"]
+        return count
 
     def _start(self, transactional_id: str) -> Any:
         """A producer with ``transactional_id``, started: any earlier producer with that id is
@@ -353,7 +378,15 @@ class KafkaSink(Sink):
         1. **Record** its transactional id in the checkpoint, so that a newer run fences it.
         2. **Start** it, fencing the earlier attempts of this task.
         3. **Look** for a newer claim: a run that took over before step 1 could not know the id.
+
+        A copy starts one producer, ever. Once it is lost (fenced by a newer attempt of the task, or
+        failed in a transaction whose end is unknown), every later call fails: another producer with
+        the same id would fence whichever attempt, or segment of a later job, holds the id now, and
+        commit beside it.
         """
+        if self._lost is not None:
+            raise SinkError(f"KafkaSink: this task's producer {self._lost}; the task commits nothing more "
+                            f"(a new attempt of it, or the next run, goes on from what was committed)")
         if self._producer is not None:
             return self._producer
         run = self._run
@@ -368,11 +401,20 @@ class KafkaSink(Sink):
         producer = self._start(name)  # 2
         if store.fenced():  # 3
             self._close(producer)
+            self._lost = "found a newer claim"
             raise SinkError(f"KafkaSink: another run took checkpoint {run.checkpoint} over; this one "
                             f"commits nothing more")
-        self._producer, self._read = producer, {}
-        self._generation += 1
+        self._producer = producer
         return producer
+
+    @property
+    def _key_prefix(self) -> str:
+        """What starts the key of each of the run's position records: its checkpoint's id, so that
+        checkpoints sharing a ``positions_topic`` never read each other's positions."""
+        run = self._run
+        if run is None:
+            raise SinkError("KafkaSink was called before a run prepared it")
+        return f"{run.checkpoint_id}/"
 
     def _partitions_for(self, identities: list[EventIdentity]) -> dict[int, PositionsPartition]:
         """The positions partitions of ``identities``' key groups, each read up to its end once
@@ -380,7 +422,7 @@ class KafkaSink(Sink):
         topic, count = self._positions  # type: ignore[misc]
         servers = self.producer_config["bootstrap.servers"]
         for number in {identity.key_group % count for identity in identities} - self._read.keys():
-            partition = positions_partition(servers, topic, number)
+            partition = positions_partition(servers, topic, number, self._key_prefix)
             with partition.lock:
                 partition.catch_up(self._connection_config())
             self._read[number] = partition
@@ -391,31 +433,25 @@ class KafkaSink(Sink):
         transaction."""
         if not events:
             return
-        keys = [key_text(identity.key) for identity in identities]
-        while True:
-            with self._lock:
-                self._started()
-                generation = self._generation
-                read = self._partitions_for(identities)
-            count = self._positions[1]  # type: ignore[index]
-            fresh: list[dict[str, Any]] = []
-            newest: dict[int, dict[str, int]] = {}
-            for event, identity, key in zip(events, identities, keys, strict=True):
-                partition = identity.key_group % count
-                if identity.position > read[partition].positions.get(key, -1):
-                    fresh.append(event)
-                    newest.setdefault(partition, {})[key] = identity.position
-            if not fresh:
-                return
-            output = KafkaOutput(self.topics)
-            self._apply(output, fresh)
-            with self._lock:
-                if generation == self._generation:
-                    self._commit(output, newest)
-                    for partition, positions in newest.items():
-                        read[partition].record(positions)
-                    return
-            log.debug("KafkaSink applies a call again: its producer was started again meanwhile")
+        with self._lock:
+            self._started()
+            read = self._partitions_for(identities)
+        count = self._positions[1]  # type: ignore[index]
+        fresh: list[dict[str, Any]] = []
+        newest: dict[int, dict[str, int]] = {}
+        for event, identity in zip(events, identities, strict=True):
+            partition, key = identity.key_group % count, key_text(identity.key)
+            if identity.position > read[partition].positions.get(key, -1):
+                fresh.append(event)
+                newest.setdefault(partition, {})[key] = identity.position
+        if not fresh:
+            return
+        output = KafkaOutput(self.topics)
+        self._apply(output, fresh)
+        with self._lock:
+            self._commit(output, newest)
+        for partition, positions in newest.items():
+            read[partition].record(positions)
 
     def _apply(self, output: KafkaOutput, events: list[dict[str, Any]]) -> None:
         if self.apply_many is not None:
@@ -428,20 +464,37 @@ class KafkaSink(Sink):
 
     def _commit(self, output: KafkaOutput, newest: dict[int, dict[str, int]]) -> None:
         """One transaction (hold :attr:`_lock`): the call's records, then its keys' positions."""
-        producer = self._producer
+        producer = self._started()
         topic = self._positions[0]  # type: ignore[index]
+        prefix = self._key_prefix
         try:
             producer.begin_transaction()
             for record_topic, value, key, partition, headers, timestamp in output.records:
                 self._send(producer, record_topic, value, key, partition, headers, timestamp)
             for partition, positions in newest.items():
                 for key, position in positions.items():
-                    self._send(producer, topic, str(position), key, partition, None, 0)
+                    self._send(producer, topic, str(position), prefix + key, partition, None, 0)
             with durable_write("sink-commit"):
-                producer.commit_transaction(TRANSACTION_SECONDS)
+                self._end(producer)
         except BaseException as error:
             self._abort(producer, error)
             raise
+
+    @staticmethod
+    def _end(producer: Any) -> None:
+        """Commit the transaction. A commit that timed out is resumed, as librdkafka allows (and it
+        refuses an abort while one is pending), for up to :data:`TRANSACTION_SECONDS`."""
+        from confluent_kafka import KafkaException
+
+        deadline = time.monotonic() + TRANSACTION_SECONDS
+        while True:
+            try:
+                producer.commit_transaction(max(1.0, deadline - time.monotonic()))
+                return
+            except KafkaException as error:
+                if not (error.args and error.args[0].retriable()) or time.monotonic() >= deadline:
+                    raise
+                log.warning("KafkaSink resumes a commit: %s", one_line(error))
 
     @staticmethod
     def _send(producer: Any, topic: str, value: Any, key: Any, partition: int, headers: Any,
@@ -455,15 +508,15 @@ class KafkaSink(Sink):
                 producer.poll(0.1)  # the producer's queue is full: let it send some
 
     def _abort(self, producer: Any, error: BaseException) -> None:
-        """Abort the failed transaction; a producer that cannot (fenced, or a commit whose outcome
-        is unknown) is dropped, and the next call starts another, which settles the transaction."""
+        """Abort the failed transaction. A producer that cannot (fenced, or its commit's end
+        unknown) is lost: this copy commits nothing more (see :meth:`_started`)."""
         try:
             producer.abort_transaction(TRANSACTION_SECONDS)
             log.debug("KafkaSink aborted a transaction: %s", one_line(error))
         except Exception as failure:
-            # Not closed: closing aborts the transaction again, and flushes what was queued.
-            log.warning("KafkaSink drops its producer, which could not abort a transaction after %s: %s",
-                        one_line(error), one_line(failure))
+            self._lost = f"could not abort a transaction after {one_line(error)} ({one_line(failure)})"
+            log.warning("KafkaSink: this task's producer %s", self._lost)
+            # Not closed: closing aborts again, and waits to send what was queued.
             self._producer = None
 
     def close(self) -> None:

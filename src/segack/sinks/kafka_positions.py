@@ -1,10 +1,10 @@
 """Each key's last applied position, as a :class:`~segack.sinks.KafkaSink` keeps it: a compacted
 topic, and in each process the partitions of it that its tasks read.
 
-The topic holds one record per transaction and key: the key's text (:func:`~segack.sinks.key_text.key_text`)
-as the record's key, the position as its value (ASCII digits), in partition ``key_group %
-partitions``. Compaction keeps the newest record of each key, so the topic's size follows the
-number of keys, never the number of events.
+The topic holds one record per transaction and key: the checkpoint's id, ``/`` and the key's text
+(:func:`~segack.sinks.key_text.key_text`) as the record's key, the position as its value (ASCII
+digits), in partition ``key_group % partitions``. Compaction keeps the newest record of each key,
+so the topic's size follows the number of keys, never the number of events.
 
 A task reads only the partitions its key groups map to, once (:meth:`PositionsPartition.catch_up`),
 and then keeps them in memory, adding what it commits: within a run, a key is handled by one task
@@ -14,6 +14,7 @@ that needs the same partition reads only what was committed to it since.
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Mapping
@@ -21,22 +22,26 @@ from typing import Any
 
 from segack.spark_adapter.errors import SinkError, one_line
 
-__all__ = ["READ_SECONDS", "PositionsPartition", "positions_partition"]
+__all__ = ["CACHED_KEYS", "READ_SECONDS", "PositionsPartition", "positions_partition"]
 
 #: How long a task waits to read a partition of positions up to its end: a transaction that a
 #: producer left open holds a ``read_committed`` reader back until it ends or times out.
 READ_SECONDS = 120.0
 #: Records asked of the consumer at a time while a partition is read.
 _READ_BATCH = 10_000
+#: The keys a process keeps positions of, beyond those of the partition just asked for: at about
+#: 130 bytes a key, 260 MB.
+CACHED_KEYS = 2_000_000
 
 
 class PositionsPartition:
-    """One partition of the positions topic as this process read it: :attr:`positions` holds each
-    key's position as of the records below :attr:`next_offset`, and what tasks here committed since.
-    Hold :attr:`lock` to read it further or to add to it."""
+    """One partition of the positions topic as this process read it: :attr:`positions` holds the
+    position of each key whose record starts with :attr:`prefix` (the checkpoint's), as of the records
+    below :attr:`next_offset`, and what tasks here committed since. Hold :attr:`lock` to read it
+    further or to add to it."""
 
-    def __init__(self, topic: str, partition: int) -> None:
-        self.topic, self.partition = topic, partition
+    def __init__(self, topic: str, partition: int, prefix: str) -> None:
+        self.topic, self.partition, self.prefix = topic, partition, prefix
         self.positions: dict[str, int] = {}
         self.next_offset = 0
         self.lock = threading.Lock()
@@ -57,6 +62,10 @@ class PositionsPartition:
                                                            timeout=READ_SECONDS)
             except KafkaException as error:
                 raise SinkError(f"KafkaSink cannot read {where}: {one_line(error)}") from None
+            if high < self.next_offset:
+                raise SinkError(f"KafkaSink: {where} ends at offset {high}, but this process read it up to "
+                                f"{self.next_offset}: the topic was deleted and made again, and the "
+                                f"positions it held are lost")
             if self.next_offset < low:
                 raise SinkError(f"KafkaSink: the records of {where} from offset {self.next_offset} to {low} "
                                 f"were deleted, and the positions they held with them; the topic must be "
@@ -72,7 +81,7 @@ class PositionsPartition:
         from confluent_kafka import TopicPartition
 
         deadline = time.monotonic() + READ_SECONDS
-        positions, read = self.positions, 0
+        positions, prefix, read = self.positions, self.prefix, 0
         while True:
             for message in consumer.consume(_READ_BATCH, 0.05):
                 if message.error() is not None:
@@ -80,7 +89,10 @@ class PositionsPartition:
                 value = message.value()
                 if value is None:
                     continue
-                key, position = message.key().decode("utf-8"), int(value)
+                key = message.key().decode("utf-8")
+                if not key.startswith(prefix):
+                    continue  # another checkpoint's, sharing the topic
+                key, position = key[len(prefix):], int(value)
                 if position > positions.get(key, -1):
                     positions[key] = position
                 read += 1
@@ -103,14 +115,23 @@ class PositionsPartition:
                     known[key] = position
 
 
-_read: dict[tuple[str, str, int], PositionsPartition] = {}
+#: What this process read, by ``(servers, topic, partition, prefix)``, least recently used first.
+_read: collections.OrderedDict[tuple[str, str, int, str], PositionsPartition] = collections.OrderedDict()
 _read_lock = threading.Lock()
 
 
-def positions_partition(servers: str, topic: str, partition: int) -> PositionsPartition:
-    """This process's copy of ``partition`` of ``topic`` on the cluster at ``servers``."""
+def positions_partition(servers: str, topic: str, partition: int, prefix: str) -> PositionsPartition:
+    """This process's copy of ``partition`` of ``topic`` on the cluster at ``servers``, for the
+    checkpoint whose keys start with ``prefix``. The copies of the partitions used least recently go
+    once the others hold more than :data:`CACHED_KEYS` keys (a task that holds one keeps it; the
+    next task that needs it reads it again)."""
     with _read_lock:
-        found = _read.get((servers, topic, partition))
+        found = _read.pop((servers, topic, partition, prefix), None)
         if found is None:
-            found = _read[(servers, topic, partition)] = PositionsPartition(topic, partition)
+            found = PositionsPartition(topic, partition, prefix)
+        _read[(servers, topic, partition, prefix)] = found
+        held = sum(len(other.positions) for other in _read.values())
+        while held > CACHED_KEYS and len(_read) > 1:
+            _, dropped = _read.popitem(last=False)
+            held -= len(dropped.positions)
         return found
