@@ -172,6 +172,7 @@ def assert_each_event_once_in_order(bootstrap: str, topic: str, records: list[tu
     assert {row["user"]: row["balance"] for row in steps} == expected
 
 
+@pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.sinks
 def test_each_event_is_sent_once_across_tasks_resumes_and_runs(tmp_path, kafka_broker):
@@ -197,6 +198,7 @@ def test_each_event_is_sent_once_across_tasks_resumes_and_runs(tmp_path, kafka_b
     assert os.listdir(tmp_path / "kafka-producers") == [f"segack-{_checkpoint_id(tmp_path)}-2-p{os.getpid()}"]
 
 
+@pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.sinks
 def test_a_call_that_fails_sends_nothing_and_its_retry_sends_it_once(tmp_path, kafka_broker):
@@ -218,6 +220,7 @@ def test_a_call_that_fails_sends_nothing_and_its_retry_sends_it_once(tmp_path, k
     assert_each_event_once_in_order(bootstrap, topic, records)
 
 
+@pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.sinks
 def test_a_run_taken_over_commits_nothing_more_whenever_its_producer_started(tmp_path, kafka_broker):
@@ -247,6 +250,7 @@ def test_a_run_taken_over_commits_nothing_more_whenever_its_producer_started(tmp
     assert_each_event_once_in_order(bootstrap, topic, records)
 
 
+@pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.sinks
 @pytest.mark.parametrize(("case", "said"), [
@@ -289,6 +293,7 @@ def _ledger(bootstrap: str, topic: str, run: str | None = None) -> set[tuple[str
             if run is None or row["run"] == run}
 
 
+@pytest.mark.spark
 @pytest.mark.faults
 @pytest.mark.sinks
 def test_a_kafka_to_kafka_stream_killed_split_and_taken_over_sends_each_output_once(tmp_path, kafka_broker):
@@ -346,6 +351,7 @@ def test_a_kafka_to_kafka_stream_killed_split_and_taken_over_sends_each_output_o
     assert_each_event_once_in_order(bootstrap, topic, producer.records)
 
 
+@pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.sinks
 def test_positions_stay_where_the_first_run_put_them_and_elsewhere_is_refused(tmp_path, kafka_broker):
@@ -374,6 +380,7 @@ def test_positions_stay_where_the_first_run_put_them_and_elsewhere_is_refused(tm
     assert_each_event_once_in_order(bootstrap, topic, records)
 
 
+@pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.sinks
 def test_checkpoints_sharing_a_positions_topic_never_skip_each_others_events(tmp_path, kafka_broker):
@@ -391,6 +398,7 @@ def test_checkpoints_sharing_a_positions_topic_never_skip_each_others_events(tmp
         assert_each_event_once_in_order(bootstrap, name, records)
 
 
+@pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.sinks
 def test_a_task_attempt_whose_producer_was_fenced_never_starts_another(tmp_path, kafka_broker):
@@ -415,6 +423,7 @@ def test_a_task_attempt_whose_producer_was_fenced_never_starts_another(tmp_path,
     assert_each_event_once_in_order(bootstrap, topic, records)
 
 
+@pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.sinks
 @pytest.mark.command
@@ -435,6 +444,7 @@ def test_the_command_refuses_a_sink_whose_output_topic_is_missing_in_one_line(tm
     assert _topics(bootstrap) == topics
 
 
+@pytest.mark.spark
 @pytest.mark.faults
 @pytest.mark.sinks
 def test_a_broker_restarted_in_the_middle_loses_and_repeats_no_output(tmp_path):
@@ -475,6 +485,7 @@ def test_a_broker_restarted_in_the_middle_loses_and_repeats_no_output(tmp_path):
         assert_each_event_once_in_order(bootstrap, topic, records)
 
 
+@pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.sinks
 @pytest.mark.command
