@@ -474,8 +474,7 @@ class KafkaSink(Sink):
             for partition, positions in newest.items():
                 for key, position in positions.items():
                     self._send(producer, topic, str(position), prefix + key, partition, None, 0)
-            with durable_write("sink-commit"):
-                self._end(producer)
+            self._end(producer)
         except BaseException as error:
             self._abort(producer, error)
             raise
@@ -489,7 +488,8 @@ class KafkaSink(Sink):
         deadline = time.monotonic() + TRANSACTION_SECONDS
         while True:
             try:
-                producer.commit_transaction(max(1.0, deadline - time.monotonic()))
+                with durable_write("sink-commit"):
+                    producer.commit_transaction(max(1.0, deadline - time.monotonic()))
                 return
             except KafkaException as error:
                 if not (error.args and error.args[0].retriable()) or time.monotonic() >= deadline:
