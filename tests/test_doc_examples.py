@@ -291,6 +291,8 @@ def run_kafka_sink(sandbox: Sandbox, code: str, request: Any) -> None:
     none when a resume hands the events over again."""
     import pickle
 
+    from pyspark import cloudpickle
+
     from segack.spark_adapter.handlers import EventIdentity, RunContext
     from segack.spark_adapter.options import Policy
     from tests.test_kafka import make_topic
@@ -305,7 +307,7 @@ def run_kafka_sink(sandbox: Sandbox, code: str, request: Any) -> None:
               in enumerate(zip(sandbox.accounts, sandbox.amounts, strict=True))]
     identities = [EventIdentity(event["account"], 0, event["seq"], "0" * 32) for event in events]
     for _ in range(2):  # a run, then a resume that hands every event over again
-        task = pickle.loads(pickle.dumps(sink))
+        task = pickle.loads(cloudpickle.dumps(sink))  # as Spark sends it to a task
         task(events, identities)
         task.close()
     written = committed_records(broker.bootstrap, "ledger")

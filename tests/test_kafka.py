@@ -628,7 +628,13 @@ def _ledger(dsn: str) -> tuple[list[tuple[str, int]], dict[str, int]]:
 def assert_each_record_applied_once_in_order(dsn: str, records: list[tuple[str, bytes]]) -> None:
     """The ledger holds each of ``records`` once, each user's in ``seq`` order, and every balance is
     the sequential fold."""
-    rows, balances = _ledger(dsn)
+    assert_once_in_order(*_ledger(dsn), records)
+
+
+def assert_once_in_order(rows: list[tuple[str, int]], balances: dict[str, int],
+                         records: list[tuple[str, bytes]]) -> None:
+    """``rows`` (``(user, seq)`` as applied) hold each of ``records`` once, each user's in ``seq``
+    order, and ``balances`` (each user's last) are the sequential fold."""
     pairs = [(key, json.loads(value)["seq"]) for key, value in records]
     assert len(rows) == len(set(rows)) == len(pairs) and set(rows) == set(pairs)
     last: dict[str, int] = {}

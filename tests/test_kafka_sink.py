@@ -25,13 +25,14 @@ from segack.spark_adapter.errors import SinkError
 from segack.spark_adapter.handlers import EventIdentity, RunContext
 from segack.spark_adapter.options import Policy
 from segack.spark_adapter.store.checkpoint import CheckpointStore
-from tests.spark_handlers import KAFKA_APPLY_SECONDS_ENV, KafkaLedgerApply, fold, kafka_ledger_topics
+from tests.spark_handlers import KAFKA_APPLY_SECONDS_ENV, KafkaLedgerApply, kafka_ledger_topics
 from tests.test_kafka import (
     _closed_port,
     _kill,
     _Producer,
     _wait_for,
     account_events,
+    assert_once_in_order,
     committed_offsets,
     end_offsets,
     make_topic,
@@ -157,19 +158,11 @@ def assert_each_event_once_in_order(bootstrap: str, topic: str, records: list[tu
     """The ledger topic holds each of ``records`` once, each user's in ``seq`` order, and the balances
     topic each user's balance after each of them, the last one the sequential fold."""
     ledger, balances = kafka_ledger_topics(topic)
-    seen = [(row["user"], row["seq"]) for row in committed_records(bootstrap, ledger)]
-    pairs = [(key, json.loads(value)["seq"]) for key, value in records]
-    assert len(seen) == len(set(seen)) and sorted(seen) == sorted(pairs)
-    last: dict[str, int] = {}
-    for user, seq in seen:
-        assert seq == last.get(user, -1) + 1, f"{user} {seq} after {last.get(user)}"
-        last[user] = seq
-    expected: dict[str, int] = {}
-    for user, seq in sorted(pairs):
-        expected[user] = fold(expected.get(user, 0), seq)
     steps = committed_records(bootstrap, balances)
-    assert len(steps) == len(pairs)
-    assert {row["user"]: row["balance"] for row in steps} == expected
+    assert len(steps) == len(records)
+    # A user's records are in one partition, each in offset order: the last is the newest.
+    assert_once_in_order([(row["user"], row["seq"]) for row in committed_records(bootstrap, ledger)],
+                         {row["user"]: row["balance"] for row in steps}, records)
 
 
 @pytest.mark.spark

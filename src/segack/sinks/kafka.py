@@ -300,7 +300,8 @@ class KafkaSink(Sink):
     def _positions_topic(self, admin: Any, name: str, found: Any) -> int:
         """The positions topic's partitions, the topic made if it is missing; refused unless
         compacted."""
-        from confluent_kafka.admin import ConfigResource, NewTopic  # type: ignore[attr-defined]
+        # Exported by some releases' type stubs, not by others.
+        from confluent_kafka.admin import ConfigResource, NewTopic  # type: ignore[attr-defined, unused-ignore]
 
         if found is None:
             with durable_write("sink-setup"):
@@ -312,9 +313,7 @@ class KafkaSink(Sink):
                     if "TOPIC_ALREADY_EXISTS" not in str(error):
                         raise SinkError(f"KafkaSink cannot make its positions topic {name}: "
                                         f"{one_line(error)}") from None
-            found = self._metadata(admin).topics.get(name)
-            if found is None:
-                raise SinkError(f"KafkaSink made its positions topic {name}, but the brokers do not list it")
+            found = self._made(admin, name)
         resource = ConfigResource("topic", name)
         try:
             policy = admin.describe_configs([resource])[resource].result()["cleanup.policy"].value
@@ -325,6 +324,19 @@ class KafkaSink(Sink):
             raise SinkError(f"KafkaSink: positions topic {name} has cleanup.policy={policy}; it must be "
                             f"compact alone, or the positions of keys not seen for a while are deleted")
         return len(found.partitions)
+
+    def _made(self, admin: Any, name: str) -> Any:
+        """The metadata of topic ``name``, just made: the brokers list it once their metadata has
+        caught up, within :data:`METADATA_SECONDS`."""
+        deadline = time.monotonic() + METADATA_SECONDS
+        while True:
+            found = self._metadata(admin).topics.get(name)
+            if found is not None and found.error is None and found.partitions:
+                return found
+            if time.monotonic() > deadline:
+                raise SinkError(f"KafkaSink made its positions topic {name}, but the brokers do not list "
+                                f"it after {METADATA_SECONDS:.0f} s")
+            time.sleep(0.2)
 
     @staticmethod
     def _same_positions(files: Any, name: str, partitions: int) -> int:
