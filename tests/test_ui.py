@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from segack.cli import ExitCode, main
-from segack.kernel import SegmentSet
+from segack.kernel import SegmentSet, spark_hash
 from segack.spark_adapter.console.page import create_app, hash_space_layout, page_state, serve_page
 from segack.spark_adapter.errors import OptionError
 from segack.spark_adapter.store.claims import acquire, latest_claim
@@ -585,22 +585,24 @@ def test_split_pressed_on_the_page_splits_a_live_replay_which_keeps_order_and_ex
                 page.on("pageerror", lambda error: errors.append(str(error)))
                 page.goto(server.url)
                 page.wait_for_function("document.querySelector('#state').textContent === 'replay: running'")
-                page.click("#segments tr[data-segment='0'] button.split")
+                # Segment 1 holds the most events (the refused users' are in 0): its half with
+                # segment id 3 still has keys to handle when the split takes effect.
+                page.click("#segments tr[data-segment='1'] button.split")
                 page.wait_for_function("!document.querySelector('#control-message').textContent"
                                        ".endsWith('asking…')")
                 said = page.inner_text("#control-message")
-                assert said.startswith("split: asked run ") and "2 -> 3 segments (0,1,2)" in said, said
+                assert said.startswith("split: asked run ") and "2 -> 3 segments (0,1,3)" in said, said
                 page.wait_for_function("document.querySelectorAll('#segments tbody tr').length === 3",
                                        timeout=60_000)
                 applied_at = len(read_log(log))
                 assert applied_at < total - len(set_aside), "the run ended before the split: no proof"
-                assert "split segment 0" in page.inner_text("#history li >> nth=0")
+                assert "split segment 1" in page.inner_text("#history li >> nth=0")
                 # The set and the claim as segack status prints them, the run still going.
                 assert main(["status", checkpoint]) == ExitCode.OK
                 status = capsys.readouterr().out
                 without_done = [[(row[0], row[1], row[3]) for row in rows]
                                 for rows in (_status_segments(status), _page_segments(page))]
-                assert without_done == [[(0, 3, 1024), (1, 1, 2048), (2, 3, 1024)]] * 2
+                assert without_done == [[(0, 1, 2048), (1, 3, 1024), (3, 3, 1024)]] * 2
                 owner = re.search(r"claim\s+held: (run .+?\)),", status)[1]
                 assert owner in page.inner_text("#claim")
                 _, err = process.communicate(timeout=600)
@@ -642,8 +644,13 @@ def test_split_pressed_on_the_page_splits_a_live_replay_which_keeps_order_and_ex
     for event in logged:
         assert event["seq"] == done.get(event["user"], -1) + 1, f"{event} handled out of order"
         done[event["user"]] = event["seq"]
-    # One job per set, each over its set's partitions: the split took effect in the live run.
-    partitions: dict[int, set[int]] = {}
-    for event in logged:
-        partitions.setdefault(event["stage"], set()).add(event["partition"])
-    assert [len(partitions[stage]) for stage in sorted(partitions)] == [2, 3]
+    # One job per set, each event in the partition of its key's member: the split took effect in
+    # the live run, whose last job had a third partition (segment 3's keys).
+    stages = sorted({event["stage"] for event in logged})
+    assert len(stages) == 2, stages
+    sets = SegmentSet.from_ids([0, 1]), SegmentSet.from_ids([0, 1, 3])
+    for stage, members in zip(stages, sets, strict=True):
+        ran = {(event["partition"], members.owner_index(spark_hash(event["user"])))
+               for event in logged if event["stage"] == stage}
+        assert all(partition == member for partition, member in ran), (stage, ran)
+    assert 2 in {partition for partition, _ in ran}, ran
