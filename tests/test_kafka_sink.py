@@ -11,6 +11,7 @@ import random
 import re
 import signal
 import subprocess
+import threading
 import time
 import uuid
 import zlib
@@ -371,6 +372,38 @@ def test_positions_stay_where_the_first_run_put_them_and_elsewhere_is_refused(tm
     later.prepare(_run(tmp_path, 3))
     _task(later)(events, identities)
     assert_each_event_once_in_order(bootstrap, topic, records)
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.sinks
+def test_positions_wait_for_a_partition_the_brokers_do_not_list_yet_and_refuse_a_missing_topic(kafka_broker,
+                                                                                              monkeypatch):
+    """A broker starting again lists a partition late: a task reading positions waits for it, and
+    for a topic that is gone (a client cannot tell them apart) until its time is up."""
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    from segack.sinks import kafka_positions
+    from segack.sinks.kafka_positions import PositionsPartition
+
+    config = {"bootstrap.servers": kafka_broker.bootstrap}
+    topic = "sink-positions-listed-late"
+    make_topic(kafka_broker.bootstrap, topic, 1)
+    later = PositionsPartition(topic, 1, "checkpoint/")
+    read: list[int] = []
+    reader = threading.Thread(target=lambda: read.append(later.catch_up(config)))
+    reader.start()
+    time.sleep(3)
+    assert reader.is_alive() and not read, "the read did not wait for the partition"
+    admin = AdminClient(config)  # referenced until its future is done
+    admin.create_partitions([NewPartitions(topic, 2)])[topic].result(30)
+    reader.join(60)
+    assert read == [0] and later.next_offset == 0
+    monkeypatch.setattr(kafka_positions, "READ_SECONDS", 5.0)
+    began = time.monotonic()
+    with pytest.raises(SinkError, match="cannot read partition 0 of positions topic sink-positions-missing"):
+        PositionsPartition("sink-positions-missing", 0, "checkpoint/").catch_up(config)
+    assert 5 <= time.monotonic() - began < 30
 
 
 @pytest.mark.spark

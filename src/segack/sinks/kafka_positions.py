@@ -15,6 +15,7 @@ that needs the same partition reads only what was committed to it since.
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -24,6 +25,8 @@ from segack.spark_adapter.errors import SinkError, one_line
 
 __all__ = ["CACHED_KEYS", "READ_SECONDS", "PositionsPartition", "positions_partition"]
 
+log = logging.getLogger(__name__)
+
 #: How long a task waits to read a partition of positions up to its end: a transaction that a
 #: producer left open holds a ``read_committed`` reader back until it ends or times out.
 READ_SECONDS = 120.0
@@ -32,6 +35,17 @@ _READ_BATCH = 10_000
 #: The keys a process keeps positions of, beyond those of the partition just asked for: at about
 #: 130 bytes a key, 260 MB.
 CACHED_KEYS = 2_000_000
+#: The errors a broker that is starting again gives for a while (its partitions not yet led, or
+#: not yet in the metadata a new client gets): the ends are asked again until :data:`READ_SECONDS`
+#: have passed, as for any error librdkafka calls retriable.
+_PASSING = ("_UNKNOWN_PARTITION", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "LEADER_NOT_AVAILABLE")
+
+
+def _passes(error: Any) -> bool:
+    """Whether a ``KafkaError`` is one to wait out (:data:`_PASSING`, or retriable)."""
+    from confluent_kafka import KafkaError
+
+    return bool(error.retriable()) or error.code() in {getattr(KafkaError, name) for name in _PASSING}
 
 
 class PositionsPartition:
@@ -51,17 +65,11 @@ class PositionsPartition:
         end as it is now; returns the records read. Raises
         :class:`~segack.spark_adapter.SinkError` if records it has not read were deleted (the
         positions they held are lost), or if it cannot reach the end in :data:`READ_SECONDS`."""
-        from confluent_kafka import Consumer, KafkaException, TopicPartition
+        from confluent_kafka import TopicPartition
 
         where = f"partition {self.partition} of positions topic {self.topic}"
-        consumer = Consumer({**consumer_config, "group.id": f"segack-{self.topic}",
-                             "isolation.level": "read_committed", "enable.auto.commit": False})
+        consumer, (low, high) = self._ends(consumer_config, where)
         try:
-            try:
-                low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, self.partition),
-                                                           timeout=READ_SECONDS)
-            except KafkaException as error:
-                raise SinkError(f"KafkaSink cannot read {where}: {one_line(error)}") from None
             if high < self.next_offset:
                 raise SinkError(f"KafkaSink: {where} ends at offset {high}, but this process read it up to "
                                 f"{self.next_offset}: the topic was deleted and made again, and the "
@@ -77,6 +85,30 @@ class PositionsPartition:
         finally:
             consumer.close()
 
+    def _ends(self, consumer_config: Mapping[str, Any], where: str) -> tuple[Any, tuple[int, int]]:
+        """A ``read_committed`` consumer and the partition's first and next offsets. Asked again, by
+        a new consumer (a client keeps the metadata it got for minutes), while the errors pass
+        (:data:`_PASSING`), for up to :data:`READ_SECONDS`."""
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+        config = {**consumer_config, "group.id": f"segack-{self.topic}", "isolation.level": "read_committed",
+                  "enable.auto.commit": False}
+        deadline, waited = time.monotonic() + READ_SECONDS, False
+        while True:
+            consumer = Consumer(config)
+            try:
+                ends = consumer.get_watermark_offsets(TopicPartition(self.topic, self.partition),
+                                                      timeout=max(1.0, deadline - time.monotonic()))
+                return consumer, ends
+            except KafkaException as error:
+                consumer.close()
+                if not (error.args and _passes(error.args[0])) or time.monotonic() >= deadline:
+                    raise SinkError(f"KafkaSink cannot read {where}: {one_line(error)}") from None
+                if not waited:
+                    log.warning("KafkaSink waits to read %s: %s", where, one_line(error))
+                waited = True
+            time.sleep(1.0)
+
     def _read_to(self, consumer: Any, end: int, where: str) -> int:
         from confluent_kafka import TopicPartition
 
@@ -85,7 +117,10 @@ class PositionsPartition:
         while True:
             for message in consumer.consume(_READ_BATCH, 0.05):
                 if message.error() is not None:
-                    raise SinkError(f"KafkaSink cannot read {where}: {message.error().str()}")
+                    if not _passes(message.error()):
+                        raise SinkError(f"KafkaSink cannot read {where}: {message.error().str()}")
+                    log.warning("KafkaSink waits to read %s: %s", where, message.error().str())
+                    continue
                 value = message.value()
                 if value is None:
                     continue
