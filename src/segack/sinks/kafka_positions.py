@@ -64,7 +64,8 @@ class PositionsPartition:
         """Read what transactions committed to the partition since :attr:`next_offset`, up to its
         end as it is now; returns the records read. Raises
         :class:`~segack.spark_adapter.SinkError` if records it has not read were deleted (the
-        positions they held are lost), or if it cannot reach the end in :data:`READ_SECONDS`."""
+        positions they held are lost), or if it cannot learn the end (the partition not listed: a
+        broker starting again, or the topic gone) or reach it in :data:`READ_SECONDS` each."""
         from confluent_kafka import TopicPartition
 
         where = f"partition {self.partition} of positions topic {self.topic}"
