@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import sys
 import tarfile
@@ -57,6 +58,12 @@ def built_wheel(session: nox.Session) -> Path:
     return found[0]
 
 
+def _uv() -> str | None:
+    """The uv beside nox's own Python, else the one on the path: another on the path may be a shell
+    shim (pyenv's), which cannot start on a bare path."""
+    return shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+
+
 def install_segack(session: nox.Session, extras: str = "", *others: str) -> None:
     """Install segack from :func:`built_wheel` (not editable), with ``extras`` and ``others``, their
     bytecode compiled as pip compiles it (uv does not unless told): where the environment sets
@@ -65,6 +72,12 @@ def install_segack(session: nox.Session, extras: str = "", *others: str) -> None
     wheel = built_wheel(session)
     session.install(f"segack[{extras}] @ {wheel.as_uri()}" if extras else str(wheel), *others,
                     env={"UV_COMPILE_BYTECODE": "1"})
+    uv = _uv()
+    if os.environ.get("CI") and session.venv_backend == "uv" and uv:
+        # PySpark is published as a source archive only. uv keeps each build's unpacked sources
+        # (1.4 GB a version) beside the wheel it built; two versions of them filled a CI machine's
+        # disk. Pruning keeps the built wheels, so no session builds PySpark twice.
+        session.run(uv, "cache", "prune", "--ci", external=True)
 
 
 def run_pytest(session: nox.Session, whole: tuple[str, ...]) -> None:
@@ -131,9 +144,7 @@ def wheel(session: nox.Session) -> None:
     bare = {"PATH": str(venv / "bin"), "CC": "/nonexistent/cc", "CXX": "/nonexistent/c++"}
     python = str(venv / "bin" / "python")
     # uv, where nox has it, installs in half pip's time; either sees only the venv and no compiler.
-    # The uv beside nox's own Python first: another on the path may be a shell shim (pyenv's), which
-    # cannot start on the bare path below.
-    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+    uv = _uv()
     installer = [uv, "pip", "install", "--python", python] if uv else [python, "-m", "pip", "install"]
     session.run(*installer, "-q", f"{repaired}[test]", env=bare, external=True)
     from_wheel = ("import segack.pyx.acker as kernel, sys; where = kernel.__file__; "
