@@ -16,7 +16,7 @@ import pytest
 
 from segack.cli import main
 from segack.demo import generate_events
-from segack.kernel import SegmentSet
+from segack.kernel import SegmentSet, spark_hash
 from segack.spark_adapter.store.checkpoint import CheckpointStore
 from tests.spark_handlers import LOG_ENV, read_log
 from tests.test_spark_adapter import assert_each_key_in_order
@@ -53,6 +53,22 @@ def _last_words(process):
 def _history(checkpoint):
     state = CheckpointStore(checkpoint).load()
     return [] if state is None else state.settings.get("segment_history", [])
+
+
+def assert_each_event_ran_in_its_members_partition(logged, sets):
+    """One Spark stage per set of ``sets``, in order, and each logged event (from
+    :func:`tests.spark_handlers.record_with_task`) handled in its stage by the partition of its
+    key's member. Returns the partitions each stage ran in."""
+    stages = sorted({event["stage"] for event in logged})
+    assert len(stages) == len(sets), (stages, sets)
+    ran = []
+    for stage, members in zip(stages, sets, strict=True):
+        here = [event for event in logged if event["stage"] == stage]
+        misplaced = [(event["user"], event["partition"]) for event in here
+                     if event["partition"] != members.owner_index(spark_hash(event["user"]))]
+        assert not misplaced, f"stage {stage} over {members.ids}: {misplaced[:5]}"
+        ran.append({event["partition"] for event in here})
+    return ran
 
 
 def test_a_replay_split_twice_and_merged_once_while_it_runs_handles_each_event_once(tmp_path, s3, capsys):
@@ -98,11 +114,11 @@ def test_a_replay_split_twice_and_merged_once_while_it_runs_handles_each_event_o
     assert [entry["why"].split(" (by")[0] for entry in history] == [
         history[0]["why"], "split segment 0", "split segment 1", "merge segment 3"]
     assert history[0]["why"].startswith("start of run ")
-    # One Spark job per set: the handler ran in four stages, each over its set's partitions.
-    partitions = collections.defaultdict(set)
-    for event in handled:
-        partitions[event["stage"]].add(event["partition"])
-    assert [len(partitions[stage]) for stage in sorted(partitions)] == [2, 3, 4, 3]
+    # One Spark job per set, each event in its key's member's partition; each new member (2, then
+    # 3) handled some of the 500 events its job was given at least.
+    ran = assert_each_event_ran_in_its_members_partition(
+        handled, [SegmentSet.from_ids(entry["segments"]) for entry in history])
+    assert 2 in ran[1] and 3 in ran[2], ran
     state = CheckpointStore(checkpoint).load()
     assert state.tokens.complete and state.settings["status"] == "complete"
     assert state.settings["segments"] == [0, 1, 2]
@@ -221,7 +237,6 @@ def test_a_change_asked_during_a_micro_batch_applies_at_the_next_one(spark, tmp_
 def test_a_stream_with_auto_segments_plans_from_the_load_so_far_and_does_not_flap(spark, tmp_path):
     import pyarrow as pa
 
-    from segack.kernel import spark_hash
     from segack.spark_adapter import foreach_batch
     from segack.spark_adapter.store.rescale import largest_share
     from tests.spark_handlers import Recorder

@@ -26,12 +26,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from segack.cli import ExitCode, main
-from segack.kernel import SegmentSet, spark_hash
+from segack.kernel import SegmentSet
 from segack.spark_adapter.console.page import create_app, hash_space_layout, page_state, serve_page
 from segack.spark_adapter.errors import OptionError
 from segack.spark_adapter.store.claims import acquire, latest_claim
 from tests.test_metrics import sample_value, scrape
 from tests.test_rescale import _checkpoint
+from tests.test_rescale_spark import assert_each_event_ran_in_its_members_partition
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -646,11 +647,6 @@ def test_split_pressed_on_the_page_splits_a_live_replay_which_keeps_order_and_ex
         done[event["user"]] = event["seq"]
     # One job per set, each event in the partition of its key's member: the split took effect in
     # the live run, whose last job had a third partition (segment 3's keys).
-    stages = sorted({event["stage"] for event in logged})
-    assert len(stages) == 2, stages
-    sets = SegmentSet.from_ids([0, 1]), SegmentSet.from_ids([0, 1, 3])
-    for stage, members in zip(stages, sets, strict=True):
-        ran = {(event["partition"], members.owner_index(spark_hash(event["user"])))
-               for event in logged if event["stage"] == stage}
-        assert all(partition == member for partition, member in ran), (stage, ran)
-    assert 2 in {partition for partition, _ in ran}, ran
+    ran = assert_each_event_ran_in_its_members_partition(
+        logged, [SegmentSet.from_ids([0, 1]), SegmentSet.from_ids([0, 1, 3])])
+    assert 2 in ran[1], ran
