@@ -66,23 +66,14 @@ sink = KafkaSink({"bootstrap.servers": os.environ.get(BOOTSTRAP_ENV, "127.0.0.1:
 def _span(bootstrap: str, topic: str) -> tuple[int, float, int]:
     """The committed records of ``topic``, the seconds from the first one's timestamp to the last
     one's, and their bytes (keys and values)."""
-    from confluent_kafka import Consumer, TopicPartition
+    from tests.kafka import committed_messages
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-reader",
-                         "isolation.level": "read_committed", "enable.auto.commit": False})
     count, first, last, size = 0, float("inf"), 0.0, 0
-    try:
-        for partition in consumer.list_topics(topic, timeout=10).topics[topic].partitions:
-            _, end = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-            consumer.assign([TopicPartition(topic, partition, 0)])
-            while end and consumer.position([TopicPartition(topic, partition)])[0].offset < end:
-                for message in consumer.consume(10_000, 0.2):
-                    stamp = message.timestamp()[1] / 1000
-                    first, last = min(first, stamp), max(last, stamp)
-                    count += 1
-                    size += len(message.value() or b"") + len(message.key() or b"")
-    finally:
-        consumer.close()
+    for message in committed_messages(bootstrap, topic, "bench-reader"):
+        stamp = message.timestamp()[1] / 1000
+        first, last = min(first, stamp), max(last, stamp)
+        count += 1
+        size += len(message.value() or b"") + len(message.key() or b"")
     return count, last - first, size
 
 

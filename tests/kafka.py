@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from tests import maven
 from tests.ports import ends_with_its_parent, free_ports
@@ -120,3 +121,28 @@ def kafka_broker(directory: Path) -> Iterator[KafkaBroker]:
         yield broker
     finally:
         broker.stop()
+
+
+def committed_messages(bootstrap: str, topic: str, group: str = "segack-test-reader") -> Iterator[Any]:
+    """Every record of ``topic`` that transactions committed, as a ``read_committed`` consumer gets
+    them, partition by partition, each in offset order: each partition read up to the end a
+    ``read_uncommitted`` client is told (a ``read_committed`` one is told where the oldest open
+    transaction starts, which a commit just returned may still be, its markers not yet written)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    settings = {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
+    ends = Consumer({**settings, "isolation.level": "read_uncommitted"})
+    consumer = Consumer({**settings, "isolation.level": "read_committed"})
+    try:
+        for partition in consumer.list_topics(topic, timeout=10).topics[topic].partitions:
+            _, end = ends.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            consumer.assign([TopicPartition(topic, partition, 0)])
+            deadline = time.monotonic() + 120
+            while end and consumer.position([TopicPartition(topic, partition)])[0].offset < end:
+                assert time.monotonic() < deadline, f"{topic}/{partition} was not read up to {end} in 120 s"
+                for message in consumer.consume(10_000, 0.2):
+                    assert message.error() is None, message.error()
+                    yield message
+    finally:
+        consumer.close()
+        ends.close()

@@ -26,6 +26,7 @@ from segack.spark_adapter.errors import SinkError
 from segack.spark_adapter.handlers import EventIdentity, RunContext
 from segack.spark_adapter.options import Policy
 from segack.spark_adapter.store.checkpoint import CheckpointStore
+from tests.kafka import committed_messages
 from tests.spark_handlers import KAFKA_APPLY_SECONDS_ENV, KafkaLedgerApply, kafka_ledger_topics
 from tests.test_kafka import (
     _closed_port,
@@ -136,23 +137,8 @@ def _outputs(bootstrap: str, topic: str) -> tuple[str, str]:
 
 def committed_records(bootstrap: str, topic: str) -> list[dict]:
     """Every record of ``topic`` a ``read_committed`` consumer sees, partition by partition, each in
-    offset order."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "segack-test-reader",
-                         "isolation.level": "read_committed", "enable.auto.commit": False})
-    found: list[dict] = []
-    try:
-        for partition in consumer.list_topics(topic, timeout=10).topics[topic].partitions:
-            _, end = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-            consumer.assign([TopicPartition(topic, partition, 0)])
-            while end and consumer.position([TopicPartition(topic, partition)])[0].offset < end:
-                for message in consumer.consume(1000, 0.2):
-                    assert message.error() is None, message.error()
-                    found.append(json.loads(message.value()))
-    finally:
-        consumer.close()
-    return found
+    offset order, its value parsed."""
+    return [json.loads(message.value()) for message in committed_messages(bootstrap, topic)]
 
 
 def assert_each_event_once_in_order(bootstrap: str, topic: str, records: list[tuple[str, bytes]]) -> None:
@@ -404,6 +390,91 @@ def test_positions_wait_for_a_partition_the_brokers_do_not_list_yet_and_refuse_a
     with pytest.raises(SinkError, match="cannot read partition 0 of positions topic sink-positions-missing"):
         PositionsPartition("sink-positions-missing", 0, "checkpoint/").catch_up(config)
     assert 5 <= time.monotonic() - began < 30
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.sinks
+def test_positions_are_read_past_a_transaction_still_open_below_one_committed(kafka_broker):
+    """A ``read_committed`` client is told where the oldest open transaction starts: a task that read
+    only that far would miss the positions committed above it (another task's, or a commit whose
+    markers Kafka had not written yet), and apply their events again."""
+    from confluent_kafka import Producer
+
+    from segack.sinks.kafka_positions import PositionsPartition
+
+    bootstrap, topic = kafka_broker.bootstrap, "sink-positions-open-below"
+    make_topic(bootstrap, topic, 1)
+    producers = [Producer({"bootstrap.servers": bootstrap, "transactional.id": f"test-{topic}-{name}"})
+                 for name in ("open", "committed")]
+    for producer, (key, position) in zip(producers, ((b"checkpoint/0/open", b"3"),
+                                                     (b"checkpoint/1/user-1", b"7")), strict=True):
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.produce(topic, value=position, key=key, partition=0)
+        producer.flush(30)
+    producers[1].commit_transaction(30)
+    ending = threading.Timer(2.0, producers[0].commit_transaction, args=(30,))
+    ending.start()
+    partition = PositionsPartition(topic, 0, "checkpoint/")
+    partition.catch_up({"bootstrap.servers": bootstrap})
+    ending.join()
+    # Read up to the end, the open transaction's record too once it was committed.
+    assert partition.positions == {"1/user-1": 7, "0/open": 3}
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.sinks
+def test_a_key_in_two_key_groups_has_a_position_in_each(tmp_path, kafka_broker):
+    """A real-time stream's key group is the input's partition and its position an offset: a key
+    written to two partitions (its topic grew, say) is two sequences, and a high offset in one
+    never skips an event of the other."""
+    bootstrap, topic = kafka_broker.bootstrap, "sink-key-two-groups"
+    _outputs(bootstrap, topic)
+    records = account_events(2, users=1, seed=19)
+    sink = _sink(bootstrap, topic)  # 4 positions partitions: key groups 1 and 5 share one
+    sink.prepare(_run(tmp_path, 1))
+    task, user = _task(sink), json.loads(records[0][1])["user"]
+    for (_, value), (key_group, offset) in zip(records, ((1, 1000), (5, 10)), strict=True):
+        task([json.loads(value)], [EventIdentity(user, key_group, offset, _checkpoint_id(tmp_path))])
+    assert_each_event_once_in_order(bootstrap, topic, records)
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.sinks
+def test_an_id_a_withdrawn_claim_forgot_is_recorded_again_and_the_next_run_fences_it(tmp_path, kafka_broker):
+    """A run that fenced and forgot the ids of an older claim, then gave its own claim up (it failed
+    before saving anything), lets the older run go on: the id that run's task starts again (a new
+    attempt, in the same process) is recorded again, so the run after fences it."""
+    from confluent_kafka import KafkaException
+
+    from segack.spark_adapter.store.kafka_sink_files import registered_producers
+
+    bootstrap, topic = kafka_broker.bootstrap, "sink-withdrawn-claim"
+    _outputs(bootstrap, topic)
+    records = account_events(150, users=5, seed=20)
+    events, identities = _events(records, tmp_path)
+    store = CheckpointStore(str(tmp_path))
+    _claimed(tmp_path, 4)
+    older = _sink(bootstrap, topic)
+    older.prepare(_run(tmp_path, 4))
+    _task(older)(events[:50], identities[:50])
+    _claimed(tmp_path, 5)
+    _sink(bootstrap, topic).prepare(_run(tmp_path, 5))
+    assert registered_producers(store.files) == []  # fenced, then forgotten
+    store.delete_claim_files([5])
+    again = _task(older)
+    again(events[50:100], identities[50:100])
+    assert registered_producers(store.files) == [f"segack-{_checkpoint_id(tmp_path)}-4-p{os.getpid()}"]
+    _claimed(tmp_path, 6)
+    newest = _sink(bootstrap, topic)
+    newest.prepare(_run(tmp_path, 6))
+    with pytest.raises(KafkaException, match="fenced"):
+        again(events[100:], identities[100:])
+    _task(newest)(events, identities)
+    assert_each_event_once_in_order(bootstrap, topic, records)
 
 
 @pytest.mark.spark

@@ -15,8 +15,7 @@ from typing import Any
 
 from segack.errors import SegackTypeError, SegackValueError
 from segack.sinks.arguments import check_apply, check_preferred_batch_size, refuse_unordered
-from segack.sinks.kafka_positions import PositionsPartition, positions_partition
-from segack.sinks.key_text import key_text
+from segack.sinks.kafka_positions import PositionsPartition, position_key, positions_partition
 from segack.spark_adapter.errors import SinkError, one_line
 from segack.spark_adapter.handlers import EventIdentity, RunContext, Sink
 from segack.spark_adapter.store.checkpoint import CheckpointStore, TaskStore
@@ -54,9 +53,6 @@ _PRODUCER_ONLY = frozenset({
     "queuing.strategy", "produce.offset.report", "message.copy.max.bytes", "request.timeout.ms",
 })
 _PAYLOAD_TYPES = (str, bytes, type(None))
-#: The transactional ids this process recorded in a checkpoint: a task of a later micro-batch with
-#: the same id need not record it again (if a newer run forgot it, that run's claim fences the task).
-_registered: set[tuple[str, str]] = set()
 
 
 class KafkaOutput:
@@ -407,9 +403,9 @@ class KafkaSink(Sink):
         self._task = self._task or _task_name()
         name = f"{ID_PREFIX}{run.checkpoint_id}-{run.claim}-{self._task}"
         store = TaskStore(run.checkpoint, "", run.claim)
-        if (run.checkpoint, name) not in _registered:
-            register_producer(store.files, name)  # 1
-            _registered.add((run.checkpoint, name))
+        # Recorded at each start, even if this process recorded it before: a newer run that fenced
+        # and forgot it may have withdrawn its claim since, and the run after it must find the id.
+        register_producer(store.files, name)  # 1
         producer = self._start(name)  # 2
         if store.fenced():  # 3
             self._close(producer)
@@ -452,7 +448,7 @@ class KafkaSink(Sink):
         fresh: list[dict[str, Any]] = []
         newest: dict[int, dict[str, int]] = {}
         for event, identity in zip(events, identities, strict=True):
-            partition, key = identity.key_group % count, key_text(identity.key)
+            partition, key = identity.key_group % count, position_key(identity)
             if identity.position > read[partition].positions.get(key, -1):
                 fresh.append(event)
                 newest.setdefault(partition, {})[key] = identity.position

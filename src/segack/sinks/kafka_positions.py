@@ -1,10 +1,12 @@
 """Each key's last applied position, as a :class:`~segack.sinks.KafkaSink` keeps it: a compacted
 topic, and in each process the partitions of it that its tasks read.
 
-The topic holds one record per transaction and key: the checkpoint's id, ``/`` and the key's text
-(:func:`~segack.sinks.key_text.key_text`) as the record's key, the position as its value (ASCII
-digits), in partition ``key_group % partitions``. Compaction keeps the newest record of each key,
-so the topic's size follows the number of keys, never the number of events.
+The topic holds one record per transaction and key: ``CHECKPOINT_ID/KEY_GROUP/KEY`` as the
+record's key (the key's text, :func:`~segack.sinks.key_text.key_text`), the position as its value
+(ASCII digits), in partition ``key_group % partitions``. The key group is in the record's key
+because a position counts within its key group: a real-time stream's key group is the input's
+partition, and a key written to two partitions has a position in each. Compaction keeps the newest
+record of each, so the topic's size follows the number of keys, never the number of events.
 
 A task reads only the partitions its key groups map to, once (:meth:`PositionsPartition.catch_up`),
 and then keeps them in memory, adding what it commits: within a run, a key is handled by one task
@@ -21,9 +23,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from segack.sinks.key_text import key_text
 from segack.spark_adapter.errors import SinkError, one_line
+from segack.spark_adapter.handlers import EventIdentity
 
-__all__ = ["CACHED_KEYS", "READ_SECONDS", "PositionsPartition", "positions_partition"]
+__all__ = ["CACHED_KEYS", "READ_SECONDS", "PositionsPartition", "position_key", "positions_partition"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,12 @@ CACHED_KEYS = 2_000_000
 #: not yet in the metadata a new client gets): the ends are asked again until :data:`READ_SECONDS`
 #: have passed, as for any error librdkafka calls retriable.
 _PASSING = ("_UNKNOWN_PARTITION", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "LEADER_NOT_AVAILABLE")
+
+
+def position_key(identity: EventIdentity) -> str:
+    """What follows the checkpoint's prefix in the key of ``identity``'s position record:
+    ``KEY_GROUP/KEY``."""
+    return f"{identity.key_group}/{key_text(identity.key)}"
 
 
 def _passes(error: Any) -> bool:
@@ -66,55 +76,62 @@ class PositionsPartition:
         :class:`~segack.spark_adapter.SinkError` if records it has not read were deleted (the
         positions they held are lost), or if it cannot learn the end (the partition not listed: a
         broker starting again, or the topic gone) or reach it in :data:`READ_SECONDS` each."""
-        from confluent_kafka import TopicPartition
+        from confluent_kafka import Consumer, TopicPartition
 
         where = f"partition {self.partition} of positions topic {self.topic}"
-        consumer, (low, high) = self._ends(consumer_config, where)
+        low, high = self._ends(consumer_config, where)
+        if high < self.next_offset:
+            raise SinkError(f"KafkaSink: {where} ends at offset {high}, but this process read it up to "
+                            f"{self.next_offset}: the topic was deleted and made again, and the "
+                            f"positions it held are lost")
+        if self.next_offset < low:
+            raise SinkError(f"KafkaSink: the records of {where} from offset {self.next_offset} to {low} "
+                            f"were deleted, and the positions they held with them; the topic must be "
+                            f"compacted, never cleaned by time or size")
+        if self.next_offset >= high:
+            return 0
+        consumer = Consumer({**consumer_config, "group.id": f"segack-{self.topic}",
+                             "isolation.level": "read_committed", "enable.auto.commit": False})
         try:
-            if high < self.next_offset:
-                raise SinkError(f"KafkaSink: {where} ends at offset {high}, but this process read it up to "
-                                f"{self.next_offset}: the topic was deleted and made again, and the "
-                                f"positions it held are lost")
-            if self.next_offset < low:
-                raise SinkError(f"KafkaSink: the records of {where} from offset {self.next_offset} to {low} "
-                                f"were deleted, and the positions they held with them; the topic must be "
-                                f"compacted, never cleaned by time or size")
-            if self.next_offset >= high:
-                return 0
             consumer.assign([TopicPartition(self.topic, self.partition, self.next_offset)])
             return self._read_to(consumer, high, where)
         finally:
             consumer.close()
 
-    def _ends(self, consumer_config: Mapping[str, Any], where: str) -> tuple[Any, tuple[int, int]]:
-        """A ``read_committed`` consumer and the partition's first and next offsets. Asked again, by
-        a new consumer (a client keeps the metadata it got for minutes), while the errors pass
-        (:data:`_PASSING`), for up to :data:`READ_SECONDS`."""
+    def _ends(self, consumer_config: Mapping[str, Any], where: str) -> tuple[int, int]:
+        """The partition's first offset and the offset after its last record, committed or not.
+
+        Asked of a ``read_uncommitted`` client: a ``read_committed`` one is told where the oldest
+        transaction still open starts, and a reader that stopped there would miss what was committed
+        above it (by another task, or by a transaction whose commit returned before its markers
+        were written). Asked again, by a new client (a client keeps the metadata it got for
+        minutes), while the errors pass (:data:`_PASSING`), for up to :data:`READ_SECONDS`."""
         from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-        config = {**consumer_config, "group.id": f"segack-{self.topic}", "isolation.level": "read_committed",
-                  "enable.auto.commit": False}
+        config = {**consumer_config, "group.id": f"segack-{self.topic}",
+                  "isolation.level": "read_uncommitted", "enable.auto.commit": False}
         deadline, waited = time.monotonic() + READ_SECONDS, False
         while True:
             consumer = Consumer(config)
             try:
-                ends = consumer.get_watermark_offsets(TopicPartition(self.topic, self.partition),
-                                                      timeout=max(1.0, deadline - time.monotonic()))
-                return consumer, ends
+                ends: tuple[int, int] = consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, self.partition), timeout=max(1.0, deadline - time.monotonic()))
+                return ends
             except KafkaException as error:
-                consumer.close()
                 if not (error.args and _passes(error.args[0])) or time.monotonic() >= deadline:
                     raise SinkError(f"KafkaSink cannot read {where}: {one_line(error)}") from None
                 if not waited:
                     log.warning("KafkaSink waits to read %s: %s", where, one_line(error))
                 waited = True
+            finally:
+                consumer.close()
             time.sleep(1.0)
 
     def _read_to(self, consumer: Any, end: int, where: str) -> int:
         from confluent_kafka import TopicPartition
 
         deadline = time.monotonic() + READ_SECONDS
-        positions, prefix, read = self.positions, self.prefix, 0
+        positions, prefix, read = self.positions, self.prefix.encode("utf-8"), 0
         while True:
             for message in consumer.consume(_READ_BATCH, 0.05):
                 if message.error() is not None:
@@ -122,17 +139,15 @@ class PositionsPartition:
                         raise SinkError(f"KafkaSink cannot read {where}: {message.error().str()}")
                     log.warning("KafkaSink waits to read %s: %s", where, message.error().str())
                     continue
-                value = message.value()
-                if value is None:
-                    continue
-                key = message.key().decode("utf-8")
-                if not key.startswith(prefix):
-                    continue  # another checkpoint's, sharing the topic
-                key, position = key[len(prefix):], int(value)
+                value, raw = message.value(), message.key()
+                if value is None or raw is None or not raw.startswith(prefix):
+                    continue  # another checkpoint's, sharing the topic (or another writer's)
+                key, position = raw[len(prefix):].decode("utf-8"), int(value)
                 if position > positions.get(key, -1):
                     positions[key] = position
                 read += 1
-            # A read_committed consumer's position passes the markers that end transactions too.
+            # A read_committed consumer's position passes the markers that end transactions too,
+            # and stops where a transaction still open starts, until it ends.
             reached = consumer.position([TopicPartition(self.topic, self.partition)])[0].offset
             if reached >= end:
                 self.next_offset = reached
