@@ -563,18 +563,21 @@ def test_lists_one_call_at_a_time_the_tasks_own_loop_does_what_the_dispatcher_do
 
 
 def _sleeps(monkeypatch):
-    """Record the pauses between retries instead of taking them: ``time.sleep`` and
-    ``asyncio.sleep`` as the dispatcher calls them."""
+    """Record the pauses between retries instead of taking them, in a thread and on the loop; the
+    process's other threads keep ``time.sleep`` and ``asyncio.sleep`` (a polling loop given one
+    that never waits spun until a test worker ran out of memory)."""
+    import asyncio
 
-    from segack.spark_adapter.worker import dispatch
+    from segack.spark_adapter.worker import dispatch, sequencing
 
     pauses = []
 
     async def asleep(seconds):
         pauses.append(seconds)
+        await asyncio.sleep(0)  # it still lets the loop's other calls run, as a pause would
 
-    monkeypatch.setattr(dispatch.time, "sleep", pauses.append)
-    monkeypatch.setattr(dispatch.asyncio, "sleep", asleep)
+    monkeypatch.setattr(sequencing, "retry_sleep", pauses.append)
+    monkeypatch.setattr(dispatch, "retry_sleep_async", asleep)
     return pauses
 
 

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from segack.spark_adapter.options import Handling
+from segack.spark_adapter.worker import sequencing
 from segack.spark_adapter.worker.sequencing import (
     PARKED,
     DeadLetter,
@@ -100,7 +101,7 @@ def test_a_list_that_returns_is_one_call_and_an_empty_outcome():
 
 def test_a_list_that_fails_once_is_made_again_whole_not_narrowed(monkeypatch):
     slept = []
-    monkeypatch.setattr("time.sleep", slept.append)
+    monkeypatch.setattr(sequencing, "retry_sleep", slept.append)
     calls = _Calls(flaky={2})
     outcome = drive(call_plan(_items("abcd"), 0.5, _gives_up_after(2), "dead-letter"), calls)
     assert outcome == Outcome(repeats=1)
@@ -109,7 +110,7 @@ def test_a_list_that_fails_once_is_made_again_whole_not_narrowed(monkeypatch):
 
 def test_under_stop_a_list_is_narrowed_to_its_first_failing_event_and_no_further(monkeypatch):
     slept = []
-    monkeypatch.setattr("time.sleep", slept.append)
+    monkeypatch.setattr(sequencing, "retry_sleep", slept.append)
     calls = _Calls(failing={2, 6})
     outcome = drive(call_plan(_items("abcdefgh"), 0.5, _gives_up_after(1), "stop"), calls)
     # The list and its retry; its first half fails, [0, 1] returns, [2, 3] fails, [2] fails with its
@@ -173,7 +174,7 @@ def test_under_stop_a_failing_list_names_its_first_failing_event_having_handled_
 
 
 def test_narrowing_sets_aside_only_the_failing_event_and_its_keys_later_ones(monkeypatch):
-    monkeypatch.setattr("time.sleep", lambda seconds: None)
+    monkeypatch.setattr(sequencing, "retry_sleep", lambda seconds: None)
     calls = _Calls(failing={1})
     #           rows: 01234567
     items = _items("abacbdef")
@@ -216,7 +217,7 @@ def test_a_narrowed_list_handles_each_event_before_its_keys_first_failure_once(k
 
 
 def test_one_event_retried_after_its_first_call_says_how_it_ended_and_the_calls_made_again(monkeypatch):
-    monkeypatch.setattr("time.sleep", lambda seconds: None)
+    monkeypatch.setattr(sequencing, "retry_sleep", lambda seconds: None)
     event = {"row": 4, "key": "a"}
     for handler, outcome in ((_Calls(), (None, 1)), (_Calls(flaky={4}), (None, 2))):
         assert retry_after_failure(lambda one, handler=handler: handler([(4, "a", one)]), 4, event,

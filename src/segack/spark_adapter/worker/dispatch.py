@@ -84,6 +84,10 @@ ON_ERROR = tuple(choice.value for choice in OnError)
 #: flight), or the row itself (no order between any two events).
 POLICIES = SEQUENCING_POLICIES
 
+#: How an async call waits out a retry's delay on the loop: a name of its own, as
+#: :data:`~segack.spark_adapter.worker.sequencing.retry_sleep` is for a call in a thread.
+retry_sleep_async: Callable[[float], Any] = asyncio.sleep
+
 
 def _call_now(call: Callable[[], None]) -> None:
     call()
@@ -409,7 +413,7 @@ class Dispatcher:
             delay, part = next(plan)
             while True:
                 if delay:
-                    await asyncio.sleep(delay)
+                    await retry_sleep_async(delay)
                 calls += 1
                 try:
                     await self._await_handler(part)

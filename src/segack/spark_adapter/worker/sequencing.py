@@ -176,6 +176,11 @@ def call_plan(items: list[Item], retry_delay: float, gives_up: Callable[[int], b
     return Outcome(tuple((failure, value) for value, failure in failures.items()), tuple(behind))
 
 
+#: How :func:`drive` waits out a retry's delay: a name of its own, so that a test can record the
+#: waits without taking ``time.sleep`` from every other thread of its process.
+retry_sleep: Callable[[float], None] = time.sleep
+
+
 def drive(plan: Generator[Attempt, Reply, Outcome], call: Callable[[list[Item]], Any],
           raised: tuple[Exception, str] | None = None) -> Outcome:
     """Run ``plan`` in this thread: wait, ``call(items)``, tell the plan how it went, until it is
@@ -188,7 +193,7 @@ def drive(plan: Generator[Attempt, Reply, Outcome], call: Callable[[list[Item]],
             delay, items = plan.send(raised)
         while True:
             if delay:
-                time.sleep(delay)
+                retry_sleep(delay)
             calls += 1
             try:
                 call(items)
