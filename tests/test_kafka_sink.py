@@ -56,6 +56,10 @@ def _apply(_output, _event) -> None:
     (dict(producer_config={}), SegackValueError, "bootstrap.servers"),
     (dict(producer_config={"bootstrap.servers": "x", "transactional.id": "mine"}), SegackValueError,
      "transactional.id"),
+    (dict(producer_config={"bootstrap.servers": "x", "transaction.timeout.ms": 300_000}), SegackValueError,
+     r"transaction.timeout.ms must be a number of milliseconds from 1 to 120000, not 300000: a task"),
+    (dict(producer_config={"bootstrap.servers": "x", "transaction.timeout.ms": "soon"}), SegackValueError,
+     "transaction.timeout.ms must be"),
     (dict(apply=None), SegackValueError, "not both or neither"),
     (dict(apply_many=_apply), SegackValueError, "not both or neither"),
     (dict(apply="print"), SegackTypeError, "callable"),
@@ -72,6 +76,12 @@ def test_arguments_it_cannot_use_are_refused_naming_them(arguments, error, said)
     given.update(arguments)
     with pytest.raises(error, match=said):
         KafkaSink(**given)
+
+
+@pytest.mark.sinks
+def test_a_transaction_timeout_a_positions_reader_waits_out_is_taken():
+    sink = KafkaSink({"bootstrap.servers": "x", "transaction.timeout.ms": "120000"}, _apply, topics=["out"])
+    assert sink.producer_config["transaction.timeout.ms"] == "120000"
 
 
 @pytest.mark.sinks
@@ -415,21 +425,46 @@ def test_positions_are_read_past_a_transaction_still_open_below_one_committed(ka
         producer.flush(30)
     producers[1].commit_transaction(30)
     ending = threading.Timer(2.0, producers[0].commit_transaction, args=(30,))
+    began = time.monotonic()
     ending.start()
     partition = PositionsPartition(topic, 0, "checkpoint/")
     partition.catch_up({"bootstrap.servers": bootstrap})
     ending.join()
-    # Read up to the end, the open transaction's record too once it was committed.
+    # It waited for the open transaction, and read up to the end, that one's record too.
+    assert time.monotonic() - began >= 1.5
     assert partition.positions == {"1/user-1": 7, "0/open": 3}
 
 
 @pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.sinks
+@pytest.mark.parametrize(("key", "value"), [(b"checkpoint/0/\xff", b"1"), (b"checkpoint/0/user-1", b"one")])
+def test_a_record_under_the_checkpoints_prefix_that_is_no_position_is_refused_naming_it(kafka_broker, key,
+                                                                                       value):
+    from confluent_kafka import Producer
+
+    from segack.sinks.kafka_positions import PositionsPartition
+
+    bootstrap, topic = kafka_broker.bootstrap, f"sink-positions-foreign-{zlib.crc32(key + value)}"
+    make_topic(bootstrap, topic, 1)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(topic, value=b"5", key=b"other/0/user-1", partition=0)  # another checkpoint's
+    producer.produce(topic, value=value, key=key, partition=0)
+    producer.flush(30)
+    partition = PositionsPartition(topic, 0, "checkpoint/")
+    with pytest.raises(SinkError, match=rf"^KafkaSink: the record at offset 1 of partition 0 of positions "
+                                        rf"topic {topic} is no position of this checkpoint's"):
+        partition.catch_up({"bootstrap.servers": bootstrap})
+    assert partition.positions == {} and partition.next_offset == 0
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.sinks
 def test_a_key_in_two_key_groups_has_a_position_in_each(tmp_path, kafka_broker):
-    """A real-time stream's key group is the input's partition and its position an offset: a key
-    written to two partitions (its topic grew, say) is two sequences, and a high offset in one
-    never skips an event of the other."""
+    """A real-time stream's key group is the input's partition and its position an offset: a key a
+    producer sent to two partitions (by a partitioner of its own, against the real-time guide's
+    advice) is two sequences, and a high offset in one never skips an event of the other."""
     bootstrap, topic = kafka_broker.bootstrap, "sink-key-two-groups"
     _outputs(bootstrap, topic)
     records = account_events(2, users=1, seed=19)

@@ -15,7 +15,7 @@ from typing import Any
 
 from segack.errors import SegackTypeError, SegackValueError
 from segack.sinks.arguments import check_apply, check_preferred_batch_size, refuse_unordered
-from segack.sinks.kafka_positions import PositionsPartition, position_key, positions_partition
+from segack.sinks.kafka_positions import READ_SECONDS, PositionsPartition, position_key, positions_partition
 from segack.spark_adapter.errors import SinkError, one_line
 from segack.spark_adapter.handlers import EventIdentity, RunContext, Sink
 from segack.spark_adapter.store.checkpoint import CheckpointStore, TaskStore
@@ -110,6 +110,23 @@ def _task_name() -> str:
     return f"t{context.partitionId()}" if context is not None else f"p{os.getpid()}"
 
 
+def _check_transaction_timeout(given: Any) -> None:
+    """Refuse a ``transaction.timeout.ms`` longer than a task waits to read positions
+    (:data:`~segack.sinks.kafka_positions.READ_SECONDS`): a transaction a lost task left open holds
+    the readers of its positions partition back until the brokers time it out."""
+    if given is None:
+        return
+    try:
+        milliseconds = int(given)
+    except (TypeError, ValueError):
+        milliseconds = 0
+    if isinstance(given, bool) or not 0 < milliseconds <= READ_SECONDS * 1000:
+        raise SegackValueError(f"KafkaSink: producer_config's transaction.timeout.ms must be a number of "
+                               f"milliseconds from 1 to {READ_SECONDS * 1000:.0f}, not {given!r}: a task "
+                               f"reading positions waits that long at most for a transaction that another "
+                               f"task left open to time out")
+
+
 def _claim_of(transactional_id: str) -> int:
     """The claim number in one of the sink's transactional ids (``-1`` for a name not its own)."""
     parts = transactional_id.split("-")
@@ -157,8 +174,10 @@ class KafkaSink(Sink):
         ``apply`` or ``apply_many`` not callable, ``producer_config`` not a mapping.
     SegackValueError
         Both or neither of ``apply`` and ``apply_many``; ``producer_config`` without
-        ``bootstrap.servers`` or with a ``transactional.id``; no ``topics`` or a name Kafka does not
-        take; ``positions_partitions`` or ``preferred_batch_size`` not a positive int.
+        ``bootstrap.servers``, with a ``transactional.id``, or with a ``transaction.timeout.ms``
+        over 120,000 (a task waits that long at most to read positions past a transaction another
+        left open); no ``topics`` or a name Kafka does not take; ``positions_partitions`` or
+        ``preferred_batch_size`` not a positive int.
 
     Notes
     -----
@@ -196,6 +215,7 @@ class KafkaSink(Sink):
         if "transactional.id" in producer_config:
             raise SegackValueError("KafkaSink: producer_config must not give transactional.id: the sink "
                                    "gives each task's producer its own")
+        _check_transaction_timeout(producer_config.get("transaction.timeout.ms"))
         check_apply("KafkaSink", apply, apply_many)
         wanted = [topics] if isinstance(topics, str) else list(topics)
         if not wanted or not all(isinstance(topic, str) and _TOPIC.fullmatch(topic) for topic in wanted):

@@ -142,7 +142,13 @@ class PositionsPartition:
                 value, raw = message.value(), message.key()
                 if value is None or raw is None or not raw.startswith(prefix):
                     continue  # another checkpoint's, sharing the topic (or another writer's)
-                key, position = raw[len(prefix):].decode("utf-8"), int(value)
+                try:
+                    key, position = raw[len(prefix):].decode("utf-8"), int(value)
+                except ValueError:  # UnicodeDecodeError is one
+                    raise SinkError(f"KafkaSink: the record at offset {message.offset()} of {where} is no "
+                                    f"position of this checkpoint's (its key is not UTF-8, or its value "
+                                    f"not a number): give the sink a positions_topic no other writer "
+                                    f"uses") from None
                 if position > positions.get(key, -1):
                     positions[key] = position
                 read += 1
