@@ -39,10 +39,14 @@ _READ_BATCH = 10_000
 #: The keys a process keeps positions of, beyond those of the partition just asked for: at about
 #: 130 bytes a key, 260 MB.
 CACHED_KEYS = 2_000_000
-#: The errors a broker that is starting again gives for a while (its partitions not yet led, or
-#: not yet in the metadata a new client gets): the ends are asked again until :data:`READ_SECONDS`
-#: have passed, as for any error librdkafka calls retriable.
-_PASSING = ("_UNKNOWN_PARTITION", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "LEADER_NOT_AVAILABLE")
+#: The errors a broker that is starting again gives for a while (its partitions not yet led, led
+#: by another broker than its clients last heard, or not yet in the metadata a new client gets):
+#: the ends are asked again until :data:`READ_SECONDS` have passed, as for any error librdkafka
+#: calls retriable. librdkafka does not call a watermark request's NOT_LEADER_FOR_PARTITION
+#: retriable.
+_PASSING = ("_UNKNOWN_PARTITION", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "LEADER_NOT_AVAILABLE",
+            "NOT_LEADER_FOR_PARTITION", "REPLICA_NOT_AVAILABLE", "FENCED_LEADER_EPOCH",
+            "UNKNOWN_LEADER_EPOCH")
 
 
 def position_key(identity: EventIdentity) -> str:
