@@ -375,6 +375,7 @@ def test_positions_stay_where_the_first_run_put_them_and_elsewhere_is_refused(tm
     assert_each_event_once_in_order(bootstrap, topic, records)
 
 
+@pytest.mark.kafka
 @pytest.mark.sinks
 @pytest.mark.parametrize(("code", "waited_out"), [
     # What a broker starting again answers until its partitions have leaders again (seen in CI:
