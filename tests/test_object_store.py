@@ -178,6 +178,7 @@ def _replay(tmp_path, checkpoint, segments, run, extra=(), handler="record_slowl
 
 
 @pytest.mark.spark
+@pytest.mark.faults
 @pytest.mark.rescale
 @pytest.mark.command
 def test_a_replay_on_s3_killed_and_resumed_with_other_segments_does_every_event(s3, tmp_path):

@@ -129,6 +129,7 @@ def test_a_slow_call_holds_the_groups_offset_not_the_other_keys_and_status_names
     _stopped(process)
 
 
+@pytest.mark.faults
 @pytest.mark.handlers
 def test_a_failed_call_stops_the_stream_after_saving_what_is_done_or_parks_its_key_as_dead_letters(
         tmp_path, kafka_broker):

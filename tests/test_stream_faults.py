@@ -64,6 +64,7 @@ def _segack(*arguments: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120)
 
 
+@pytest.mark.faults
 @pytest.mark.streams
 def test_dead_letters_of_one_key_over_three_micro_batches_are_all_kept_and_retried_in_order(tmp_path):
     """u1's tenth event fails in the first micro-batch; its later events, in that batch and the next
