@@ -73,7 +73,10 @@ def test_a_claim_whose_owner_died_is_taken_over_and_said_so(store, caplog):
 @pytest.mark.claims
 def test_a_keeper_says_when_it_could_not_extend_or_release_and_when_its_claim_was_lost(store, caplog):
     caplog.set_level(logging.INFO, logger="segack")
+    # Last extended 30 s ago: the warning must name that time, not the moment of the failed write.
     claim = acquire(store, "run", 60)
+    claim = dataclasses.replace(claim, extended_at=claim.extended_at - 30)
+    store.write_claim_file(claim.number, claim.to_bytes())
     real = store.write_claim_file
 
     def unreachable(number, data):

@@ -265,8 +265,10 @@ class ClaimKeeper(Periodic):
 
     def extend(self) -> None:
         self.check()
-        self.claim = replace(self.claim, extended_at=time.time())
-        self.store.write_claim_file(self.claim.number, self.claim.to_bytes())
+        extended = replace(self.claim, extended_at=time.time())
+        self.store.write_claim_file(extended.number, extended.to_bytes())
+        # Only once written: a write that failed leaves the claim expiring after the last one.
+        self.claim = extended
 
     def tick(self) -> bool:
         try:
