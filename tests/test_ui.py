@@ -428,6 +428,28 @@ def test_a_token_is_read_from_the_address_as_printed_or_typed_and_the_page_stops
             browser.close()
 
 
+@pytest.mark.browser
+def test_a_page_whose_port_another_process_took_asks_it_once_and_stops(tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    store = _checkpoint(tmp_path, SegmentSet.balanced(2), bits=4, counts=[3] * 16)
+    with serve_page(store, port=0, token="secret") as server, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_context(bypass_csp=True).new_page()
+            page.goto(server.url)
+            page.wait_for_function("document.querySelectorAll('#segments tbody tr').length === 2")
+            server.close()
+            # Taken before the page missed an answer: only what it answers tells the page.
+            with _capturing(server.port) as sent:
+                page.wait_for_function("document.querySelector('#updated').textContent.includes("
+                                       "'not as segack ui: the page stopped asking')", timeout=30_000)
+                page.wait_for_timeout(3 * 2_000)
+            assert [headers["Authorization"] for headers in sent] == ["Bearer secret"]
+        finally:
+            browser.close()
+
+
 @contextlib.contextmanager
 def _capturing(port: int = 0):
     """A server on ``port`` of this machine (0: a free one) that answers every GET; it yields a list

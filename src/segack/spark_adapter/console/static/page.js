@@ -315,12 +315,24 @@ const MISSES = 5;
 let missed = 0;
 let polling = null;
 
+function stopAsking(why) {
+  clearInterval(polling);
+  $("updated").textContent = `${why}: the page stopped asking; open its address again once segack ui runs`;
+}
+
 async function refresh() {
   try {
     const response = await fetch("api/state", {cache: "no-store", headers: authorized({})});
     if (!response.ok) throw new Error(`${response.status} ${await response.text()}`);
+    let state;
+    try {
+      state = await response.json();
+    } catch {  // another process took the port: it is sent the token no more
+      stopAsking("the address answered, but not as segack ui");
+      return;
+    }
     missed = 0;
-    latest = await response.json();
+    latest = state;
     csrf = latest.csrf || null;
     if (latest.exists) {
       samples.push({at: latest.at, state: latest});
@@ -330,9 +342,7 @@ async function refresh() {
   } catch (error) {
     $("updated").textContent = `could not read the checkpoint: ${error.message}`;
     if (error instanceof TypeError && ++missed >= MISSES) {  // no answer at all, not a refusal
-      clearInterval(polling);
-      $("updated").textContent = `the server did not answer ${MISSES} times: the page stopped asking; ` +
-        "open its address again once segack ui runs";
+      stopAsking(`the server did not answer ${MISSES} times`);
     }
   }
 }
