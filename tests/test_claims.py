@@ -1,4 +1,5 @@
-"""Claims on real checkpoint directories (no Spark): one owner at a time, take-over, fencing."""
+"""Claims on real checkpoint directories (no Spark, but for a stream taken over): one owner at a time,
+take-over, fencing."""
 
 from __future__ import annotations
 
@@ -472,3 +473,68 @@ def test_a_stopped_dispatcher_starts_no_more_calls_and_closes_once_those_in_flig
     assert dispatcher.drain(10)
     dispatcher.close()
     assert sorted(calls) == [0, 1] and dispatcher.committed_rows == 2
+
+
+@pytest.mark.streams
+def test_a_stream_taken_over_while_its_query_waits_stops_at_once_and_records_nothing_more(
+        spark, tmp_path, caplog):
+    """Issue 54, case 8: a paused run's claim lapses and another run takes the checkpoint over while
+    the query waits for input (no micro-batch runs for on_lost to interrupt): the query stops and
+    the stream raises ClaimLostError, with no new file arriving."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from segack.spark_adapter import StopRequest, stream
+    from tests.spark_handlers import discard
+
+    caplog.set_level(logging.INFO, logger="segack")
+    source = tmp_path / "source"
+    source.mkdir()
+    table = pa.table({"user": ["a", "b", "a"], "ts": [1, 2, 3]})
+    pq.write_table(table, source / "part-0.parquet")
+    events = spark.readStream.schema(spark.createDataFrame(table.slice(0, 1)).schema).parquet(str(source))
+    store = CheckpointStore(str(tmp_path / "checkpoint"))
+    stop, batches, ended = StopRequest(), threading.Event(), []
+
+    def run():
+        try:
+            ended.append(stream(events, key="user", order="ts", handler=discard, checkpoint=store.location,
+                                trigger="1s", stop=stop, progress=lambda report: batches.set(),
+                                segments=2, claim_timeout=3))
+        except BaseException as error:
+            ended.append(error)
+
+    streaming = threading.Thread(target=run, daemon=True)
+    streaming.start()
+    try:
+        assert batches.wait(120), ended
+        # The owner paused past its timeout, as another run sees it: its claim lapsed, and is taken.
+        deadline = time.monotonic() + 30
+        while True:
+            owner = latest_claim(store)
+            store.write_claim_file(owner.number, dataclasses.replace(owner, extended_at=0.0).to_bytes())
+            try:
+                taker = acquire(store, "taker", 60)
+                break
+            except CheckpointClaimedError:  # the owner extended it in between
+                assert time.monotonic() < deadline
+        states = sorted(path.name for path in (tmp_path / "checkpoint").iterdir() if path.is_file())
+        streaming.join(30)
+        assert not streaming.is_alive(), "the stream still runs 30 s after it lost its claim"
+        [error] = ended
+        assert isinstance(error, ClaimLostError), error
+        assert (f"run {owner.run_id} lost its claim on checkpoint {store.location}: it was taken over by "
+                f"run taker") in str(error)
+        assert f"segack {store.location}" not in [query.name for query in spark.streams.active]
+        # Nothing recorded after the take-over, and the new owner's claim stands.
+        assert sorted(path.name for path in (tmp_path / "checkpoint").iterdir() if path.is_file()) == states
+        assert latest_claim(store) == taker
+        assert "the claim was lost: the stream ends at once" in caplog.messages
+        assert [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING] == []
+    finally:
+        stop.set()
+        stop.set()
+        streaming.join(60)
+        for query in spark.streams.active:
+            if query.name == f"segack {store.location}":
+                query.stop()

@@ -24,7 +24,10 @@ The query goes like this:
 5. **Stop** when the input is drained (``trigger="available-now"``), when a batch fails, or when
    ``stop`` is set: then no micro-batch starts any more, the one under way finishes, and the query
    ends at that commit; set ``stop`` twice (``StopRequest.now``) to interrupt the batch instead.
-6. **End**: record the last report, commit the last offsets, release the claim.
+   Once another run has taken the checkpoint over, the query stops at once, idle or not, and the
+   stream raises :class:`~segack.spark_adapter.ClaimLostError`.
+6. **End**: record the last report, commit the last offsets, release the claim (none of it under a
+   claim lost).
 """
 
 from __future__ import annotations
@@ -119,6 +122,11 @@ class StopRequest:
 
     def set(self) -> None:
         (self.now if self.asked.is_set() else self.asked).set()
+
+
+#: ``stop_when_idle``'s ``now`` for a stream whose claim was lost: its micro-batch under way interrupted.
+_AT_ONCE = threading.Event()
+_AT_ONCE.set()
 
 
 class _StoppedError(SegackError, RuntimeError):
@@ -229,6 +237,12 @@ class _Watch:
 
         try:
             while not self.query.awaitTermination(POLL_SECONDS):
+                lost = self.batches.keeper.lost
+                if lost is not None:
+                    # Another run holds the checkpoint: nothing this query does counts any more.
+                    log.info("the claim was lost: the stream ends at once")
+                    self.batches.stop_when_idle(self.query, _AT_ONCE)
+                    raise lost
                 self.look()
                 if stop.asked.is_set():
                     log.info("a stop was asked: the stream ends at its next commit")
@@ -346,7 +360,10 @@ class _Watch:
                 "group_offsets": [list(where) for where in self.committed]}
 
     def end(self, keeper: ClaimKeeper) -> None:
-        """Step 6: the last micro-batch recorded and committed (no micro-batch runs any more)."""
+        """Step 6: the last micro-batch recorded and committed (no micro-batch runs any more);
+        nothing is, under a claim lost (its :class:`~segack.spark_adapter.ClaimLostError` raised)."""
+        if keeper.lost is not None:  # no record, no commit to the group, no view: another run's now
+            raise keeper.lost
         self.look()
         # With no micro-batch this time, only what the group was told can be news.
         if self.last_batch is None and (self.group is None or not self.partitions):
@@ -436,6 +453,8 @@ def stream(
         without Kafka records or over Spark Connect.
     HandlerFailedError, ReplayError
         A micro-batch stopped, as a replay does; its progress was saved first.
+        :class:`~segack.spark_adapter.ClaimLostError` once another run took the checkpoint over,
+        whether or not a micro-batch was running.
     """
     from segack.spark_adapter.sources.kafka import KafkaStream
 
@@ -484,7 +503,8 @@ def stream(
             try:
                 # No micro-batch may save after the last report is recorded, nor run once the claim is.
                 query.stop()
-                watch.end(keeper)
+                if keeper.lost is None:
+                    watch.end(keeper)
             except Exception as error:  # the error that ended the query is the one to raise
                 log.warning("%s: could not record the stream's last report: %s", store.location, error)
             raise
