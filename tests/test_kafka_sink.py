@@ -364,6 +364,7 @@ def test_positions_stay_where_the_first_run_put_them_and_elsewhere_is_refused(tm
                           positions_topic="sink-positions-elsewhere")
     with pytest.raises(SinkError, match=rf"positions are in topic {name}, not in sink-positions-elsewhere"):
         elsewhere.prepare(_run(tmp_path, 2))
+    assert "sink-positions-elsewhere" not in _topics(bootstrap)  # refused before it was made
     # Partitions added to the positions topic stay unused: each key's position is where it was.
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_partitions([NewPartitions(name, 6)])[name].result(30)
@@ -373,6 +374,73 @@ def test_positions_stay_where_the_first_run_put_them_and_elsewhere_is_refused(tm
     later.prepare(_run(tmp_path, 3))
     _task(later)(events, identities)
     assert_each_event_once_in_order(bootstrap, topic, records)
+
+
+def _delete_topic(bootstrap: str, name: str) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # referenced until its future is done
+    admin.delete_topics([name])[name].result(30)
+    _wait_for(lambda: name not in _topics(bootstrap), 30, f"the brokers to forget topic {name}")
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.sinks
+@pytest.mark.command
+def test_the_command_refuses_a_stream_whose_positions_topic_was_deleted_in_one_line(tmp_path, kafka_broker):
+    """Positions lost with their topic (an operator, a failover that did not mirror it): a topic made
+    again would be empty, and the resume would send again what it hands again."""
+    bootstrap, topic = kafka_broker.bootstrap, "sink-positions-deleted"
+    make_topic(bootstrap, topic, 2)
+    _outputs(bootstrap, topic)
+    seqs: dict[str, int] = {}
+    produce(bootstrap, topic, account_events(50, users=5, seed=23, start=seqs))
+    first = run_stream(tmp_path, bootstrap, topic, "tests.spark_handlers:kafka_ledger_sink",
+                       "--trigger", "available-now")
+    assert first.returncode == ExitCode.OK, first.stderr
+    recorded = (tmp_path / "checkpoint" / "kafka-positions.json").read_bytes()
+    name = json.loads(recorded)["topic"]
+    _delete_topic(bootstrap, name)
+    produce(bootstrap, topic, account_events(20, users=5, seed=24, start=seqs))  # a micro-batch to run
+    done = run_stream(tmp_path, bootstrap, topic, "tests.spark_handlers:kafka_ledger_sink",
+                      "--trigger", "available-now", run="1")
+    assert done.returncode == ExitCode.REFUSED, done.stderr
+    said = [line for line in done.stderr.splitlines() if not line.startswith("WARNING: ")]
+    assert len(said) == 1 and re.search(rf"KafkaSink: this checkpoint's positions topic {name} does not "
+                                        rf"exist: the positions .* are lost.* restore it.* or start a new "
+                                        rf"checkpoint", said[0]), done.stderr
+    assert name not in _topics(bootstrap)
+    assert (tmp_path / "checkpoint" / "kafka-positions.json").read_bytes() == recorded
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.sinks
+def test_a_positions_topic_deleted_and_made_again_is_refused_and_an_older_record_learns_its_id(tmp_path,
+                                                                                               kafka_broker):
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from segack.spark_adapter.store.kafka_sink_files import positions_topic
+
+    bootstrap, topic = kafka_broker.bootstrap, "sink-positions-made-again"
+    _outputs(bootstrap, topic)
+    first = _sink(bootstrap, topic)
+    first.prepare(_run(tmp_path, 1))
+    files = CheckpointStore(str(tmp_path)).files
+    name, made = first.positions_topic_for(_checkpoint_id(tmp_path)), positions_topic(files)
+    # What the older code recorded (no topic id): a run records the id now, and goes on.
+    (tmp_path / "kafka-positions.json").write_text(json.dumps({"topic": name, "partitions": 4}))
+    _sink(bootstrap, topic).prepare(_run(tmp_path, 2))
+    assert positions_topic(files) == made and made["topic_id"]
+    _delete_topic(bootstrap, name)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, 4, config={"cleanup.policy": "compact"})])[name].result(30)
+    _wait_for(lambda: name in _topics(bootstrap), 30, "the brokers to list the topic made again")
+    with pytest.raises(SinkError, match=rf"^KafkaSink: positions topic {name} was deleted and made again "
+                                        rf"\(topic id \S+, not {made['topic_id']}\): the positions"):
+        _sink(bootstrap, topic).prepare(_run(tmp_path, 3))
+    assert positions_topic(files) == made
 
 
 @pytest.mark.kafka

@@ -15,15 +15,21 @@ from typing import Any
 
 from segack.errors import SegackTypeError, SegackValueError
 from segack.sinks.arguments import check_apply, check_preferred_batch_size, refuse_unordered
-from segack.sinks.kafka_positions import READ_SECONDS, PositionsPartition, position_key, positions_partition
+from segack.sinks.kafka_positions import (
+    READ_SECONDS,
+    PositionsPartition,
+    described_topic_id,
+    keep_to_recorded,
+    position_key,
+    positions_partition,
+    recorded_topic,
+)
 from segack.spark_adapter.errors import SinkError, one_line
 from segack.spark_adapter.handlers import EventIdentity, RunContext, Sink
 from segack.spark_adapter.store.checkpoint import CheckpointStore, TaskStore
 from segack.spark_adapter.store.crash_points import durable_write
 from segack.spark_adapter.store.kafka_sink_files import (
     forget_producers,
-    positions_topic,
-    record_positions_topic,
     register_producer,
     registered_producers,
 )
@@ -160,7 +166,8 @@ class KafkaSink(Sink):
         another topic fails its call.
     positions_topic : str or None, default ``None``
         The compacted topic of each key's last applied position; ``None``:
-        ``segack-positions-CHECKPOINT_ID``. The run makes it if it is missing.
+        ``segack-positions-CHECKPOINT_ID``. The checkpoint's first run makes it if it is missing;
+        a later run refuses it gone, or deleted and made again (see Notes).
     positions_partitions : int, default ``32``
         The partitions of a positions topic the run makes. A task reads the partitions its key
         groups map to (``key_group % positions_partitions``); a power of two at least the number of
@@ -183,8 +190,9 @@ class KafkaSink(Sink):
     -----
     A run refuses the sink before handling any event (:class:`~segack.spark_adapter.SinkError`,
     one line) when the brokers cannot be reached, when the producer settings forbid transactions,
-    when an output topic does not exist, when the positions topic is not compacted, or under
-    ``policy="concurrent"``.
+    when an output topic does not exist, when the positions topic is not compacted, when the
+    checkpoint's positions topic is gone or was deleted and made again (its positions are lost), or
+    under ``policy="concurrent"``.
 
     **Fencing.** A task's producer has the transactional id ``segack-CHECKPOINT_ID-CLAIM-tN``:
     the run's claim number and the task's partition in its Spark job, the same in each attempt of
@@ -197,9 +205,10 @@ class KafkaSink(Sink):
     A copy of the sink (a task attempt) starts one producer, ever: once it is fenced, or fails in a
     transaction whose end is unknown, its later calls fail (:class:`~segack.spark_adapter.SinkError`).
 
-    The positions topic and its partition count are recorded in the checkpoint by its first run;
-    later runs keep to them. A sink object holds the run :meth:`prepare` was last given: give each
-    of several runs at once a sink of its own.
+    The positions topic, its partition count and its topic id are recorded in the checkpoint by its
+    first run; later runs keep to them, and only a checkpoint that records no positions topic makes
+    one. A sink object holds the run :meth:`prepare` was last given: give each of several runs at
+    once a sink of its own.
     """
 
     def __init__(self, producer_config: Mapping[str, Any],
@@ -297,11 +306,15 @@ class KafkaSink(Sink):
         # Transactions allowed, before anything is made: a producer that never begins one.
         self._close(self._start(f"{ID_PREFIX}{run.checkpoint_id}-{run.claim}-probe"))
         name = self.positions_topic_for(run.checkpoint_id)
-        partitions = self._same_positions(CheckpointStore(run.checkpoint).files, name,
-                                          self._positions_topic(admin, name, topics.get(name)))
+        files = CheckpointStore(run.checkpoint).files
+        recorded = recorded_topic(files, name, topics.get(name))  # refused before anything is made
+        made = self._positions_topic(admin, name, topics.get(name))
+        topic_id = described_topic_id(admin, name, METADATA_SECONDS)
+        partitions = keep_to_recorded(files, recorded, name, made, topic_id)
         self._fence_older(run)
         self._run, self._positions = run, (name, partitions)
-        log.info("KafkaSink records positions in topic %s (%d partitions)", name, partitions)
+        log.info("KafkaSink records positions in topic %s (%d partitions, topic id %s)", name, partitions,
+                 topic_id)
 
     def _metadata(self, admin: Any) -> Any:
         from confluent_kafka import KafkaException
@@ -353,23 +366,6 @@ class KafkaSink(Sink):
                 raise SinkError(f"KafkaSink made its positions topic {name}, but the brokers do not list "
                                 f"it after {METADATA_SECONDS:.0f} s")
             time.sleep(0.2)
-
-    @staticmethod
-    def _same_positions(files: Any, name: str, partitions: int) -> int:
-        """The partition count that places the run's positions: the one the checkpoint's first run
-        recorded (a key's position is in partition ``key_group % count``: partitions added since
-        stay unused), or ``partitions``, recorded now. Positions in another topic are refused: the
-        ones recorded would not be found, and events would be applied again."""
-        recorded = positions_topic(files)
-        if recorded is None:
-            record_positions_topic(files, name, partitions)
-            return partitions
-        if recorded["topic"] != name:
-            raise SinkError(f"KafkaSink: this checkpoint's positions are in topic {recorded['topic']}, "
-                            f"not in {name}: the positions recorded would not be found, and events would "
-                            f"be applied again")
-        count: int = recorded["partitions"]
-        return count
 
     def _start(self, transactional_id: str) -> Any:
         """A producer with ``transactional_id``, started: any earlier producer with that id is

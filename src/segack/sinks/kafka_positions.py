@@ -12,6 +12,11 @@ A task reads only the partitions its key groups map to, once (:meth:`PositionsPa
 and then keeps them in memory, adding what it commits: within a run, a key is handled by one task
 at a time, so nobody else moves its position. A process keeps what its tasks read: the next task
 that needs the same partition reads only what was committed to it since.
+
+The driver keeps each run to the topic the checkpoint's first run recorded (:func:`recorded_topic`,
+:func:`keep_to_recorded`): its name, its partition count and its topic id. The positions are the
+only record of what was applied, so a topic gone, or deleted and made again (empty, with another
+id), is refused: a resume would apply again every event it hands over.
 """
 
 from __future__ import annotations
@@ -26,8 +31,11 @@ from typing import Any
 from segack.sinks.key_text import key_text
 from segack.spark_adapter.errors import SinkError, one_line
 from segack.spark_adapter.handlers import EventIdentity
+from segack.spark_adapter.store.kafka_sink_files import positions_topic, record_positions_topic
+from segack.spark_adapter.store.storage import Files
 
-__all__ = ["CACHED_KEYS", "READ_SECONDS", "PositionsPartition", "position_key", "positions_partition"]
+__all__ = ["CACHED_KEYS", "READ_SECONDS", "PositionsPartition", "described_topic_id", "keep_to_recorded",
+           "position_key", "positions_partition", "recorded_topic"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +55,67 @@ CACHED_KEYS = 2_000_000
 _PASSING = ("_UNKNOWN_PARTITION", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "LEADER_NOT_AVAILABLE",
             "NOT_LEADER_FOR_PARTITION", "REPLICA_NOT_AVAILABLE", "FENCED_LEADER_EPOCH",
             "UNKNOWN_LEADER_EPOCH")
+
+#: The topic id of brokers that give none (before Kafka 2.8, KIP-516).
+_NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
+#: What a positions topic lost costs, as its refusals say.
+_LOST = ("the positions this checkpoint's runs recorded are lost, and a resume would apply their events "
+         "again (a read_committed consumer would see their output twice)")
+#: How a user who restored the positions topic lets the checkpoint's runs take it.
+_TAKE_RESTORED = "delete \"topic_id\" from the checkpoint's kafka-positions.json"
+
+
+def recorded_topic(files: Files, name: str, found: Any) -> dict[str, Any] | None:
+    """The positions topic the checkpoint records (``None``: none yet), ``found`` the metadata of
+    topic ``name`` (``None``: missing). Refused if the checkpoint records another topic (the
+    positions recorded would not be found) or if the topic is gone (they are lost; one made again
+    would be empty): only a checkpoint that records none may make one."""
+    recorded = positions_topic(files)
+    if recorded is None:
+        return None
+    if recorded["topic"] != name:
+        raise SinkError(f"KafkaSink: this checkpoint's positions are in topic {recorded['topic']}, "
+                        f"not in {name}: the positions recorded would not be found, and events would "
+                        f"be applied again")
+    if found is None:
+        raise SinkError(f"KafkaSink: this checkpoint's positions topic {name} does not exist: {_LOST}; "
+                        f"restore it with its records (from a backup or a mirror, then {_TAKE_RESTORED}), "
+                        f"or start a new checkpoint")
+    return recorded
+
+
+def described_topic_id(admin: Any, name: str, seconds: float) -> str | None:
+    """The topic id of topic ``name`` (KIP-516) as an ``AdminClient`` describes it in ``seconds``;
+    ``None`` from brokers that give none."""
+    from confluent_kafka import TopicCollection
+
+    try:
+        described = admin.describe_topics(TopicCollection([name]), request_timeout=seconds)[name].result()
+    except Exception as error:
+        raise SinkError(f"KafkaSink cannot describe its positions topic {name}: {one_line(error)}") from None
+    found = None if described.topic_id is None else str(described.topic_id)
+    return None if found == _NO_TOPIC_ID else found
+
+
+def keep_to_recorded(files: Files, recorded: dict[str, Any] | None, name: str, partitions: int,
+                     topic_id: str | None) -> int:
+    """The partition count that places the run's positions: the one the checkpoint's first run
+    recorded (a key's position is in partition ``key_group % count``: partitions added since stay
+    unused), or ``partitions``, recorded now with the topic's id. A record without an id (an older
+    release's) gets it now; a topic of another id was deleted and made again since, and is refused:
+    the positions recorded are lost."""
+    if recorded is None:
+        record_positions_topic(files, name, partitions, topic_id)
+        return partitions
+    count: int = recorded["partitions"]
+    known = recorded.get("topic_id")
+    if known is None and topic_id is not None:
+        record_positions_topic(files, name, count, topic_id)
+    elif known is not None and topic_id != known:
+        raise SinkError(f"KafkaSink: positions topic {name} was deleted and made again (topic id {topic_id}, "
+                        f"not {known}): {_LOST}; if it holds this checkpoint's positions again (restored "
+                        f"from a backup or a mirror), {_TAKE_RESTORED}; else start a new checkpoint")
+    return count
 
 
 def position_key(identity: EventIdentity) -> str:

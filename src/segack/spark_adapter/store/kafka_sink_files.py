@@ -3,9 +3,10 @@
 - the Kafka transactional ids its tasks used, each recorded before it was used: a run that takes
   the checkpoint over fences every one of them, so that no producer of an older run can commit
   after it started;
-- its positions topic and that topic's partition count, recorded by the first run: a key's position
-  is in partition ``key_group % partitions``, so a later run with another count would look for it
-  in another partition, and apply the key's events again.
+- its positions topic, that topic's partition count and its Kafka topic id, recorded by the first
+  run: a key's position is in partition ``key_group % partitions``, so a later run with another
+  count would look for it in another partition, and apply the key's events again; and a topic of
+  the same name with another id (deleted and made again) has lost the positions.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ __all__ = ["SINK_POSITIONS_FILE", "SINK_PRODUCERS_DIR", "forget_producers", "pos
 
 #: Where the ids are: one empty file per id, named by it.
 SINK_PRODUCERS_DIR = "kafka-producers"
-#: The positions topic: ``{"topic": NAME, "partitions": COUNT}``.
+#: The positions topic: ``{"topic": NAME, "partitions": COUNT, "topic_id": ID}`` (no ``topic_id``:
+#: recorded by an older release, or by brokers that give none).
 SINK_POSITIONS_FILE = "kafka-positions.json"
 
 
@@ -52,8 +54,8 @@ def positions_topic(files: Files) -> dict[str, Any] | None:
     return found
 
 
-def record_positions_topic(files: Files, topic: str, partitions: int) -> None:
-    """Record the positions topic of the checkpoint's runs, and its partition count."""
+def record_positions_topic(files: Files, topic: str, partitions: int, topic_id: str | None) -> None:
+    """Record the positions topic of the checkpoint's runs, its partition count and its topic id."""
+    body = {"topic": topic, "partitions": partitions, "topic_id": topic_id}
     with durable_write("sink-setup"):
-        files.write(files.path(SINK_POSITIONS_FILE), json.dumps({"topic": topic, "partitions": partitions}
-                                                                 ).encode("utf-8"))
+        files.write(files.path(SINK_POSITIONS_FILE), json.dumps(body).encode("utf-8"))
