@@ -157,10 +157,11 @@ def wheel(session: nox.Session) -> None:
 
 @nox.session
 def quick(session: nox.Session) -> None:
-    """The edit-test loop: kernel and spec tests without Spark (no JVM), a Kafka client or a browser,
-    in well under a minute."""
+    """The edit-test loop: kernel and spec tests without Spark (no JVM), a Kafka broker, a browser
+    or the real-time simulation's thousands of schedules, in well under a minute."""
     install_segack(session, "test")
-    session.run("pytest", "-m", "not spark and not browser and not kafka", *session.posargs)
+    session.run("pytest", "-m", "not spark and not browser and not kafka and not simulation",
+                *session.posargs)
 
 
 @nox.session

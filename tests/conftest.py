@@ -65,6 +65,8 @@ AREAS = {
     "test_kafka.py": ("streams",),
     "test_kafka_sink.py": ("sinks",),
     "test_realtime.py": ("streams",),
+    "test_realtime_simulation.py": ("streams", "simulation"),
+    "test_kafka_model.py": ("streams",),
     "test_layout.py": (),
     "test_logging.py": ("command",),
     "test_metrics.py": ("console",),

@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any
 
+from segack.spark_adapter.handlers import Sink as _Sink
 from segack.spark_adapter.handlers import takes_unorderable as _takes_unorderable
 from segack.spark_adapter.sources.kafka import takes_unparsed as _takes_unparsed
 
@@ -541,3 +542,24 @@ def _kafka_ledger_sink(fail_on: tuple[str, int] | None = None) -> Any:
 kafka_ledger_sink = _kafka_ledger_sink()
 #: ``--handler tests.spark_handlers:kafka_faults_sink``: the same, refusing user-3's event 5 until fixed.
 kafka_faults_sink = _kafka_ledger_sink(("user-3", 5))
+
+
+class SlowToStartSink(_Sink):
+    """A sink whose preparation on the driver takes ``seconds`` (a producer waiting on its
+    transactions' start), and whose first call in each task as long again; it appends each event's
+    partition and offset to ``log``."""
+
+    def __init__(self, seconds: float, log: str) -> None:
+        self.seconds, self.log = seconds, log
+        self.called = False
+
+    def prepare(self, run: Any) -> None:
+        time.sleep(self.seconds)
+
+    def __call__(self, events: list[dict[str, Any]], identities: list[Any]) -> None:
+        if not self.called:
+            self.called = True
+            time.sleep(self.seconds)
+        with open(self.log, "a") as log:
+            for event in events:
+                log.write(json.dumps({"partition": event["partition"], "offset": event["offset"]}) + "\n")

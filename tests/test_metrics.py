@@ -163,9 +163,10 @@ def _real_time_checkpoint(path):
     store.save(Checkpoint({"mode": "real-time", "topic": "accounts", "key": "key", "order": "offset",
                            "updated_at": time.time(), "status": "stopped"}), 1)
     for partition, (next_offset, end, pending) in enumerate([(120, 130, 10), (80, 80, 0)]):
-        store.partitions.write(partition, {"next": next_offset, "read": next_offset + pending, "end": end,
-                                           "pending": pending, "done": [], "handled_total": next_offset,
-                                           "claim": 1})
+        lease, _ = store.partitions.take_over(partition, {"run": "r", "claim": 1, "attempt": "a"}, {})
+        store.partitions.save(lease, {"next": next_offset, "read": next_offset + pending, "end": end,
+                                      "pending": pending, "done": [], "handled_total": next_offset,
+                                      "claim": 1})
     return store
 
 

@@ -360,3 +360,78 @@ def test_a_real_time_stream_killed_thrice_while_records_arrive_applies_each_once
     assert sorted(states) == list(range(6))
     assert {partition: state["next"] for partition, state in states.items()} == end_offsets(bootstrap, topic)
 
+
+
+@pytest.mark.faults
+def test_a_stream_at_latest_killed_before_its_first_save_resumes_where_it_started(tmp_path, kafka_broker):
+    """Issue 54, case 1, through the command: a stream at ``startingOffsets=latest`` with a save
+    every 30 s is killed right after its first call; records written meanwhile are handled by the
+    next run, which starts where the first one did, not at a later latest."""
+    bootstrap, topic, group = kafka_broker.bootstrap, "real-time-latest", "segack-real-time-latest"
+    make_topic(bootstrap, topic, 1)
+    seqs: dict[str, int] = {}
+    produce(bootstrap, topic, account_events(10, users=4, seed=30, start=seqs))  # before: passed over
+    log = str(tmp_path / "log.jsonl")
+    latest = ("--trigger", "real-time", "--commit-interval", "30", "--option", "startingOffsets=latest",
+              "--commit-offsets-to", group)
+    process = start_stream(tmp_path, bootstrap, topic, "tests.spark_handlers:record_kafka", *latest)
+    # One record at a time until the stream handles one: it reads from its start on by then.
+    deadline = time.monotonic() + 240
+    while not read_log(log):
+        assert process.poll() is None and time.monotonic() < deadline, "the stream handled nothing"
+        produce(bootstrap, topic, account_events(1, users=4, seed=31, start=seqs))
+        time.sleep(0.5)
+    _kill(process)
+    produce(bootstrap, topic, account_events(44, users=4, seed=32, start=seqs))
+    time.sleep(2)
+    process = start_stream(tmp_path, bootstrap, topic, "tests.spark_handlers:record_kafka", *latest, run="1")
+    end = end_offsets(bootstrap, topic)[0]
+    _wait_for(lambda: {event["offset"] for event in read_log(log)} >= set(range(min(
+        event["offset"] for event in read_log(log)), end)), 240, "every record from the first start", process)
+    _stopped(process)
+    handled = {event["offset"] for event in read_log(log)}
+    first = min(handled)
+    assert first >= 10 and handled == set(range(first, end)), sorted(set(range(first, end)) - handled)[:5]
+    assert committed_offsets(bootstrap, topic, group) == {0: end}
+
+
+@pytest.mark.handlers
+def test_a_slow_start_is_not_taken_for_a_task_without_a_slot(spark, tmp_path, kafka_broker, monkeypatch):
+    """Issue 54, case 6: a sink whose preparation, and then whose first call, each take longer than
+    the time the stream gives its tasks to find slots: the stream runs (a task holds its partitions
+    before its first call, and the time counts from the tasks' start), where it stopped, saying no
+    slot was free."""
+    import threading
+
+    from segack.spark_adapter import StopRequest, stream_real_time
+    from segack.spark_adapter.coordinator import realtime
+    from tests.spark_handlers import SlowToStartSink
+
+    monkeypatch.setattr(realtime, "STARTUP_SECONDS", 8.0)
+    bootstrap, topic = kafka_broker.bootstrap, "real-time-slow-start"
+    make_topic(bootstrap, topic, 2)
+    produce(bootstrap, topic, account_events(20, users=4, seed=33))
+    log = str(tmp_path / "log.jsonl")
+    stop, ended = StopRequest(), []
+
+    def run() -> None:
+        try:
+            ended.append(stream_real_time(
+                spark, {"kafka.bootstrap.servers": bootstrap, "subscribe": topic},
+                "user STRING, seq BIGINT, amount BIGINT", handler=SlowToStartSink(9.0, log),
+                checkpoint=str(tmp_path / "checkpoint"), commit_interval=0.5, stop=stop))
+        except BaseException as error:
+            ended.append(error)
+
+    streaming = threading.Thread(target=run, daemon=True)
+    streaming.start()
+    try:
+        _wait_for(lambda: len(read_log(log)) >= 20 or bool(ended), 180, "the records handled")
+        time.sleep(realtime.STARTUP_SECONDS)  # a look past the deadline, with every task holding
+        assert not ended, ended
+    finally:
+        stop.set()
+        streaming.join(120)
+    [result] = ended
+    assert not isinstance(result, BaseException), result
+    assert result.handled == 20 and result.stopped

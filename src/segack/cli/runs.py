@@ -292,6 +292,10 @@ def _stream_real_time(args: argparse.Namespace, job: _Job) -> int:
         f"; {counted(result.retried, 'dead letter')} retried and handled, {result.retry_failed:,} kept")
     print(f"segack stream: stopped as asked: {result.handled:,} events handled, "
           f"{result.dead_letters:,} dead letters{lag}, in {result.seconds:.1f} s{retried}")
+    if result.group_behind:
+        print(f"segack stream: consumer group {args.commit_offsets_to} lacks some partitions' progress: "
+              f"the commits failed (--verbose says why); the next run commits what the checkpoint holds",
+              file=sys.stderr)
     return ExitCode.OK
 
 

@@ -210,3 +210,6 @@ class RealTimeResult:
     retried: int = 0
     #: Dead letters retried that failed again, or wait behind one of their key that did: they stay.
     retry_failed: int = 0
+    #: Whether the consumer group lacks some partition's progress at the end (its commits failed
+    #: until the stream gave up): the next run commits it.
+    group_behind: bool = False

@@ -15,20 +15,27 @@ The driver goes like this:
    stream's of the same topic), the executors' Python.
 2. **Claim** the checkpoint for as long as the stream runs, let a sink prepare, and record the
    stream's settings.
-3. **Retry the dead letters** (``retry_dead_letters``), each key's in offset order, as a replay
+3. **Record the starts**: a partition with no progress yet starts at the consumer group's committed
+   offset (``commit_offsets_to``), else at ``startingOffsets`` (``earliest`` by default: nothing the
+   topic holds is passed over unless told), and that start is recorded in the checkpoint before any
+   task reads it, so that every later run starts there too (``latest`` is where the topic ended when
+   the first run began, not when a later one does).
+4. **Retry the dead letters** (``retry_dead_letters``), each key's in offset order, as a replay
    does (:mod:`~segack.spark_adapter.coordinator.dead_letters`: the letters' key groups are
    partitions, their positions offsets); those that fail again stay, their keys parked. Then
    **start** the job: as many tasks as the session has slots, up to one per partition, each with
-   its partitions; a partition with no progress yet starts at the consumer group's committed offset
-   (``commit_offsets_to``), else at ``startingOffsets`` (``earliest`` by default: nothing the topic
-   holds is passed over unless told).
-4. **Watch** it: every ``commit_interval`` read each partition's progress, as the tasks recorded
-   it, and report it (:class:`~segack.spark_adapter.RealTimeReport`).
-5. **Stop** when ``stop`` is set (the tasks finish the calls they read, save, and end), when a task
+   its partitions.
+5. **Watch** it: every ``commit_interval`` read each partition's progress, as the tasks recorded
+   it, report it (:class:`~segack.spark_adapter.RealTimeReport`), and commit it to the consumer
+   group (:mod:`~segack.spark_adapter.coordinator.group_commits`), a failed commit again at the
+   next look.
+6. **Stop** when ``stop`` is set (the tasks finish the calls they read, save, and end), when a task
    reports a handler failure (it saved first, and asked the others to stop), or when the job fails;
    set ``stop`` twice to interrupt the tasks at once (each partition's progress up to its last save
    is kept).
-6. **End**: record the stream's end in the checkpoint, release the claim.
+7. **End**: commit the last progress to the group (tried for up to
+   :data:`~segack.spark_adapter.coordinator.group_commits.STOP_SECONDS`), record the stream's end in
+   the checkpoint, release the claim.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from segack.kernel import SegmentSet
 from segack.spark_adapter.coordinator.dead_letters import RetryOutcome, RetryRun, retry_dead_letters
+from segack.spark_adapter.coordinator.group_commits import GroupCommits
 from segack.spark_adapter.coordinator.job import run_tag
 from segack.spark_adapter.coordinator.query import StopRequest
 from segack.spark_adapter.coordinator.run import (
@@ -77,9 +85,14 @@ from segack.spark_adapter.store.checkpoint import (
     Checkpoint,
     CheckpointStore,
 )
-from segack.spark_adapter.store.partitions import REAL_TIME_MODE
+from segack.spark_adapter.store.partitions import DRIVER, REAL_TIME_MODE, PartitionView
 from segack.spark_adapter.worker.kafka_records import RecordEvents, check_fields
-from segack.spark_adapter.worker.partition_task import RESULT_SCHEMA, PartitionPlan, run_partitions
+from segack.spark_adapter.worker.partition_task import (
+    RESULT_SCHEMA,
+    PartitionPlan,
+    run_partitions,
+    start_state,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -96,7 +109,7 @@ log = logging.getLogger(__name__)
 _OPTIONS = ("subscribe", "startingOffsets")
 #: Seconds between looks at the topic's partitions while the stream runs.
 PARTITIONS_LOOK_SECONDS = 10.0
-#: Seconds after the job's start by which every partition's task must have saved once.
+#: Seconds after the job's start by which a task of the run must hold every partition.
 STARTUP_SECONDS = 180.0
 #: The run options of replays and micro-batch streams that a real-time stream has no use for, with
 #: the value that means "not given".
@@ -148,26 +161,26 @@ def _partitions(settings: dict[str, str], topic: str) -> list[int]:
     return sorted(found.partitions)
 
 
-def _starts(settings: dict[str, str], topic: str, partitions: list[int], starting: str,
-            group: str | None) -> dict[int, int]:
-    """Where each partition starts when it has no progress yet: the group's committed offset, else
-    the earliest or the latest."""
-    from confluent_kafka import Consumer, TopicPartition
+def _starts(consumer: Any, topic: str, partitions: list[int], starting: str,
+            committed: Mapping[int, int]) -> dict[int, int]:
+    """Where each partition starts when it has no progress yet: the group's ``committed`` offset,
+    else the earliest or the latest, as ``consumer`` reads the partitions' ends."""
+    from confluent_kafka import TopicPartition
 
-    consumer = Consumer({**settings, "group.id": group or "segack-metadata", "enable.auto.commit": False})
-    try:
-        committed = {}
-        if group is not None:
-            found = consumer.committed([TopicPartition(topic, partition) for partition in partitions],
-                                       timeout=30)
-            committed = {where.partition: where.offset for where in found if where.offset >= 0}
-        starts = {}
-        for partition in partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
-            starts[partition] = committed.get(partition, high if starting == "latest" else low)
-        return starts
-    finally:
-        consumer.close()
+    starts = {}
+    for partition in partitions:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+        starts[partition] = committed.get(partition, high if starting == "latest" else low)
+    return starts
+
+
+def _record_starts(store: CheckpointStore, topic: str, starts: Mapping[int, int], run_id: str,
+                   claim: int) -> None:
+    """Step 3: the start of each partition that nobody has held yet, recorded."""
+    for partition, offset in sorted(starts.items()):
+        if store.partitions.record_start(partition, start_state(topic, partition, offset, claim),
+                                         {"run": run_id, "claim": claim}):
+            log.info("%s: partition %d of %s starts at offset %d", store.location, partition, topic, offset)
 
 
 def _run_options(options: dict[str, Any], handler: Callable[..., Any], commit_interval: Any) -> RunOptions:
@@ -227,11 +240,13 @@ def _check_checkpoint(state: Checkpoint | None, store: CheckpointStore, topic: s
     return state
 
 
-def _reports(store: CheckpointStore, began: float, claim: int, partitions: list[int]) -> RealTimeReport:
-    """The partitions' progress as the tasks last saved it; ``handled``: by this run (``claim``)."""
-    states = store.partitions.all()
-    handled = sum(int(state.get("handled", 0)) for state in states.values() if state.get("claim") == claim)
-    reports = tuple(report for report in store.partitions.reports() if report.partition in partitions)
+def _reports(store: CheckpointStore, views: Mapping[int, PartitionView], began: float, claim: int,
+             partitions: list[int]) -> RealTimeReport:
+    """The partitions' progress as the tasks last saved it (``views``); ``handled``: by this run
+    (``claim``)."""
+    handled = sum(int(view.state.get("handled", 0)) for view in views.values()
+                  if view.state is not None and view.state.get("claim") == claim)
+    reports = tuple(report for report in store.partitions.reports(views) if report.partition in partitions)
     return RealTimeReport(handled, time.monotonic() - began, reports)
 
 
@@ -341,7 +356,7 @@ def stream_real_time(
         The stream stopped: a handler failed for good, records a partition needs are gone, the
         topic's partitions changed, or the job failed; progress was saved first.
     """
-    from confluent_kafka import TopicPartition  # noqa: F401  (a missing client is refused here)
+    from confluent_kafka import Consumer  # a missing client is refused here
 
     began = time.monotonic()
     run_options = _run_options(options, handler, commit_interval)  # 1
@@ -362,63 +377,76 @@ def stream_real_time(
     check_executors(spark)
     refused = refusing(handler, [unparsed_refusal(schema), orderable_refusal(
         "key", "offset", UNPARSED, frozenset(schema.fieldNames()))])
-    starts = _starts(settings, topic, partitions, starting, commit_offsets_to)
-    records = RecordEvents(fields, setting(spark, "spark.sql.session.timeZone", "UTC"))
-    dead_letter_schema = _dead_letter_schema(spark, schema)
-    stop = stop or StopRequest()
-    run_id = new_run_id()
-    with metrics_served(store, metrics_port), claimed(spark, store, run_id, run_options) as keeper:  # 2
-        checkpoint_id = state.settings.setdefault("checkpoint_id", uuid.uuid4().hex)
-        prepare_handler(refused, RunContext(
-            store.location, checkpoint_id, "key", "offset", run_options.handling.policy,
-            run_options.claim_timeout, run_options.handling.batch_size, keeper.claim.number))
-        state.settings.update({"mode": REAL_TIME_MODE, "topic": topic, "partitions": len(partitions),
-                               "key": "key", "order": "offset", "commit_interval": commit_interval,
-                               "commit_offsets_to": commit_offsets_to, "updated_at": time.time(),
-                               "status": "running"})
-        keeper.save(state)
-        tasks = min(len(partitions), _slots(spark))
-        retried = RetryOutcome()
-        if run_options.retry_dead_letters:  # 3
-            retried = retry_dead_letters(RetryRun(
-                spark, store, keeper, refused, "key", run_options.handling, checkpoint_id, f"{run_id}-retry"),
-                SegmentSet.balanced(tasks))
-        plan = PartitionPlan(
-            store=store.for_tasks(run_id, keeper.claim.number), handler=refused,
-            handling=run_options.handling, topic=topic,
-            assignment=tuple(tuple(partitions[index::tasks]) for index in range(tasks)), starts=starts,
-            consumer=settings, records=records, checkpoint_id=checkpoint_id,
-            commit_interval=float(commit_interval), group=commit_offsets_to,
-            parked=store.dead_letter_keys("key"), dead_letter_schema=dead_letter_schema)
-        log.info("%s: a real-time stream of %s: %d partitions in %d tasks", store.location, topic,
-                 len(partitions), tasks)
-        job = _Job(spark, plan, tasks, run_tag(run_id))
-        job.thread.start()
-        watch = _Watch(job, store, run_id, keeper.claim.number, began, partitions)
+    group = GroupCommits(settings, topic, commit_offsets_to) if commit_offsets_to is not None else None
+    try:
+        ends = Consumer({**settings, "group.id": "segack-metadata", "enable.auto.commit": False})
         try:
-            watch.until_ended(stop, progress, lambda: _partitions(settings, topic))  # 4, 5
-        except BaseException:
-            watch.stop_now()  # no task may go on with the claim released
-            raise
-        watch.end(state, keeper)  # 6
-    report = _reports(store, began, keeper.claim.number, partitions)
+            starts = _starts(ends, topic, partitions, starting, group.read(partitions) if group else {})
+        finally:
+            ends.close()
+        records = RecordEvents(fields, setting(spark, "spark.sql.session.timeZone", "UTC"))
+        dead_letter_schema = _dead_letter_schema(spark, schema)
+        stop = stop or StopRequest()
+        run_id = new_run_id()
+        with metrics_served(store, metrics_port), claimed(spark, store, run_id, run_options) as keeper:  # 2
+            checkpoint_id = state.settings.setdefault("checkpoint_id", uuid.uuid4().hex)
+            prepare_handler(refused, RunContext(
+                store.location, checkpoint_id, "key", "offset", run_options.handling.policy,
+                run_options.claim_timeout, run_options.handling.batch_size, keeper.claim.number))
+            state.settings.update({"mode": REAL_TIME_MODE, "topic": topic, "partitions": len(partitions),
+                                   "key": "key", "order": "offset", "commit_interval": commit_interval,
+                                   "commit_offsets_to": commit_offsets_to, "updated_at": time.time(),
+                                   "status": "running"})
+            keeper.save(state)
+            _record_starts(store, topic, starts, run_id, keeper.claim.number)  # 3
+            tasks = min(len(partitions), _slots(spark))
+            retried = RetryOutcome()
+            if run_options.retry_dead_letters:  # 4
+                retried = retry_dead_letters(RetryRun(
+                    spark, store, keeper, refused, "key", run_options.handling, checkpoint_id,
+                    f"{run_id}-retry"), SegmentSet.balanced(tasks))
+            plan = PartitionPlan(
+                store=store.for_tasks(run_id, keeper.claim.number), handler=refused,
+                handling=run_options.handling, topic=topic,
+                assignment=tuple(tuple(partitions[index::tasks]) for index in range(tasks)), starts=starts,
+                consumer=settings, records=records, checkpoint_id=checkpoint_id,
+                commit_interval=float(commit_interval), group=commit_offsets_to,
+                parked=store.dead_letter_keys("key"), dead_letter_schema=dead_letter_schema)
+            log.info("%s: a real-time stream of %s: %d partitions in %d tasks", store.location, topic,
+                     len(partitions), tasks)
+            job = _Job(spark, plan, tasks, run_tag(run_id))
+            job.thread.start()
+            watch = _Watch(job, store, run_id, keeper.claim.number, began, partitions, group)
+            try:
+                watch.until_ended(stop, progress, lambda: _partitions(settings, topic))  # 5, 6
+            except BaseException:
+                watch.stop_now()  # no task may go on with the claim released
+                raise
+            watch.end(state, keeper)  # 7
+    finally:
+        if group is not None:
+            group.close()
+    views = store.partitions.views()
+    report = _reports(store, views, began, keeper.claim.number, partitions)
     results = job.results.to_pylist() if job.results is not None else []
     return RealTimeResult(
         handled=report.handled, skipped=sum(row["skipped"] for row in results),
         dead_letters=sum(row["dead_letters"] for row in results),
         dead_letters_left=store.count_dead_letters(), stopped=stop.asked.is_set(),
         seconds=time.monotonic() - began, partitions=report.partitions, retried=retried.handled,
-        retry_failed=retried.kept)
+        retry_failed=retried.kept, group_behind=bool(group and group.behind(views)))
 
 
 class _Watch:
-    """The driver's side of a running job (steps 4 and 5): reports, stop requests, and the topic's
-    partitions looked at every :data:`PARTITIONS_LOOK_SECONDS`."""
+    """The driver's side of a running job (steps 5 to 7): reports, the group's commits, stop
+    requests, and the topic's partitions looked at every :data:`PARTITIONS_LOOK_SECONDS`."""
 
     def __init__(self, job: _Job, store: CheckpointStore, run_id: str, claim: int, began: float,
-                 partitions: list[int]) -> None:
+                 partitions: list[int], group: GroupCommits | None) -> None:
         self.job, self.store, self.run_id, self.claim = job, store, run_id, claim
-        self.began, self.partitions = began, partitions
+        self.began, self.partitions, self.group = began, partitions, group
+        #: When the job started: the tasks' slots are looked for from then on.
+        self.job_began = time.monotonic()
         self.asked = self.interrupted = False
         #: Why the stream stopped for its partitions (the topic's changed, or some never read), if it did.
         self.changed: str | None = None
@@ -438,17 +466,22 @@ class _Watch:
                 next_look = time.monotonic() + PARTITIONS_LOOK_SECONDS
                 self._look(list_partitions)
             try:
-                report = _reports(self.store, self.began, self.claim, self.partitions)
+                views = self.store.partitions.views()
             except (OSError, CheckpointError) as error:  # the store out of reach for a moment
                 log.warning("%s: could not read the partitions' progress: %s", self.store.location, error)
                 continue
-            self._check_started(report)
+            if self.group is not None:
+                self.group.commit(views)
+            self._check_started(views)
             if progress is not None and self.job.thread.is_alive():
-                progress(report)
+                progress(_reports(self.store, views, self.began, self.claim, self.partitions))
 
     def end(self, state: Checkpoint, keeper: ClaimKeeper) -> None:
-        """Step 6: record how the stream ended, then raise what ended it, if anything."""
+        """Step 7: commit the last progress to the group, record how the stream ended, then raise what
+        ended it, if anything."""
         job = self.job
+        if self.group is not None and keeper.lost is None:
+            self.group.commit_until(self.store.partitions.views)
         errors = _errors(job.results)
         state.settings.update({"updated_at": time.time(),
                                "status": "failed" if errors or job.error or self.changed else "stopped"})
@@ -464,21 +497,23 @@ class _Watch:
         if job.error is not None and not self.interrupted:
             raise ReplayError(f"the real-time stream's job failed: {worker_error(job.error)}") from job.error
 
-    def _check_started(self, report: RealTimeReport) -> None:
-        """Stop the stream if some partitions have no save of this run :data:`STARTUP_SECONDS` after
-        the job started: their tasks found no free slot (the running ones never end), and nothing
-        else would tell."""
-        if self.all_started or self.changed is not None or report.seconds < STARTUP_SECONDS:
+    def _check_started(self, views: Mapping[int, PartitionView]) -> None:
+        """Stop the stream if some partitions are not held by a task of this run
+        :data:`STARTUP_SECONDS` after the job started: their tasks found no free slot (the running
+        ones never end), and nothing else would tell. A task holds its partitions before its first
+        call, however long that one takes."""
+        if self.all_started or self.changed is not None or \
+                time.monotonic() - self.job_began < STARTUP_SECONDS:
             return
-        started = {partition for partition, state in self.store.partitions.all().items()
-                   if state.get("claim") == self.claim}
+        started = {partition for partition, view in views.items()
+                   if view.owner.get("run") == self.run_id and view.owner.get("attempt") != DRIVER}
         missing = [partition for partition in self.partitions if partition not in started]
         self.all_started = not missing
         if missing:
             self.changed = (f"partitions {', '.join(map(str, missing))} of topic {self.job.plan.topic} were "
-                            f"not read {STARTUP_SECONDS:g} s after the stream started: their tasks found no "
-                            f"free slot (a real-time stream's tasks never end); give the session a slot per "
-                            f"task (it runs {self.job.tasks})")
+                            f"not read {STARTUP_SECONDS:g} s after the stream's tasks started: their tasks "
+                            f"found no free slot (a real-time stream's tasks never end); give the session a "
+                            f"slot per task (it runs {self.job.tasks})")
             self._ask(self.changed)
 
     def _ask(self, reason: str) -> None:

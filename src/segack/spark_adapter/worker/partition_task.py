@@ -6,10 +6,12 @@ The job of a real-time stream (:mod:`~segack.spark_adapter.coordinator.realtime`
 slot for as long as the stream runs; each task owns a fixed set of the topic's partitions. A task
 goes like this:
 
-1. **Load** each partition's progress from the checkpoint (``partitions/``): ``next``, the offset
-   below which every record is done, and ``done``, the intervals of offsets done above it. A
-   partition with no progress yet starts where the driver says (the group's offset, the earliest,
-   the latest). A retried attempt starts from what the attempt before it recorded.
+1. **Take over** each partition in the checkpoint (``partitions/``,
+   :meth:`~segack.spark_adapter.store.partitions.PartitionStates.take_over`): a new epoch of its
+   own, holding the progress it starts from: ``next``, the offset below which every record is done,
+   and ``done``, the intervals of offsets done above it, as the partition's last holder saved them
+   (a retried attempt, an earlier run) or as the driver recorded its start. From then on, nothing an
+   earlier holder writes counts.
 2. **Read** the partitions with a Kafka consumer of the task's own: partitions assigned, never a
    group's member (no rebalancing), no offset auto-committed, a position out of range an error
    (records gone are never passed over in silence). A partition whose reading is ahead of its
@@ -20,15 +22,17 @@ goes like this:
    handled it. Its identity is its key, its partition (as the key group) and its offset (as the
    position): the same in every run, so a sink's positions work as in micro-batches.
 4. **Save**, every ``commit_interval`` seconds, in this order: the dead letters set aside since the
-   last save; each partition's progress (its dispatcher's committed point as ``next``, its acker's
-   intervals as ``done``); then each partition's ``next`` committed to the consumer group, if the
-   run names one. Each write follows the one it depends on: the group's offset is never ahead of
-   the checkpoint, and the checkpoint never calls done a record that is not.
+   last save, then each partition's progress into its epoch (its dispatcher's committed point as
+   ``next``, its acker's intervals as ``done``). The checkpoint never calls done a record that is
+   not. The consumer group is the driver's to commit, from what the checkpoint holds
+   (:mod:`~segack.spark_adapter.coordinator.group_commits`): a task paused anywhere cannot move it
+   ahead of the checkpoint.
 5. **Stop** when the checkpoint asks (the driver, on SIGTERM or Ctrl-C, or another task's end: the
    calls read finish, then a last save), when a call fails for good under ``on_error="stop"`` or
    records a partition needs are gone (the calls in flight finish, no other starts, the last save
-   stops before the failing record, the other tasks are asked to stop), or when a newer claim
-   fences the run (nothing more is written: every save looks at the claims first).
+   stops before the failing record, the other tasks are asked to stop), or when a newer claim or a
+   newer epoch of one of its partitions fences it (every save looks first, and a save that a pause
+   carried past the look writes into an epoch nobody reads).
 
 State is bounded per partition: the records read and not yet committed (at most ``max_pending``),
 kept as runs of consecutive offsets, and the acker's intervals, never a map per record.
@@ -64,13 +68,14 @@ from segack.spark_adapter.store.checkpoint import (
     DEAD_POSITION,
     TaskStore,
 )
-from segack.spark_adapter.store.crash_points import durable_write
 from segack.spark_adapter.store.driver_watch import watching_driver
+from segack.spark_adapter.store.partitions import Lease
 from segack.spark_adapter.worker.dispatch import Dispatcher
 from segack.spark_adapter.worker.kafka_records import RecordEvents
 from segack.spark_adapter.worker.sequencing import DeadLetter
 
-__all__ = ["RESULT_SCHEMA", "OffsetRuns", "PartitionPlan", "PartitionReader", "run_partitions"]
+__all__ = ["RESULT_SCHEMA", "OffsetRuns", "PartitionPlan", "PartitionReader", "PartitionsTask",
+           "consumer_config", "run_partitions", "start_state"]
 
 log = logging.getLogger(__name__)
 
@@ -223,73 +228,129 @@ def _dead_letter_table(letters: list[tuple[int, DeadLetter]], schema: pa.Schema)
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-class _PartitionsTask:
-    """One task's partitions, read until the task stops (steps 1 to 5)."""
+def start_state(topic: str, partition: int, offset: int, claim: int) -> dict[str, Any]:
+    """The progress of a partition nothing of which is done yet, starting at ``offset``."""
+    return {"next": offset, "done": [], "read": offset, "pending": 0, "handled": 0, "skipped": 0,
+            "dead_letters": 0, "handled_total": 0, "topic": topic, "partition": partition, "claim": claim,
+            "end": None, "at": time.time()}
 
-    def __init__(self, plan: PartitionPlan, task: int) -> None:
+
+def consumer_config(plan: PartitionPlan) -> dict[str, Any]:
+    """A task's consumer settings: the run's, with what the task needs whatever they say. Partitions
+    are assigned, never a group's (no rebalancing) and nothing is committed by the client; a
+    position out of range is an error (records gone are never passed over in silence); no
+    partition-EOF events (librdkafka from 2.2 to 2.13.0 reports a position one too far after one)."""
+    return {**plan.consumer, "group.id": plan.group or f"segack-{plan.checkpoint_id}",
+            "enable.auto.commit": False, "enable.auto.offset.store": False, "auto.offset.reset": "error",
+            "enable.partition.eof": False}
+
+
+class PartitionsTask:
+    """One task's partitions, read until the task stops (steps 1 to 5): :meth:`run` as a Spark task
+    does, or :meth:`open`, :meth:`step` and :meth:`close` one at a time.
+
+    ``consumer`` makes the Kafka consumer from its settings (``confluent_kafka.Consumer`` unless
+    given), ``clock`` tells the time of the saves (``time.monotonic``), ``start`` runs the handler's
+    calls as :class:`~segack.spark_adapter.worker.dispatch.Dispatcher` does with it, and
+    ``consume_wait`` is how long a look at the consumer, and a wait for room, may take, and
+    ``attempt`` is Spark's attempt of the task (its task context's unless given): a simulation
+    gives its own.
+    """
+
+    def __init__(self, plan: PartitionPlan, task: int, *,
+                 consumer: Callable[[dict[str, Any]], Any] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 start: Callable[[Callable[[], None]], Any] | None = None,
+                 consume_wait: float = _CONSUME_WAIT, attempt: int | None = None) -> None:
         self.plan, self.task = plan, task
         self.partitions = plan.assignment[task]
         self.handler = plan.handler
         called = with_identities_passed(plan.handler)
         self.identify = wants_identity(plan.handler)
         self.readers: dict[int, PartitionReader] = {}
+        self._make_consumer, self.clock, self.consume_wait = consumer, clock, consume_wait
         #: This attempt: a later attempt of the task (Spark's retry) takes the partitions over.
         self.token = uuid.uuid4().hex
+        owner = {"run": plan.store.run_id, "claim": plan.store.claim_number, "attempt": self.token,
+                 "task": task}
         # A retried attempt parks the keys an earlier attempt of this run set aside too.
-        parked = plan.parked if _attempt() == 0 else plan.store.dead_letter_keys("key")
+        parked = plan.parked if (_attempt() if attempt is None else attempt) == 0 else \
+            plan.store.dead_letter_keys("key")
+        #: Each partition's epoch (step 1).
+        self.leases: dict[int, Lease] = {}
         for partition in self.partitions:  # 1
-            plan.store.partitions.own(partition, self.token)
-            earlier = plan.store.partitions.read(partition)
-            start = plan.starts[partition] if earlier is None else int(earlier["next"])
-            done = [] if earlier is None else list(earlier.get("done", []))
-            dispatcher = Dispatcher(called, _record_key, plan.handling, parked=parked)
-            self.readers[partition] = PartitionReader(partition, start, done, dispatcher, earlier)
+            lease, earlier = plan.store.partitions.take_over(partition, owner, start_state(
+                plan.topic, partition, plan.starts[partition], plan.store.claim_number))
+            self.leases[partition] = lease
+            dispatcher = Dispatcher(called, _record_key, plan.handling, parked=parked, start=start)
+            self.readers[partition] = PartitionReader(
+                partition, int(earlier["next"]), list(earlier.get("done", [])), dispatcher, earlier)
         # Whether the last look at the consumer took every record it gave (then its position is
         # past nothing not taken).
         self._whole = True
+        self._paused: set[int] = set()
+        self._next_save = 0.0
         self.dead_files = 0
         #: What ended the task, if not a stop request: a handler's failure, records gone.
         self.error: HandlerFailedError | InputError | None = None
         self.fenced = False
+        #: Whether the task has ended (:meth:`step` returns ``False`` from then on).
+        self.ended = False
         self.saved_states: dict[int, dict[str, Any]] = {}
 
     def run(self) -> None:
-        from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-        plan = self.plan
-        config = {**plan.consumer, "group.id": plan.group or f"segack-{plan.checkpoint_id}",
-                  "enable.auto.commit": False, "enable.auto.offset.store": False,
-                  "auto.offset.reset": "error"}
-        consumer = Consumer(config)
+        consumer = self.open()
         try:
-            consumer.assign([TopicPartition(plan.topic, partition, reader.start)
-                             for partition, reader in self.readers.items()])  # 2
-            self._paused: set[int] = set()
-            next_save = time.monotonic() + plan.commit_interval
-            while True:
-                try:
-                    caught_up = self._read(consumer, KafkaError, TopicPartition)  # 2, 3
-                except InputError as error:
-                    self._end(consumer, error)
-                    return
-                if caught_up:
-                    for reader in self.readers.values():
-                        reader.dispatcher.send_partial()
-                if self._failed() is not None:
-                    self._end(consumer)
-                    return
-                if time.monotonic() >= next_save:
-                    next_save = time.monotonic() + plan.commit_interval
-                    if not self._save(consumer):  # 4
-                        return
-                    if plan.store.stop_requested():
-                        self._stop(consumer)  # 5
-                        return
+            while self.step(consumer):
+                pass
         finally:
+            self.close(consumer)
+
+    def open(self) -> Any:
+        """Step 2: the task's consumer, assigned its partitions where their readers start."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = (self._make_consumer or Consumer)(consumer_config(self.plan))
+        consumer.assign([TopicPartition(self.plan.topic, partition, reader.start)
+                         for partition, reader in self.readers.items()])
+        self._next_save = self.clock() + self.plan.commit_interval
+        return consumer
+
+    def step(self, consumer: Any) -> bool:
+        """One look at the consumer and what it has (steps 2 and 3), then a save if one is due
+        (step 4) and a stop if one was asked (step 5); ``False`` once the task has ended."""
+        from confluent_kafka import KafkaError, TopicPartition
+
+        if self.ended:
+            return False
+        try:
+            caught_up = self._read(consumer, KafkaError, TopicPartition)  # 2, 3
+        except InputError as error:
+            self._end(consumer, error)
+            return False
+        if caught_up:
             for reader in self.readers.values():
-                reader.dispatcher.close()
-            consumer.close()
-            close_handler(self.handler)
+                reader.dispatcher.send_partial()
+        if self._failed() is not None:
+            self._end(consumer)
+            return False
+        if self.clock() >= self._next_save:
+            self._next_save = self.clock() + self.plan.commit_interval
+            if not self._save(consumer):  # 4
+                self.ended = True
+                return False
+            if self.plan.store.stop_requested():
+                self._stop(consumer)  # 5
+                return False
+        return True
+
+    def close(self, consumer: Any) -> None:
+        """Let go of the dispatchers (their calls in flight finish), the consumer and the handler."""
+        self.ended = True
+        for reader in self.readers.values():
+            reader.dispatcher.close()
+        consumer.close()
+        close_handler(self.handler)
 
     def _read(self, consumer: Any, kafka_error: Any, topic_partition: Any) -> bool:
         """Offer what waits, then what the consumer has; pause the partitions with no room and resume
@@ -304,7 +365,7 @@ class _PartitionsTask:
                 consumer.resume([topic_partition(plan.topic, partition)])
                 paused.discard(partition)
         self._whole = False
-        messages = consumer.consume(_CONSUME_AT_ONCE, _CONSUME_WAIT)
+        messages = consumer.consume(_CONSUME_AT_ONCE, self.consume_wait)
         for message in messages:
             error = message.error()
             if error is not None:
@@ -329,49 +390,50 @@ class _PartitionsTask:
         self._whole = True
         for reader in self.readers.values():
             if reader.waiting:
-                reader.dispatcher.wait_for_room(_CONSUME_WAIT)
+                reader.dispatcher.wait_for_room(self.consume_wait)
                 break
         return len(messages) < _CONSUME_AT_ONCE
 
+    def _position(self, consumer: Any, partition: int, topic_partition: Any) -> int | None:
+        """Where the consumer would read ``partition`` next, when that may be saved as ``next``: it
+        took every record it fetched, and the position is within the partition as the consumer last
+        heard its end (past a transaction's marker, not past the end: librdkafka from 2.2 to 2.13.0
+        reports one too far after a partition-EOF event)."""
+        reader = self.readers[partition]
+        if not self._whole or reader.waiting:
+            return None
+        [where] = consumer.position([topic_partition(self.plan.topic, partition)])
+        end = _end_offset(consumer, self.plan.topic, partition, topic_partition)
+        if where.offset < 0 or end is None or where.offset > end:
+            return None
+        return int(where.offset)
+
     def _save(self, consumer: Any) -> bool:
-        """Step 4: the dead letters, then each partition's progress, then the group's offsets;
-        ``False``, writing nothing, once a newer claim fences the run."""
+        """Step 4: the dead letters, then each partition's progress into its epoch; ``False``,
+        writing nothing, once a newer claim or a newer epoch of one of its partitions fences the
+        task."""
         from confluent_kafka import TopicPartition
 
         plan = self.plan
-        if plan.store.fenced() or any(plan.store.partitions.owner(partition) != self.token
-                                      for partition in self.partitions):
+        if plan.store.fenced() or plan.store.partitions.superseded(self.leases.values()):
             self._fenced()
             return False
         letters: list[tuple[int, DeadLetter]] = []
         states = {}
         for partition, reader in self.readers.items():
-            position = None
-            if self._whole and not reader.waiting:
-                [where] = consumer.position([TopicPartition(plan.topic, partition)])
-                position = where.offset if where.offset >= 0 else None
-            states[partition], taken = reader.state(position)
+            states[partition], taken = reader.state(self._position(consumer, partition, TopicPartition))
             letters += [(partition, letter) for letter in taken]
         if letters:
-            name = f"{plan.store.run_id}-rt-{self.task:05d}-{uuid.uuid4().hex[:8]}-{self.dead_files:05d}"
+            name = f"{plan.store.run_id}-rt-{self.task:05d}-{self.token[:8]}-{self.dead_files:05d}"
             plan.store.write_dead_letters(name, _dead_letter_table(letters, plan.dead_letter_schema))
             self.dead_files += 1
-        commits = []
         for partition, state in states.items():
             state.update(topic=plan.topic, partition=partition, claim=plan.store.claim_number,
                          handled_total=self.readers[partition].handled_before + state["handled"],
                          end=_end_offset(consumer, plan.topic, partition, TopicPartition))
             if state != self.saved_states.get(partition):
-                plan.store.partitions.write(partition, {**state, "at": time.time()})
+                plan.store.partitions.save(self.leases[partition], {**state, "at": time.time()})
                 self.saved_states[partition] = state
-                commits.append(TopicPartition(plan.topic, partition, state["next"]))
-        if plan.group is not None and commits:
-            try:
-                with durable_write("group-commit"):
-                    consumer.commit(offsets=commits, asynchronous=False)
-            except Exception as error:  # the next save commits again; the checkpoint holds the progress
-                log.warning("could not commit the offsets of %s to group %s: %s", plan.topic, plan.group,
-                            error)
         return True
 
     def _failed(self) -> PartitionReader | None:
@@ -381,6 +443,7 @@ class _PartitionsTask:
     def _stop(self, consumer: Any) -> None:
         """Step 5, asked: the calls read finish, then the last save (or, if one of them failed for
         good, :meth:`_end`)."""
+        self.ended = True
         for reader in self.readers.values():
             reader.dispatcher.drain()
         if self._failed() is not None:
@@ -391,13 +454,14 @@ class _PartitionsTask:
     def _fenced(self) -> None:
         """Step 5, fenced (a newer claim, or a newer attempt of this task): no call starts, nothing
         is written."""
-        self.fenced = True
+        self.fenced = self.ended = True
         for reader in self.readers.values():
             reader.dispatcher.stop()
 
     def _end(self, consumer: Any, error: InputError | None = None) -> None:
         """Step 5, a call failed for good (or ``error``: records gone): no call starts, those in
         flight finish, the progress before it is saved, and the run's other tasks are asked to stop."""
+        self.ended = True
         for reader in self.readers.values():
             reader.dispatcher.stop()
             reader.dispatcher.drain()
@@ -467,6 +531,6 @@ def run_partitions(plan: PartitionPlan, batches: Iterator[pa.RecordBatch]) -> It
     for batch in batches:
         for task in batch.column(0).to_pylist():
             with watching_driver(plan.store.driver):
-                work = _PartitionsTask(plan, int(task))
+                work = PartitionsTask(plan, int(task))
                 work.run()
             yield work.result()

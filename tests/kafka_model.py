@@ -1,0 +1,300 @@
+"""A model of a Kafka broker and of librdkafka's consumer, as segack's real-time task and the
+driver's group commits use them, for the simulation tests (``tests/test_realtime_simulation.py``):
+no broker, no JVM, no threads, every fault a switch.
+
+What it keeps of Kafka's rules (``tests/test_kafka_model.py`` replays traces of them against the
+real broker the tests start, with the real client, and compares):
+
+- **A partition is a log** of entries, one per offset: records, the markers that end transactions
+  (control records: never delivered, but they take an offset), records of aborted transactions
+  (never delivered to ``read_committed`` consumers), and holes that compaction leaves. Its *high
+  watermark* is the offset after the last entry; its *last stable offset* is where the oldest open
+  transaction starts (a ``read_committed`` consumer reads no further until it ends).
+- **The consumer's position** is where it fetches next: it passes every entry it does not deliver
+  (markers, aborted records, holes) as it reaches it, so after a transaction's last record the
+  position is past its marker. A position below the log's start or above its end is out of range:
+  with ``auto.offset.reset=error``, an ``_AUTO_OFFSET_RESET`` error event, and nothing read there.
+- **Partition-EOF events** (``enable.partition.eof``) come once each time the position reaches the
+  high watermark. librdkafka from 2.2 to 2.13.0 then reports the position one too far, until it
+  delivers another record (the fetch itself is right): :attr:`ModelBroker.eof_quirk` turns that on.
+- **The consumer knows a partition's end** (``get_watermark_offsets(cached=True)``) as of its last
+  fetch from it (the real end); asked, it learns the end anew, and a ``read_committed`` consumer is
+  told, as the end, where the oldest open transaction starts.
+- **Commits** store a group's offset per partition; a commit can fail before it is applied, or
+  after (a request that timed out once the broker had it): :attr:`ModelBroker.commit_faults`.
+- **A topic deleted and made again** starts its partitions over at offset 0.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+__all__ = ["Entry", "ModelBroker", "ModelConsumer", "ModelMessage"]
+
+
+@dataclass
+class Entry:
+    """One offset of a partition: a record (``kind`` ``"record"``), a transaction's marker
+    (``"marker"``), or a record of an aborted or still open transaction (``"pending"`` until it
+    ends, then ``"aborted"`` or ``"record"``); ``None`` key and value for a marker."""
+
+    kind: str
+    key: bytes | None = None
+    value: bytes | None = None
+    timestamp: int = 0
+    #: The transaction it belongs to, if any.
+    transaction: int | None = None
+
+
+@dataclass
+class _Partition:
+    entries: dict[int, Entry] = field(default_factory=dict)
+    high: int = 0
+    start: int = 0
+
+    def stable(self) -> int:
+        """The last stable offset: where the oldest transaction still open starts."""
+        opened = [offset for offset, entry in self.entries.items() if entry.kind == "pending"]
+        return min(opened, default=self.high)
+
+
+class ModelBroker:
+    """The brokers of one cluster: topics of partitions, groups' offsets, and the faults to inject."""
+
+    def __init__(self) -> None:
+        self.topics: dict[str, list[_Partition]] = {}
+        self.groups: dict[tuple[str, str, int], int] = {}
+        #: librdkafka's position one too far after a partition-EOF event (2.2 to 2.13.0).
+        self.eof_quirk = False
+        #: What the next commits do: ``"fail"`` (not applied), ``"timeout"`` (applied, then an error).
+        self.commit_faults: list[str] = []
+        self.commits = 0
+        self._transactions = itertools.count(1)
+        self._clock = itertools.count(1_700_000_000_000)
+
+    # ------------------------------------------------------------------ topics and records
+
+    def create_topic(self, topic: str, partitions: int) -> None:
+        self.topics[topic] = [_Partition() for _ in range(partitions)]
+
+    def recreate_topic(self, topic: str) -> None:
+        """The topic deleted and made again with as many partitions: every log starts at 0."""
+        self.create_topic(topic, len(self.topics[topic]))
+
+    def _append(self, topic: str, partition: int, entry: Entry) -> int:
+        log = self.topics[topic][partition]
+        offset = log.high
+        entry.timestamp = next(self._clock)
+        log.entries[offset] = entry
+        log.high += 1
+        return offset
+
+    def produce(self, topic: str, partition: int, key: bytes | None, value: bytes | None) -> int:
+        """A record outside any transaction; its offset."""
+        return self._append(topic, partition, Entry("record", key, value))
+
+    def begin(self, topic: str, partition: int, records: Iterable[tuple[bytes | None, bytes | None]]) -> int:
+        """A transaction's records, left open; its id (:meth:`end` ends it)."""
+        transaction = next(self._transactions)
+        for key, value in records:
+            self._append(topic, partition, Entry("pending", key, value, transaction=transaction))
+        return transaction
+
+    def end(self, topic: str, partition: int, transaction: int, commit: bool) -> None:
+        """End an open transaction: its records delivered (or never), its marker written."""
+        log = self.topics[topic][partition]
+        for entry in log.entries.values():
+            if entry.transaction == transaction and entry.kind == "pending":
+                entry.kind = "record" if commit else "aborted"
+        self._append(topic, partition, Entry("marker", transaction=transaction))
+
+    def compact(self, topic: str, partition: int, offset: int) -> bool:
+        """Remove the record at ``offset`` if a later record has its key, as compaction does;
+        whether it did."""
+        log = self.topics[topic][partition]
+        entry = log.entries.get(offset)
+        if entry is None or entry.kind != "record" or entry.key is None:
+            return False
+        later = any(other.kind == "record" and other.key == entry.key
+                    for at, other in log.entries.items() if at > offset)
+        if later:
+            del log.entries[offset]
+        return later
+
+    def delete_before(self, topic: str, partition: int, offset: int) -> None:
+        """Retention: the log starts at ``offset`` now."""
+        log = self.topics[topic][partition]
+        log.start = max(log.start, min(offset, log.high))
+        for at in [at for at in log.entries if at < log.start]:
+            del log.entries[at]
+
+    def deliverable(self, topic: str, partition: int) -> dict[int, Entry]:
+        """What a ``read_committed`` consumer can ever be given of the partition now: its committed
+        records (those of open transactions not yet)."""
+        log = self.topics[topic][partition]
+        return {offset: entry for offset, entry in log.entries.items() if entry.kind == "record"}
+
+    def ends(self, topic: str, partition: int) -> tuple[int, int]:
+        log = self.topics[topic][partition]
+        return log.start, log.high
+
+    # ------------------------------------------------------------------ groups
+
+    def commit(self, group: str, offsets: Iterable[TopicPartition]) -> None:
+        self.commits += 1
+        fault = self.commit_faults.pop(0) if self.commit_faults else None
+        if fault == "fail":
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "the model failed a commit"))
+        for where in offsets:
+            self.groups[(group, where.topic, where.partition)] = where.offset
+        if fault == "timeout":
+            raise KafkaException(KafkaError(KafkaError.REQUEST_TIMED_OUT, "the model timed a commit out"))
+
+    def committed(self, group: str, topic: str, partition: int) -> int | None:
+        return self.groups.get((group, topic, partition))
+
+
+class ModelMessage:
+    """A record, or an error event, as ``Consumer.consume`` gives them."""
+
+    def __init__(self, topic: str, partition: int, offset: int, entry: Entry | None = None,
+                 error: KafkaError | None = None) -> None:
+        self._topic, self._partition, self._offset, self._entry, self._error = (
+            topic, partition, offset, entry, error)
+
+    def error(self) -> KafkaError | None:
+        return self._error
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes | None:
+        return None if self._entry is None else self._entry.key
+
+    def value(self) -> bytes | None:
+        return None if self._entry is None else self._entry.value
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 0 if self._entry is None else self._entry.timestamp)
+
+
+@dataclass
+class _Assigned:
+    position: int
+    paused: bool = False
+    #: The high watermark as of the consumer's last fetch (``-1``: none yet).
+    known_high: int = -1
+    #: The position at which an EOF event was given last, and whether the quirk shows now.
+    eof_at: int | None = None
+    quirk: bool = False
+    failed: bool = False
+
+
+class ModelConsumer:
+    """A ``confluent_kafka.Consumer`` over a :class:`ModelBroker`, for assigned partitions."""
+
+    def __init__(self, broker: ModelBroker, config: dict[str, Any]) -> None:
+        self.broker, self.config = broker, dict(config)
+        self.group = str(config.get("group.id"))
+        self.eof = str(config.get("enable.partition.eof", False)).lower() == "true"
+        self.committed_only = str(config.get("isolation.level", "read_committed")) == "read_committed"
+        self.reset = str(config.get("auto.offset.reset", "latest"))
+        self.assigned: dict[tuple[str, int], _Assigned] = {}
+        self.closed = False
+
+    def _log(self, topic: str, partition: int) -> _Partition:
+        return self.broker.topics[topic][partition]
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self.assigned = {(where.topic, where.partition): _Assigned(where.offset) for where in partitions}
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        for where in partitions:
+            self.assigned[(where.topic, where.partition)].paused = True
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        for where in partitions:
+            self.assigned[(where.topic, where.partition)].paused = False
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[ModelMessage]:
+        """What a fetch gives now, up to ``num_messages``: each unpaused partition in turn, from its
+        position to its end (or last stable offset); no wait."""
+        messages: list[ModelMessage] = []
+        for (topic, partition), state in self.assigned.items():
+            if state.paused or state.failed or len(messages) >= num_messages:
+                continue
+            log = self._log(topic, partition)
+            state.known_high = log.high
+            if not log.start <= state.position <= log.high:
+                state.failed = True
+                code = (KafkaError._AUTO_OFFSET_RESET if self.reset == "error"
+                        else KafkaError.OFFSET_OUT_OF_RANGE)
+                messages.append(ModelMessage(topic, partition, state.position, error=KafkaError(
+                    code, f"fetch position {state.position} is out of range")))
+                continue
+            end = log.stable() if self.committed_only else log.high
+            while state.position < end and len(messages) < num_messages:
+                entry = log.entries.get(state.position)
+                at = state.position
+                state.position += 1
+                passed = entry is None or entry.kind == "marker" or (
+                    entry.kind == "aborted" and self.committed_only)
+                if passed:
+                    continue
+                messages.append(ModelMessage(topic, partition, at, entry))
+                state.quirk = False
+            if self.eof and state.position == log.high and state.eof_at != state.position \
+                    and len(messages) < num_messages:
+                state.eof_at = state.position
+                state.quirk = self.broker.eof_quirk
+                messages.append(ModelMessage(topic, partition, state.position, error=KafkaError(
+                    KafkaError._PARTITION_EOF, "Broker: No more messages")))
+        return messages
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        found = []
+        for where in partitions:
+            state = self.assigned[(where.topic, where.partition)]
+            reported = state.position + (1 if state.quirk else 0)
+            found.append(TopicPartition(where.topic, where.partition, reported))
+        return found
+
+    def _high(self, log: _Partition) -> int:
+        """The end as this consumer is told it when it asks: a ``read_committed`` one, where the
+        oldest open transaction starts (a fetch tells it the real end)."""
+        return log.stable() if self.committed_only else log.high
+
+    def get_watermark_offsets(self, partition: TopicPartition, timeout: float | None = None,
+                              cached: bool = False) -> tuple[int, int]:
+        log = self._log(partition.topic, partition.partition)
+        if cached:
+            state = self.assigned.get((partition.topic, partition.partition))
+            high = -1 if state is None else state.known_high
+            return (-1 if high < 0 else log.start, high)
+        return log.start, self._high(log)
+
+    def commit(self, offsets: list[TopicPartition] | None = None, asynchronous: bool = True) -> None:
+        assert offsets is not None and not asynchronous, "segack commits given offsets, synchronously"
+        self.broker.commit(self.group, offsets)
+
+    def committed(self, partitions: list[TopicPartition], timeout: float | None = None
+                  ) -> list[TopicPartition]:
+        found = []
+        for where in partitions:
+            offset = self.broker.committed(self.group, where.topic, where.partition)
+            found.append(TopicPartition(where.topic, where.partition, -1001 if offset is None else offset))
+        return found
+
+    def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,85 @@
+"""A checkpoint's files in memory, for the simulation tests: the promises of
+:class:`segack.spark_adapter.store.storage.Files` (atomic writes, exclusive creates, listings) kept
+in a dict, and a store that fails on the operations a test names."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from segack.spark_adapter.store.storage import Files
+
+__all__ = ["MemoryFiles"]
+
+
+class MemoryFiles(Files):
+    """Files under ``root``, in memory. :attr:`failing` holds the operations (``"write"``,
+    ``"create"``, ``"delete"``, ``"read"``, ``"list"``) whose next call raises ``OSError`` (each
+    once), as a store out of reach does; :attr:`meanwhile` runs before the next change lands."""
+
+    exclusive_create = True
+    cheap_looks = True
+
+    def __init__(self, root: str = "/memory/checkpoint") -> None:
+        self.root = root
+        self.data: dict[str, bytes] = {}
+        self.failing: list[str] = []
+        self.operations = 0
+        #: Called once, at the next write, create or delete, before it lands: what others did while
+        #: the writer was paused between its last look and its write.
+        self.meanwhile: Any = None
+
+    def _passes(self, operation: str) -> None:
+        self.operations += 1
+        if operation in ("write", "create", "delete") and self.meanwhile is not None:
+            meanwhile, self.meanwhile = self.meanwhile, None
+            meanwhile()
+        if operation in self.failing:
+            self.failing.remove(operation)
+            raise OSError(f"the store failed a {operation} on purpose")
+
+    def read(self, path: str) -> bytes | None:
+        self._passes("read")
+        return self.data.get(path)
+
+    def exists(self, path: str) -> bool:
+        self._passes("read")
+        return path in self.data
+
+    def write(self, path: str, data: bytes) -> None:
+        self._passes("write")
+        self.data[path] = bytes(data)
+
+    def create(self, path: str, data: bytes) -> bool:
+        self._passes("create")
+        if path in self.data:
+            return False
+        self.data[path] = bytes(data)
+        return True
+
+    def delete(self, path: str) -> None:
+        self._passes("delete")
+        self.data.pop(path, None)
+
+    def list(self, directory: str) -> list[tuple[str, int]]:
+        self._passes("list")
+        prefix = directory.rstrip("/") + "/"
+        return [(path, len(data)) for path, data in self.data.items()
+                if path.startswith(prefix) and "/" not in path[len(prefix):]]
+
+    def parquet_source(self, path: str) -> Any:
+        data = self.read(path)
+        if data is None:
+            raise FileNotFoundError(path)
+        return pa.BufferReader(data)
+
+    def entries(self, directory: str) -> Sequence[str] | None:
+        if directory in self.data:
+            return None
+        prefix = directory.rstrip("/") + "/"
+        return sorted({path[len(prefix):].split("/", 1)[0] for path in self.data if path.startswith(prefix)})
+
+    def remove_empty_directory(self, directory: str) -> None:
+        """Directories exist only through their files here."""
