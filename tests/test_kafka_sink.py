@@ -545,6 +545,27 @@ def test_a_record_under_the_checkpoints_prefix_that_is_no_position_is_refused_na
     assert partition.positions == {} and partition.next_offset == 0
 
 
+@pytest.mark.kafka
+@pytest.mark.sinks
+def test_a_tombstone_drops_its_keys_position_and_a_later_record_gives_it_again(kafka_broker):
+    """Issue 54, case 5: a real-time task's tombstones (a position's key with no value) drop the
+    key's position for whoever reads the partition; a later position of it counts again."""
+    from confluent_kafka import Producer
+
+    from segack.sinks.kafka_positions import PositionsPartition
+
+    bootstrap, topic = kafka_broker.bootstrap, "sink-positions-tombstones"
+    make_topic(bootstrap, topic, 1)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for key, value in [("gone", b"5"), ("back", b"7"), ("kept", b"2"), ("gone", None), ("back", None),
+                       ("back", b"9")]:
+        producer.produce(topic, value=value, key=f"checkpoint/0/{key}".encode(), partition=0)
+    producer.flush(30)
+    partition = PositionsPartition(topic, 0, "checkpoint/")
+    assert partition.catch_up({"bootstrap.servers": bootstrap}) == 6
+    assert partition.positions == {"0/back": 9, "0/kept": 2}
+
+
 @pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.sinks
@@ -729,3 +750,10 @@ def test_a_real_time_stream_sends_each_output_once_and_its_group_follows(tmp_pat
     _, err = process.communicate(timeout=120)
     assert process.returncode == ExitCode.OK, err[-3000:]
     assert_each_event_once_in_order(bootstrap, topic, records)
+    # The keys' positions from before the later records were dropped once saved done, and their
+    # tombstones went with the later transactions (issue 54, case 5): compaction forgets them.
+    positions = json.loads((tmp_path / "checkpoint" / "kafka-positions.json").read_bytes())["topic"]
+    messages = list(committed_messages(bootstrap, positions))
+    tombstones = {message.key() for message in messages if message.value() is None}
+    applied = {message.key() for message in messages if message.value() is not None}
+    assert tombstones and tombstones <= applied, (len(tombstones), len(applied))

@@ -553,3 +553,33 @@ def test_an_attempt_paused_before_its_save_writes_nothing_that_counts_once_taken
     assert stale.task.fenced and stale not in machine.attempts
     machine.never_ahead()
 
+
+def test_a_real_time_tasks_positions_follow_the_keys_in_flight_not_every_key_ever_seen():
+    """Case 5: 3 million keys seen once each (order ids) through one partition of positions, as a
+    real-time task applies them (a call every 1,000 records) and saves (every 10,000): the positions
+    it holds stay those of the records in flight, and so does their memory, measured over the last
+    100,000 keys (traced from the 2,900,000th on); a key seen again keeps its position as long as it
+    could skip an event."""
+    import tracemalloc
+
+    from segack.sinks.kafka_positions import PositionsPartition
+
+    keys, call, save, traced = 3_000_000, 1_000, 10_000, 100_000
+    partition = PositionsPartition("positions", 0, "checkpoint/")
+    held = 0
+    for first in range(0, keys, call):
+        if first == keys - traced:
+            tracemalloc.start()
+        partition.record({f"7/order-{offset}": offset for offset in range(first, first + call)})
+        held = max(held, len(partition.positions))
+        if (first + call) % save == 0:
+            partition.forget_below(7, first)  # saved: all done below the call still in flight
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert held == save + call and len(partition.positions) == call
+    assert peak < 4 * 2**20, f"{peak / 2**20:.1f} MiB at the peak"
+    print(f"3,000,000 keys: at most {held:,} held, {peak / 2**20:.2f} MiB at the peak of the last 100,000")
+    # Another key group's keys, and this one's at or above the point, stay.
+    partition.record({"8/order-1": 1, "7/again": keys + 5})
+    assert partition.forget_below(7, keys + 5) == [f"7/order-{offset}" for offset in range(keys - call, keys)]
+    assert partition.positions == {"8/order-1": 1, "7/again": keys + 5}

@@ -258,11 +258,14 @@ class KafkaSink(Sink):
         #: Why this copy's producer was lost, once it was (it starts no other).
         self._lost: str | None = None
         self._read: dict[int, PositionsPartition] = {}
+        #: The keys whose positions were dropped (:meth:`done_below`), by positions partition: their
+        #: tombstones go with the next transaction.
+        self._dropped: dict[int, set[str]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # A producer stays where it was started; each task's copy starts its own.
         return {name: value for name, value in self.__dict__.items()
-                if name not in ("_task", "_lock", "_producer", "_lost", "_read")}
+                if name not in ("_task", "_lock", "_producer", "_lost", "_read", "_dropped")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -474,8 +477,28 @@ class KafkaSink(Sink):
         self._apply(output, fresh)
         with self._lock:
             self._commit(output, newest)
-        for partition, positions in newest.items():
-            read[partition].record(positions)
+            # Under the lock: a drop (done_below) between the commit and this would send a
+            # tombstone for a key just applied.
+            for partition, positions in newest.items():
+                read[partition].record(positions)
+                self._dropped.get(partition, set()).difference_update(positions)
+
+    def done_below(self, key_group: int, position: int) -> None:
+        """Drop the positions of ``key_group``'s keys last applied below ``position`` (every event
+        below it is done for good: see :meth:`~segack.spark_adapter.Sink.done_below`), and send
+        their tombstones with the next transaction: a real-time stream's memory, and what a task
+        reads of the positions topic when it starts, follow the keys of the events in flight, not
+        every key ever seen."""
+        if self._positions is None:
+            return
+        number = key_group % self._positions[1]
+        with self._lock:
+            partition = self._read.get(number)
+            if partition is None:
+                return
+            dropped = partition.forget_below(key_group, position)
+            if dropped:
+                self._dropped.setdefault(number, set()).update(dropped)
 
     def _apply(self, output: KafkaOutput, events: list[dict[str, Any]]) -> None:
         if self.apply_many is not None:
@@ -487,14 +510,20 @@ class KafkaSink(Sink):
                 apply(output, event)
 
     def _commit(self, output: KafkaOutput, newest: dict[int, dict[str, int]]) -> None:
-        """One transaction (hold :attr:`_lock`): the call's records, then its keys' positions."""
+        """One transaction (hold :attr:`_lock`): the call's records, the tombstones of the positions
+        dropped since the last one (but of the call's keys), then the call's keys' positions."""
         producer = self._started()
         topic = self._positions[0]  # type: ignore[index]
         prefix = self._key_prefix
+        dropped = {partition: keys - newest.get(partition, {}).keys()
+                   for partition, keys in self._dropped.items()}
         try:
             producer.begin_transaction()
             for record_topic, value, key, partition, headers, timestamp in output.records:
                 self._send(producer, record_topic, value, key, partition, headers, timestamp)
+            for partition, keys in dropped.items():
+                for key in keys:
+                    self._send(producer, topic, None, prefix + key, partition, None, 0)
             for partition, positions in newest.items():
                 for key, position in positions.items():
                     self._send(producer, topic, str(position), prefix + key, partition, None, 0)
@@ -502,6 +531,8 @@ class KafkaSink(Sink):
         except BaseException as error:
             self._abort(producer, error)
             raise
+        for partition, keys in dropped.items():
+            self._dropped[partition] -= keys
 
     @staticmethod
     def _end(producer: Any) -> None:

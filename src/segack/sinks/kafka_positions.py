@@ -13,6 +13,12 @@ and then keeps them in memory, adding what it commits: within a run, a key is ha
 at a time, so nobody else moves its position. A process keeps what its tasks read: the next task
 that needs the same partition reads only what was committed to it since.
 
+A real-time stream's tasks never end, and keys such as order ids are never seen again: there a
+key's position is dropped once every event of its key group below it is done for good
+(:meth:`~segack.sinks.KafkaSink.done_below`), and a tombstone (a record with no value) for it goes
+with the task's next transaction, so that compaction removes it from the topic too. A task then
+holds the keys of the events it has read and not yet saved, not every key it ever saw.
+
 The driver keeps each run to the topic the checkpoint's first run recorded (:func:`recorded_topic`,
 :func:`keep_to_recorded`): its name, its partition count and its topic id. The positions are the
 only record of what was applied, so a topic gone, or deleted and made again (empty, with another
@@ -213,10 +219,15 @@ class PositionsPartition:
                     log.warning("KafkaSink waits to read %s: %s", where, message.error().str())
                     continue
                 value, raw = message.value(), message.key()
-                if value is None or raw is None or not raw.startswith(prefix):
+                if raw is None or not raw.startswith(prefix):
                     continue  # another checkpoint's, sharing the topic (or another writer's)
                 try:
-                    key, position = raw[len(prefix):].decode("utf-8"), int(value)
+                    key = raw[len(prefix):].decode("utf-8")
+                    if value is None:  # a tombstone: the key's position can skip nothing any more
+                        positions.pop(key, None)
+                        read += 1
+                        continue
+                    position = int(value)
                 except ValueError:  # UnicodeDecodeError is one
                     raise SinkError(f"KafkaSink: the record at offset {message.offset()} of {where} is no "
                                     f"position of this checkpoint's (its key is not UTF-8, or its value "
@@ -243,6 +254,17 @@ class PositionsPartition:
             for key, position in positions.items():
                 if position > known.get(key, -1):
                     known[key] = position
+
+    def forget_below(self, key_group: int, position: int) -> list[str]:
+        """Drop the positions of ``key_group``'s keys last applied below ``position``, once every
+        event of it below ``position`` is done for good (no run hands them again, so those
+        positions can make no event be skipped); the keys dropped (:func:`position_key`'s)."""
+        prefix = f"{key_group}/"
+        with self.lock:
+            dropped = [key for key, at in self.positions.items() if at < position and key.startswith(prefix)]
+            for key in dropped:
+                del self.positions[key]
+        return dropped
 
 
 #: What this process read, by ``(servers, topic, partition, prefix)``, least recently used first.

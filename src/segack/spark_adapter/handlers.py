@@ -28,8 +28,8 @@ from segack.spark_adapter.options import Policy
 
 __all__ = ["EventIdentity", "Refusal", "RunContext", "Sink", "close_handler", "identified_event",
            "identified_events", "is_async",
-           "orderable_refusal", "prepare_handler", "refusing", "takes_unorderable", "wants_identity",
-           "with_identity", "with_identities_passed"]
+           "orderable_refusal", "prepare_handler", "refusing", "takes_unorderable", "tell_done_below",
+           "wants_identity", "with_identity", "with_identities_passed"]
 
 _MARK = "segack_identity"
 _UNORDERABLE_MARK = "segack_takes_unorderable"
@@ -102,6 +102,13 @@ class Sink:
 
     def close(self) -> None:
         """Called at the end of each Spark task that used this copy of the sink, whatever happened."""
+
+    def done_below(self, key_group: int, position: int) -> None:
+        """Called in a task once every event of ``key_group`` below ``position`` is done and
+        recorded so: no run hands a sink any of them again, and the calls in flight hold later ones
+        (a real-time stream calls it after each save, its key groups being Kafka partitions and its
+        positions their offsets). A sink may let go of what it keeps for them: the position of a key
+        last applied below ``position`` can never make it skip an event again."""
 
 
 def is_async(handler: Callable[..., Any]) -> bool:
@@ -190,6 +197,13 @@ def close_handler(handler: Callable[..., Any]) -> None:
         handler.close()
 
 
+def tell_done_below(handler: Callable[..., Any], key_group: int, position: int) -> None:
+    """Tell a :class:`~segack.spark_adapter.Sink` that ``key_group``'s events below ``position``
+    are done for good (:meth:`~segack.spark_adapter.Sink.done_below`)."""
+    if isinstance(handler, Sink):
+        handler.done_below(key_group, position)
+
+
 @dataclass(frozen=True)
 class Refusal:
     """Events a run does not hand to a handler unless the handler is marked to take them: a Kafka
@@ -252,6 +266,9 @@ class _RefusingSink(Sink):
 
     def close(self) -> None:
         self.sink.close()
+
+    def done_below(self, key_group: int, position: int) -> None:
+        self.sink.done_below(key_group, position)
 
 
 class _RefusingAsyncSink(_RefusingSink):

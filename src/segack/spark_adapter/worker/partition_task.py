@@ -57,6 +57,7 @@ from segack.spark_adapter.handlers import (
     EventIdentity,
     close_handler,
     identified_event,
+    tell_done_below,
     wants_identity,
     with_identities_passed,
 )
@@ -434,6 +435,7 @@ class PartitionsTask:
             if state != self.saved_states.get(partition):
                 plan.store.partitions.save(self.leases[partition], {**state, "at": time.time()})
                 self.saved_states[partition] = state
+                tell_done_below(self.handler, partition, int(state["next"]))
         return True
 
     def _failed(self) -> PartitionReader | None:
