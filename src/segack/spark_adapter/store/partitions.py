@@ -22,9 +22,9 @@ themselves, not by a look before them (which a paused process passes, and acts o
 - **Epochs below** the highest settled one are deleted by its holder; an older holder that writes
   its epoch again only makes a file no reader takes.
 
-A partition nobody has held yet gets its start recorded by the driver (:meth:`record_start`,
-epoch 1) before any task reads it: a run that starts at ``latest`` and dies before its first save
-starts there again, not at a later ``latest``.
+A partition nobody has held yet gets its start recorded by the driver
+(:meth:`PartitionStates.record_start`, epoch 1) before any task reads it: a run that starts at
+``latest`` and dies before its first save starts there again, not at a later ``latest``.
 
 Checkpoints of segack before epochs hold ``partition-NNNNN.json``: it is read as epoch 0.
 """
