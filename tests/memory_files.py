@@ -1,10 +1,10 @@
 """A checkpoint's files in memory, for the simulation tests: the promises of
 :class:`segack.spark_adapter.store.storage.Files` (atomic writes, exclusive creates, listings) kept
-in a dict, and a store that fails on the operations a test names."""
+in a dict, and a store that fails on the operations a test names, before or after they land."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -13,11 +13,18 @@ from segack.spark_adapter.store.storage import Files
 
 __all__ = ["MemoryFiles"]
 
+_CHANGES = ("write", "create", "delete")
+
 
 class MemoryFiles(Files):
-    """Files under ``root``, in memory. :attr:`failing` holds the operations (``"write"``,
-    ``"create"``, ``"delete"``, ``"read"``, ``"list"``) whose next call raises ``OSError`` (each
-    once), as a store out of reach does; :attr:`meanwhile` runs before the next change lands."""
+    """Files under ``root``, in memory.
+
+    :attr:`failing` holds the operations (``"write"``, ``"create"``, ``"delete"``, ``"read"``,
+    ``"list"``) whose next call raises ``OSError`` (each once), as a store out of reach does;
+    ``"write:landed"`` (or ``create``, ``delete``) makes the change, then raises, as a request whose
+    answer was lost. :attr:`meanwhile` runs before a change lands, once :attr:`meanwhile_after`
+    changes have passed: what others did while the writer was paused there.
+    """
 
     exclusive_create = True
     cheap_looks = True
@@ -27,18 +34,30 @@ class MemoryFiles(Files):
         self.data: dict[str, bytes] = {}
         self.failing: list[str] = []
         self.operations = 0
-        #: Called once, at the next write, create or delete, before it lands: what others did while
-        #: the writer was paused between its last look and its write.
-        self.meanwhile: Any = None
+        self.meanwhile: Callable[[], Any] | None = None
+        self.meanwhile_after = 0
 
-    def _passes(self, operation: str) -> None:
+    def _passes(self, operation: str) -> bool:
+        """Fail or pause before ``operation``; whether it must fail once it has landed."""
         self.operations += 1
-        if operation in ("write", "create", "delete") and self.meanwhile is not None:
-            meanwhile, self.meanwhile = self.meanwhile, None
-            meanwhile()
+        if operation in _CHANGES and self.meanwhile is not None:
+            if self.meanwhile_after > 0:
+                self.meanwhile_after -= 1
+            else:
+                meanwhile, self.meanwhile = self.meanwhile, None
+                meanwhile()
         if operation in self.failing:
             self.failing.remove(operation)
             raise OSError(f"the store failed a {operation} on purpose")
+        landed = f"{operation}:landed"
+        if landed in self.failing:
+            self.failing.remove(landed)
+            return True
+        return False
+
+    @staticmethod
+    def _lost(operation: str) -> None:
+        raise OSError(f"the store made a {operation}, and its answer was lost")
 
     def read(self, path: str) -> bytes | None:
         self._passes("read")
@@ -49,19 +68,25 @@ class MemoryFiles(Files):
         return path in self.data
 
     def write(self, path: str, data: bytes) -> None:
-        self._passes("write")
+        lost = self._passes("write")
         self.data[path] = bytes(data)
+        if lost:
+            self._lost("write")
 
     def create(self, path: str, data: bytes) -> bool:
-        self._passes("create")
+        lost = self._passes("create")
         if path in self.data:
             return False
         self.data[path] = bytes(data)
+        if lost:
+            self._lost("create")
         return True
 
     def delete(self, path: str) -> None:
-        self._passes("delete")
+        lost = self._passes("delete")
         self.data.pop(path, None)
+        if lost:
+            self._lost("delete")
 
     def list(self, directory: str) -> list[tuple[str, int]]:
         self._passes("list")

@@ -431,15 +431,20 @@ def test_a_positions_topic_deleted_and_made_again_is_refused_and_an_older_record
     name, made = first.positions_topic_for(_checkpoint_id(tmp_path)), positions_topic(files)
     # What the older code recorded (no topic id): a run records the id now, and goes on.
     (tmp_path / "kafka-positions.json").write_text(json.dumps({"topic": name, "partitions": 4}))
-    _sink(bootstrap, topic).prepare(_run(tmp_path, 2))
+    going = _sink(bootstrap, topic)
+    going.prepare(_run(tmp_path, 2))
     assert positions_topic(files) == made and made["topic_id"]
     _delete_topic(bootstrap, name)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(name, 4, config={"cleanup.policy": "compact"})])[name].result(30)
     _wait_for(lambda: name in _topics(bootstrap), 30, "the brokers to list the topic made again")
-    with pytest.raises(SinkError, match=rf"^KafkaSink: positions topic {name} was deleted and made again "
-                                        rf"\(topic id \S+, not {made['topic_id']}\): the positions"):
+    refused = rf"^KafkaSink: positions topic {name} was deleted and made again \(topic id \S+, not " \
+              rf"{made['topic_id']}\): the positions"
+    with pytest.raises(SinkError, match=refused):
         _sink(bootstrap, topic).prepare(_run(tmp_path, 3))
+    # A stream's next micro-batch under the same claim (the sink prepared before) looks again.
+    with pytest.raises(SinkError, match=refused):
+        going.prepare(_run(tmp_path, 2))
     assert positions_topic(files) == made
 
 

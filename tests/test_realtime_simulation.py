@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from segack.spark_adapter.coordinator import realtime
 from segack.spark_adapter.coordinator.group_commits import GroupCommits
+from segack.spark_adapter.handlers import Sink
 from segack.spark_adapter.options import Handling
 from segack.spark_adapter.store.checkpoint import DEAD_KEY_GROUP, DEAD_POSITION, TaskStore
 from segack.spark_adapter.store.dead_letter_files import DEAD_LETTERS_DIR
@@ -40,6 +42,7 @@ from tests.kafka_model import ModelBroker, ModelConsumer
 from tests.memory_files import MemoryFiles
 
 TOPIC, GROUP, KEYS = "sim", "sim-group", ("a", "b", "c", "d")
+_EPOCH_FILE = re.compile(r"partition-(\d+)(?:\.e(\d+))?\.json")
 #: Schedules per run of the README's test command, and steps each.
 SCHEDULES, STEPS = 2000, 40
 DEAD_LETTER_SCHEMA = pa.schema([("key", pa.string()), ("topic", pa.string()), ("partition", pa.int32()),
@@ -51,6 +54,21 @@ DEAD_LETTER_SCHEMA = pa.schema([("key", pa.string()), ("topic", pa.string()), ("
 
 class _Failing(Exception):
     """The handler's failure, on purpose."""
+
+
+class _Sink(Sink):
+    """The simulation's handler, a sink: its calls go to the machine, and so does what the tasks
+    say is done for good (:meth:`~segack.spark_adapter.Sink.done_below`)."""
+
+    def __init__(self, machine: RealTimeSimulation) -> None:
+        self.machine = machine
+
+    def __call__(self, events: list[dict[str, Any]], identities: list[Any]) -> None:
+        self.machine._handler(events)
+
+    def done_below(self, key_group: int, position: int) -> None:
+        floors = self.machine.done_below
+        floors[key_group] = max(floors.get(key_group, 0), position)
 
 
 @dataclass
@@ -88,8 +106,13 @@ class RealTimeSimulation(RuleBasedStateMachine):
         #: ``(partition, offset)`` of each call's records that finished, and the keys' handled order.
         self.handled: set[tuple[int, int]] = set()
         self.failing = False
-        #: Records handled before an earlier one of their key (none, ever).
+        #: Records handled before an earlier one of their key, or handed after their partition was
+        #: said done below them (none, ever).
         self.disorders: list[str] = []
+        #: What the tasks said is done for good, by partition (no call may hand a record below).
+        self.done_below: dict[int, int] = {}
+        #: The highest settled ``next`` each partition has had (it never goes back).
+        self.settled: dict[int, int] = {}
         #: Where the first run started each partition: every record from there on must be handled.
         self.origin: dict[int, int] = {}
         self.open_transactions: list[tuple[int, int]] = []
@@ -124,22 +147,32 @@ class RealTimeSimulation(RuleBasedStateMachine):
         self.seq += 1
         self.broker.produce(TOPIC, partition, key.encode(), json.dumps({"seq": self.seq}).encode())
 
-    def _handler(self, events: dict[str, Any] | list[dict[str, Any]]) -> None:
-        """The handler: one event, or a list (``batch_size``), each key's in order."""
+    def _handler(self, events: list[dict[str, Any]]) -> None:
+        """The handler: a list of events (one, or up to ``batch_size``), each key's in order."""
         if self.failing:
             raise _Failing("the schedule fails this call")
-        for event in events if isinstance(events, list) else [events]:
+        for event in events:
             partition, offset = event["partition"], event["offset"]
-            # In its key's order: every earlier record of the key (from the origin on) is done.
+            # In its key's order: every earlier record of the key (from the origin on) was handled
+            # (one set aside parks its key: the key's later records are set aside behind it).
             earlier = [at for at, entry in self.broker.deliverable(TOPIC, partition).items()
                        if self.origin.get(partition, 0) <= at < offset and entry.key == event["key"].encode()]
             missing = [at for at in earlier if (partition, at) not in self.handled]
-            if missing:
-                aside = self._set_aside()
-                missing = [at for at in missing if (partition, at) not in aside]
             if missing:  # said by an invariant: raised here, it would be the handler's failure
                 self.disorders.append(f"{event['key']}@{partition}/{offset} handled before {missing}")
             self.handled.add((partition, offset))
+
+    def _handed(self, attempt: Attempt | None, call: Any) -> None:
+        """A call starts: if its attempt holds the partition (an older one may not know yet that it
+        does not: its sink is fenced by then, KafkaSink's by the newer holder's producer), none of
+        its records may be below what the partition was said done below."""
+        if attempt is None:
+            return
+        for _, _, event in call.args[0]:
+            partition, floor = event["partition"], self.done_below.get(event["partition"], 0)
+            if event["offset"] < floor and self._top_epoch(partition) == attempt.task.leases[partition].epoch:
+                self.disorders.append(f"{partition}/{event['offset']} handed by its holder after the "
+                                      f"partition was said done below {floor}")
 
     def _new_run(self) -> None:
         """A run takes the checkpoint over (its claim the newest), records where the partitions
@@ -155,30 +188,30 @@ class RealTimeSimulation(RuleBasedStateMachine):
         starts = realtime._starts(self._consumer({}), TOPIC, partitions, self.starting, committed)
         try:
             realtime._record_starts(store, TOPIC, starts, store.run_id, number)
-            parked = store.dead_letter_keys("key")
+            store.dead_letter_keys("key")  # the driver reads them too, for the retry
         except OSError:
             return
         for partition, offset in starts.items():
             self.origin.setdefault(partition, offset)
         plan = PartitionPlan(
-            store=store, handler=self._handler, handling=self.handling, topic=TOPIC,
+            store=store, handler=_Sink(self), handling=self.handling, topic=TOPIC,
             assignment=tuple(tuple(range(self.partitions))[index::self.tasks] for index in range(self.tasks)),
             starts=starts, consumer=self.settings, records=RecordEvents((("seq", "bigint"),), "UTC"),
-            checkpoint_id="sim", commit_interval=1.0, group=GROUP, parked=parked,
-            dead_letter_schema=DEAD_LETTER_SCHEMA)
+            checkpoint_id="sim", commit_interval=1.0, group=GROUP, dead_letter_schema=DEAD_LETTER_SCHEMA)
         run = Run(number, store, plan, group)
         self.runs.append(run)
         for task in range(self.tasks):
-            self._start_attempt(run, task, 0)
+            self._start_attempt(run, task)
 
     def _consumer(self, config: dict[str, Any]) -> ModelConsumer:
         return ModelConsumer(self.broker, config)
 
-    def _start_attempt(self, run: Run, task: int, number: int) -> None:
+    def _start_attempt(self, run: Run, task: int) -> None:
         holder: list[Attempt] = []
 
         def start(call: Any) -> None:
             attempt = holder[0] if holder else None
+            self._handed(attempt, call)
             if attempt is None or attempt.draining:
                 call()
             else:
@@ -186,7 +219,7 @@ class RealTimeSimulation(RuleBasedStateMachine):
 
         try:
             work = PartitionsTask(run.plan, task, consumer=self._consumer, clock=lambda: self.now,
-                                  start=start, consume_wait=0.0, attempt=number)
+                                  start=start, consume_wait=0.0)
             consumer = work.open()
         except OSError:
             return  # the store failed as the attempt began: Spark fails the task
@@ -208,6 +241,11 @@ class RealTimeSimulation(RuleBasedStateMachine):
             return bool(drain(timeout))
 
         dispatcher.drain = draining
+
+    def _top_epoch(self, partition: int) -> int:
+        """The partition's highest epoch, from its files' names."""
+        names = (_EPOCH_FILE.fullmatch(path.rsplit("/", 1)[-1]) for path in self.files.data)
+        return max((int(found[2] or 0) for found in names if found and int(found[1]) == partition), default=0)
 
     def _set_aside(self) -> set[tuple[int, int]]:
         """``(partition, offset)`` of every dead letter in the checkpoint (each file read once)."""
@@ -305,7 +343,7 @@ class RealTimeSimulation(RuleBasedStateMachine):
             self.broker.compact(TOPIC, partition, offset)
 
     @rule(fault=st.sampled_from(["commit fails", "commit times out", "write", "create", "delete", "list",
-                                 "read"]))
+                                 "read", "write:landed", "create:landed", "delete:landed"]))
     def a_fault(self, fault: str) -> None:
         """The next group commit fails (before or after it is applied), or the store's next
         operation of a kind."""
@@ -315,16 +353,17 @@ class RealTimeSimulation(RuleBasedStateMachine):
             self.files.failing.append(fault)
 
     @precondition(lambda self: self.attempts)
-    @rule(which=st.integers(0, 10), task=st.integers(0, 1), steps=st.integers(0, 6))
-    def paused_at_a_write(self, which: int, task: int, steps: int) -> None:
-        """An attempt pauses just before its next write lands (after every look it makes first);
-        meanwhile Spark runs a task again, which steps, finishes its calls and saves, and the driver
-        commits; then the paused one goes on."""
+    @rule(which=st.integers(0, 10), task=st.integers(0, 1), steps=st.integers(0, 6),
+          writes=st.integers(0, 3))
+    def paused_at_a_write(self, which: int, task: int, steps: int, writes: int) -> None:
+        """An attempt pauses just before one of its next writes lands (after ``writes`` of them, and
+        every look it makes before); meanwhile Spark runs a task again, which steps, finishes its
+        calls and saves, and the driver commits; then the paused one goes on."""
         attempt = self.attempts[which % len(self.attempts)]
 
         def meanwhile() -> None:
             before = list(self.attempts)
-            self._start_attempt(self.runs[-1], task % self.tasks, 1 + len(self.attempts))
+            self._start_attempt(self.runs[-1], task % self.tasks)
             for other in [other for other in self.attempts if other not in before]:
                 for _ in range(steps):
                     if other in self.attempts:
@@ -335,7 +374,7 @@ class RealTimeSimulation(RuleBasedStateMachine):
                         self._step(other)
             self._work(("look", 0, 0))
 
-        self.files.meanwhile = meanwhile
+        self.files.meanwhile, self.files.meanwhile_after = meanwhile, writes
         self.now += 1.0
         self._step(attempt)
         self.files.meanwhile = None
@@ -349,7 +388,7 @@ class RealTimeSimulation(RuleBasedStateMachine):
         if what == "crash" and self.attempts:
             self.attempts.pop(which % len(self.attempts))
         elif what == "retry":
-            self._start_attempt(self.runs[-1], which % self.tasks, 1 + len(self.attempts))
+            self._start_attempt(self.runs[-1], which % self.tasks)
         elif what.startswith("new run") and len(self.runs) < 4:
             self.starting = "latest" if what.endswith("latest") else "earliest"
             self._new_run()
@@ -387,6 +426,10 @@ class RealTimeSimulation(RuleBasedStateMachine):
             if view is None or view.state is None:
                 continue
             saved = int(view.state["next"])
+            if view.settled:
+                assert saved >= self.settled.get(partition, 0), (
+                    f"partition {partition}: settled next {saved} back from {self.settled[partition]}")
+                self.settled[partition] = saved
             group = self.broker.committed(GROUP, TOPIC, partition)
             assert group is None or group <= saved, f"partition {partition}: group {group} ahead of {saved}"
             first = self._first_not_done(partition, done)
@@ -548,9 +591,9 @@ def test_an_attempt_paused_before_its_save_writes_nothing_that_counts_once_taken
     machine._step(stale)
     assert saved == [5] and machine.broker.committed(GROUP, TOPIC, 0) == 5
     assert machine.runs[-1].store.partitions.read(0)["next"] == 5  # not the stale attempt's 2
-    machine.now += 1.0
-    machine._step(stale)
+    # Its look after the writes finds the newer epoch: it stops there, and tells its sink nothing.
     assert stale.task.fenced and stale not in machine.attempts
+    assert machine.done_below == {0: 5}
     machine.never_ahead()
 
 
@@ -583,3 +626,30 @@ def test_a_real_time_tasks_positions_follow_the_keys_in_flight_not_every_key_eve
     partition.record({"8/order-1": 1, "7/again": keys + 5})
     assert partition.forget_below(7, keys + 5) == [f"7/order-{offset}" for offset in range(keys - call, keys)]
     assert partition.positions == {"8/order-1": 1, "7/again": keys + 5}
+
+
+def test_an_attempt_taken_over_before_its_write_tells_its_sink_nothing_is_done():
+    """After the review: an attempt paused between its look and its write, taken over meanwhile,
+    must not tell its sink that the records it saved (into an epoch nobody reads) are done for good:
+    the new holder hands them again, and a KafkaSink that dropped their positions would apply them
+    twice."""
+    machine = _simulation(backlog=2)
+    _settle(machine)
+    [stale] = machine.attempts
+    for key in "cd":
+        machine._produce(0, key)
+    machine._step(stale)
+    while stale.calls:
+        stale.calls.pop(0)()  # 2 and 3 handled: its next save says next=4
+    machine.files.meanwhile = lambda: machine.a_disruption("retry", 0)
+    machine.now += 1.0
+    machine._step(stale)
+    newer = machine.attempts[-1]
+    assert newer.task.readers[0].start == 2 and stale.task.fenced
+    assert machine.done_below.get(0, 0) <= 2
+    for _ in range(3):
+        newer.draining = True
+        machine.now += 1.0
+        machine._step(newer)
+    assert machine.handled >= {(0, 2), (0, 3)} and machine.done_below == {0: 4}
+    machine.in_key_order()

@@ -928,14 +928,26 @@ def test_a_replay_over_auto_segments_plans_them_first_and_keeps_each_keys_order(
                segments="planned")
 
 
-def test_ship_module_sends_a_local_package_but_never_segack_itself(spark):
+def test_ship_module_sends_a_local_package_once_but_never_segack_itself(spark, tmp_path, monkeypatch):
+    import uuid
     import zipfile
 
-    from segack.spark_adapter import ship_module
+    from segack.spark_adapter import SessionError, ship_module
 
     # segack is on the executors already, installed or not; a zip of it would lack its kernel.
     assert ship_module(spark, "segack.demo") is None
     assert ship_module(spark, "json") is None
-    shipped = ship_module(spark, "tests.spark_handlers")
-    assert shipped is not None and shipped.endswith("tests.zip")
-    assert "tests/spark_handlers.py" in zipfile.ZipFile(shipped).namelist()
+    name = f"handlers_{uuid.uuid4().hex[:8]}"
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text("")
+    (tmp_path / name / "apply.py").write_text("def handle(event):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    shipped = ship_module(spark, f"{name}.apply")
+    assert shipped is not None and shipped.endswith(f"{name}.zip")
+    assert f"{name}/apply.py" in zipfile.ZipFile(shipped).namelist()
+    # A second run in the same session (Spark refuses an artifact's name twice): nothing to send.
+    assert ship_module(spark, f"{name}.apply") is None
+    # Changed since: the executors would keep the version sent, so it is refused, saying why.
+    (tmp_path / name / "apply.py").write_text("def handle(event):\n    return 1\n")
+    with pytest.raises(SessionError, match=f"another version of module '{name}'"):
+        ship_module(spark, f"{name}.apply")

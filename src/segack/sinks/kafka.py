@@ -287,18 +287,23 @@ class KafkaSink(Sink):
     def prepare(self, run: RunContext) -> None:
         """Refuse a run the sink cannot keep exactly once; make the positions topic; fence the
         producers of the runs this one took the checkpoint over from. A stream's later micro-batches
-        under the same claim only fence what an older run recorded since."""
+        under the same claim look again that the positions topic is the one recorded (gone, or made
+        again, since the last), and fence what an older run recorded since."""
+        from confluent_kafka.admin import AdminClient
+
         refuse_unordered("KafkaSink", run)
-        done = self._run
-        if done is not None and (done.checkpoint, done.checkpoint_id, done.claim) == (
+        config: dict[str, Any] = {**self._connection_config(), "logger": log}
+        admin = AdminClient(config)
+        done, known = self._run, self._positions
+        if done is not None and known is not None and (done.checkpoint, done.checkpoint_id, done.claim) == (
                 run.checkpoint, run.checkpoint_id, run.claim):
+            files, (name, partitions) = CheckpointStore(run.checkpoint).files, known
+            recorded = recorded_topic(files, name, self._metadata(admin).topics.get(name))
+            topic_id = described_topic_id(admin, name, METADATA_SECONDS)
+            keep_to_recorded(files, recorded, name, partitions, topic_id)
             # A claim number withdrawn is taken again: an older run's task may have recorded an id since.
             self._fence_older(run)
             return
-        from confluent_kafka.admin import AdminClient
-
-        config: dict[str, Any] = {**self._connection_config(), "logger": log}
-        admin = AdminClient(config)
         topics = self._metadata(admin).topics
         missing = sorted(topic for topic in self.topics
                          if topic not in topics or topics[topic].error is not None)

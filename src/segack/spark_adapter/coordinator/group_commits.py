@@ -63,6 +63,11 @@ class GroupCommits:
                 if view.settled and view.state is not None
                 and self.committed.get(partition) != int(view.state["next"])}
 
+    def lags(self, views: Mapping[int, PartitionView]) -> bool:
+        """Whether the group lacks some partition's progress: a settled one it does not hold, or
+        one whose newest holder has not settled it (a takeover cut short: the next run commits it)."""
+        return bool(self.behind(views)) or any(not view.settled for view in views.values())
+
     def commit(self, views: Mapping[int, PartitionView]) -> bool:
         """Commit each settled partition's ``next`` that the group does not hold; whether the group
         holds them all now. A failure is said once while it lasts, and the commit is made again at
@@ -92,12 +97,13 @@ class GroupCommits:
     def commit_until(self, views: Callable[[], Mapping[int, PartitionView]], seconds: float = STOP_SECONDS,
                      sleep: Callable[[float], Any] = time.sleep) -> bool:
         """Commit what ``views()`` says until the group holds it or ``seconds`` pass (a stop);
-        whether it does."""
+        whether it does (``False`` at once for a partition no holder has settled: nobody will)."""
         deadline = time.monotonic() + seconds
         while True:
             try:
-                if self.commit(views()):
-                    return True
+                current = views()
+                if self.commit(current):
+                    return not self.lags(current)
             except (OSError, CheckpointError) as error:  # the store out of reach for a moment
                 log.warning("could not read the partitions' progress to commit it: %s", error)
             if time.monotonic() >= deadline:

@@ -177,10 +177,12 @@ def _starts(consumer: Any, topic: str, partitions: list[int], starting: str,
 def _record_starts(store: CheckpointStore, topic: str, starts: Mapping[int, int], run_id: str,
                    claim: int) -> None:
     """Step 3: the start of each partition that nobody has held yet, recorded."""
-    for partition, offset in sorted(starts.items()):
-        if store.partitions.record_start(partition, start_state(topic, partition, offset, claim),
-                                         {"run": run_id, "claim": claim}):
-            log.info("%s: partition %d of %s starts at offset %d", store.location, partition, topic, offset)
+    recorded = store.partitions.record_starts(
+        {partition: start_state(topic, partition, offset, claim) for partition, offset in starts.items()},
+        {"run": run_id, "claim": claim})
+    for partition in recorded:
+        log.info("%s: partition %d of %s starts at offset %d", store.location, partition, topic,
+                 starts[partition])
 
 
 def _run_options(options: dict[str, Any], handler: Callable[..., Any], commit_interval: Any) -> RunOptions:
@@ -399,6 +401,8 @@ def stream_real_time(
                                    "status": "running"})
             keeper.save(state)
             _record_starts(store, topic, starts, run_id, keeper.claim.number)  # 3
+            if group is not None:  # what an earlier run could not commit, before anything else
+                group.commit(store.partitions.views())
             tasks = min(len(partitions), _slots(spark))
             retried = RetryOutcome()
             if run_options.retry_dead_letters:  # 4
@@ -411,12 +415,12 @@ def stream_real_time(
                 assignment=tuple(tuple(partitions[index::tasks]) for index in range(tasks)), starts=starts,
                 consumer=settings, records=records, checkpoint_id=checkpoint_id,
                 commit_interval=float(commit_interval), group=commit_offsets_to,
-                parked=store.dead_letter_keys("key"), dead_letter_schema=dead_letter_schema)
+                dead_letter_schema=dead_letter_schema)
             log.info("%s: a real-time stream of %s: %d partitions in %d tasks", store.location, topic,
                      len(partitions), tasks)
             job = _Job(spark, plan, tasks, run_tag(run_id))
             job.thread.start()
-            watch = _Watch(job, store, run_id, keeper.claim.number, began, partitions, group)
+            watch = _Watch(job, store, run_id, keeper, began, partitions, group)
             try:
                 watch.until_ended(stop, progress, lambda: _partitions(settings, topic))  # 5, 6
             except BaseException:
@@ -434,16 +438,17 @@ def stream_real_time(
         dead_letters=sum(row["dead_letters"] for row in results),
         dead_letters_left=store.count_dead_letters(), stopped=stop.asked.is_set(),
         seconds=time.monotonic() - began, partitions=report.partitions, retried=retried.handled,
-        retry_failed=retried.kept, group_behind=bool(group and group.behind(views)))
+        retry_failed=retried.kept, group_behind=bool(group and group.lags(views)))
 
 
 class _Watch:
     """The driver's side of a running job (steps 5 to 7): reports, the group's commits, stop
     requests, and the topic's partitions looked at every :data:`PARTITIONS_LOOK_SECONDS`."""
 
-    def __init__(self, job: _Job, store: CheckpointStore, run_id: str, claim: int, began: float,
+    def __init__(self, job: _Job, store: CheckpointStore, run_id: str, keeper: ClaimKeeper, began: float,
                  partitions: list[int], group: GroupCommits | None) -> None:
-        self.job, self.store, self.run_id, self.claim = job, store, run_id, claim
+        self.job, self.store, self.run_id, self.keeper = job, store, run_id, keeper
+        self.claim = keeper.claim.number
         self.began, self.partitions, self.group = began, partitions, group
         #: When the job started: the tasks' slots are looked for from then on.
         self.job_began = time.monotonic()
@@ -470,7 +475,7 @@ class _Watch:
             except (OSError, CheckpointError) as error:  # the store out of reach for a moment
                 log.warning("%s: could not read the partitions' progress: %s", self.store.location, error)
                 continue
-            if self.group is not None:
+            if self.group is not None and self.keeper.lost is None:  # a newer run's group now
                 self.group.commit(views)
             self._check_started(views)
             if progress is not None and self.job.thread.is_alive():

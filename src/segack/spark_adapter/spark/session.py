@@ -6,6 +6,7 @@ Spark Connect (``sc://HOST:PORT``) as in a classic session.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import ipaddress
 import logging
@@ -15,6 +16,7 @@ import socket
 import sys
 import sysconfig
 import tempfile
+import weakref
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -214,6 +216,19 @@ def _within(path: str, roots: list[str]) -> bool:
     return any(real == root or real.startswith(root + os.sep) for root in roots)
 
 
+#: What each session was sent, by the module's top-level name: the digest of its files. Spark refuses
+#: an artifact of a name it has (a second run's handler, in the same process and session).
+_shipped: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
+
+
+def _digest(paths: list[str]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as handle:
+            digest.update(path.encode() + b"\0" + handle.read() + b"\0")
+    return digest.hexdigest()
+
+
 def ship_module(spark: SparkSession, module_name: str) -> str | None:
     """Send the top-level module or package of ``module_name`` to the executors.
 
@@ -232,7 +247,14 @@ def ship_module(spark: SparkSession, module_name: str) -> str | None:
     Returns
     -------
     str or None
-        The path sent, or ``None`` when nothing was.
+        The path sent, or ``None`` when nothing was (nor needed to be: the session has this module
+        as it is now from an earlier call).
+
+    Raises
+    ------
+    SessionError
+        The session was sent another version of the module before: its executors would keep that
+        one (start a new session, or a new process).
     """
     top = module_name.split(".")[0]
     module = importlib.import_module(top)
@@ -240,20 +262,30 @@ def ship_module(spark: SparkSession, module_name: str) -> str | None:
     # segack itself is on the executors already (a zip of its .py files would lack its kernel).
     if origin is None or top == __name__.split(".")[0] or _within(origin, _installed_roots()):
         return None
-    if not hasattr(module, "__path__"):
-        spark.addArtifacts(origin, pyfile=True)
-        return origin
-    package_dir = os.path.dirname(origin)
-    archive = os.path.join(tempfile.mkdtemp(prefix="segack-ship-"), f"{top}.zip")
-    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as bundle:
+    if hasattr(module, "__path__"):
+        package_dir = os.path.dirname(origin)
+        sources = []
         for folder, directories, files in os.walk(package_dir):
-            directories[:] = [name for name in directories if name != "__pycache__"]
-            for name in sorted(files):
-                if name.endswith(".py"):
-                    path = os.path.join(folder, name)
-                    bundle.write(path, os.path.join(top, os.path.relpath(path, package_dir)))
-    spark.addArtifacts(archive, pyfile=True)
-    return archive
+            directories[:] = sorted(name for name in directories if name != "__pycache__")
+            sources += [os.path.join(folder, name) for name in sorted(files) if name.endswith(".py")]
+    else:
+        sources = [origin]
+    digest, sent = _digest(sources), _shipped.setdefault(spark, {})
+    if sent.get(top) == digest:
+        return None
+    if top in sent:
+        raise SessionError(f"this Spark session was sent another version of module {top!r} before, which "
+                           f"its executors keep: start a new session (or process) to run the changed one")
+    if hasattr(module, "__path__"):
+        shipped = os.path.join(tempfile.mkdtemp(prefix="segack-ship-"), f"{top}.zip")
+        with zipfile.ZipFile(shipped, "w", zipfile.ZIP_DEFLATED) as bundle:
+            for path in sources:
+                bundle.write(path, os.path.join(top, os.path.relpath(path, package_dir)))
+    else:
+        shipped = origin
+    spark.addArtifacts(shipped, pyfile=True)
+    sent[top] = digest
+    return shipped
 
 
 def ship_py_files(spark: SparkSession, paths: list[str]) -> None:

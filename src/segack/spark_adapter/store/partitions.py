@@ -23,7 +23,7 @@ themselves, not by a look before them (which a paused process passes, and acts o
   its epoch again only makes a file no reader takes.
 
 A partition nobody has held yet gets its start recorded by the driver
-(:meth:`PartitionStates.record_start`, epoch 1) before any task reads it: a run that starts at
+(:meth:`PartitionStates.record_starts`, epoch 1) before any task reads it: a run that starts at
 ``latest`` and dies before its first save starts there again, not at a later ``latest``.
 
 Checkpoints of segack before epochs hold ``partition-NNNNN.json``: it is read as epoch 0.
@@ -223,14 +223,19 @@ class PartitionStates:
         return json.dumps({**(state or {}), "epoch": lease.epoch, "owner": lease.owner},
                           sort_keys=True).encode("utf-8")
 
-    def record_start(self, partition: int, state: Mapping[str, Any], owner: Mapping[str, Any]) -> bool:
-        """Record where ``partition`` starts (``state``: its ``next``), as epoch 1, if nobody has
-        held it yet; ``False`` if somebody has (nothing written)."""
-        if self._epochs(partition).get(partition):
-            return False
-        lease = Lease(partition, 1, {**owner, "attempt": DRIVER})
-        with durable_write("progress"):
-            return self.files.create(self._path(partition, 1), self._content(lease, state))
+    def record_starts(self, states: Mapping[int, Mapping[str, Any]], owner: Mapping[str, Any]) -> list[int]:
+        """Record where each partition of ``states`` that nobody has held yet starts (its state's
+        ``next``), as its epoch 1; the partitions recorded (one listing for them all)."""
+        held = self._epochs()
+        recorded = []
+        for partition, state in sorted(states.items()):
+            if held.get(partition):
+                continue
+            lease = Lease(partition, 1, {**owner, "attempt": DRIVER})
+            with durable_write("progress"):
+                if self.files.create(self._path(partition, 1), self._content(lease, state)):
+                    recorded.append(partition)
+        return recorded
 
     def take_over(self, partition: int, owner: Mapping[str, Any], start: Mapping[str, Any]
                   ) -> tuple[Lease, dict[str, Any]]:

@@ -55,6 +55,7 @@ import pyarrow as pa
 from segack.spark_adapter.errors import HandlerFailedError, InputError, record_of
 from segack.spark_adapter.handlers import (
     EventIdentity,
+    Sink,
     close_handler,
     identified_event,
     tell_done_below,
@@ -109,10 +110,8 @@ class PartitionPlan:
     records: RecordEvents
     checkpoint_id: str
     commit_interval: float
-    #: The consumer group to commit to, or ``None``.
+    #: The consumer group, or ``None``: the consumer's ``group.id`` (the driver commits to it).
     group: str | None = None
-    #: Keys with dead letters from earlier runs: their records are set aside behind them.
-    parked: frozenset[Any] = frozenset()
     #: The dead letters' columns (the events' own, then the dead-letter columns).
     dead_letter_schema: pa.Schema = field(default_factory=lambda: pa.schema([]))
 
@@ -253,16 +252,15 @@ class PartitionsTask:
     ``consumer`` makes the Kafka consumer from its settings (``confluent_kafka.Consumer`` unless
     given), ``clock`` tells the time of the saves (``time.monotonic``), ``start`` runs the handler's
     calls as :class:`~segack.spark_adapter.worker.dispatch.Dispatcher` does with it, and
-    ``consume_wait`` is how long a look at the consumer, and a wait for room, may take, and
-    ``attempt`` is Spark's attempt of the task (its task context's unless given): a simulation
-    gives its own.
+    ``consume_wait`` is how long a look at the consumer, and a wait for room, may take: a
+    simulation gives its own.
     """
 
     def __init__(self, plan: PartitionPlan, task: int, *,
                  consumer: Callable[[dict[str, Any]], Any] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  start: Callable[[Callable[[], None]], Any] | None = None,
-                 consume_wait: float = _CONSUME_WAIT, attempt: int | None = None) -> None:
+                 consume_wait: float = _CONSUME_WAIT) -> None:
         self.plan, self.task = plan, task
         self.partitions = plan.assignment[task]
         self.handler = plan.handler
@@ -274,18 +272,22 @@ class PartitionsTask:
         self.token = uuid.uuid4().hex
         owner = {"run": plan.store.run_id, "claim": plan.store.claim_number, "attempt": self.token,
                  "task": task}
-        # A retried attempt parks the keys an earlier attempt of this run set aside too.
-        parked = plan.parked if (_attempt() if attempt is None else attempt) == 0 else \
-            plan.store.dead_letter_keys("key")
         #: Each partition's epoch (step 1).
         self.leases: dict[int, Lease] = {}
+        earlier: dict[int, dict[str, Any]] = {}
         for partition in self.partitions:  # 1
-            lease, earlier = plan.store.partitions.take_over(partition, owner, start_state(
-                plan.topic, partition, plan.starts[partition], plan.store.claim_number))
-            self.leases[partition] = lease
+            self.leases[partition], earlier[partition] = plan.store.partitions.take_over(
+                partition, owner, start_state(plan.topic, partition, plan.starts[partition],
+                                              plan.store.claim_number))
+        # Parked: the keys with dead letters once the partitions are held, read after the takeover:
+        # an attempt before this one (a retried task's, an older run's still going somewhere) set
+        # keys aside up to its last save, which this one starts from.
+        parked = plan.store.dead_letter_keys("key")
+        for partition in self.partitions:
+            state = earlier[partition]
             dispatcher = Dispatcher(called, _record_key, plan.handling, parked=parked, start=start)
             self.readers[partition] = PartitionReader(
-                partition, int(earlier["next"]), list(earlier.get("done", [])), dispatcher, earlier)
+                partition, int(state["next"]), list(state.get("done", [])), dispatcher, state)
         # Whether the last look at the consumer took every record it gave (then its position is
         # past nothing not taken).
         self._whole = True
@@ -435,6 +437,15 @@ class PartitionsTask:
             if state != self.saved_states.get(partition):
                 plan.store.partitions.save(self.leases[partition], {**state, "at": time.time()})
                 self.saved_states[partition] = state
+        if isinstance(self.handler, Sink):
+            # Only a save that is the partitions' progress may tell the sink what no run hands it
+            # again: one a pause carried past the look above went to an epoch nobody reads. Looked
+            # at after the writes, a newer epoch that is not seen here was made after them, and
+            # started from them.
+            if plan.store.partitions.superseded(self.leases.values()):
+                self._fenced()
+                return False
+            for partition, state in states.items():
                 tell_done_below(self.handler, partition, int(state["next"]))
         return True
 
@@ -508,14 +519,6 @@ def _check(error: Any, kafka_error: Any, where: str) -> None:
     if error.fatal():
         raise InputError(f"the Kafka client reading {where} failed: {error.str()}")
     log.warning("Kafka consumer of %s: %s", where, error.str())
-
-
-def _attempt() -> int:
-    """This task's attempt (0: Spark's first)."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    return 0 if context is None else context.attemptNumber()
 
 
 def _record_key(event: dict[str, Any]) -> Any:
