@@ -34,7 +34,7 @@ from segack.spark_adapter.coordinator.group_commits import GroupCommits
 from segack.spark_adapter.handlers import Sink
 from segack.spark_adapter.options import Handling
 from segack.spark_adapter.store.checkpoint import DEAD_KEY_GROUP, DEAD_POSITION, TaskStore
-from segack.spark_adapter.store.dead_letter_files import DEAD_LETTERS_DIR
+from segack.spark_adapter.store.dead_letter_files import dead_letter_paths
 from segack.spark_adapter.store.partitions import PartitionStates
 from segack.spark_adapter.worker.kafka_records import RecordEvents
 from segack.spark_adapter.worker.partition_task import PartitionPlan, PartitionsTask
@@ -248,16 +248,19 @@ class RealTimeSimulation(RuleBasedStateMachine):
         return max((int(found[2] or 0) for found in names if found and int(found[1]) == partition), default=0)
 
     def _set_aside(self) -> set[tuple[int, int]]:
-        """``(partition, offset)`` of every dead letter in the checkpoint (each file read once)."""
-        directory = self.files.path(DEAD_LETTERS_DIR)
-        prefix = directory + "/"
-        for path in [path for path in self.files.data
-                     if path.startswith(prefix) and path.endswith(".parquet")]:
+        """``(partition, offset)`` of every dead letter the checkpoint holds (its files that count, as
+        every reader lists them; each read once)."""
+        failing, self.files.failing = self.files.failing, []
+        try:
+            paths = dead_letter_paths(self.files)
+        finally:
+            self.files.failing = failing
+        for path in paths:
             if path not in self._letters:
                 table = pq.read_table(pa.BufferReader(self.files.data[path]), columns=["partition", "offset"])
                 self._letters[path] = set(zip(table.column("partition").to_pylist(),
                                               table.column("offset").to_pylist(), strict=True))
-        return set().union(*self._letters.values()) if self._letters else set()
+        return set().union(*(self._letters[path] for path in paths))
 
     def _step(self, attempt: Attempt) -> None:
         try:
@@ -652,4 +655,33 @@ def test_an_attempt_taken_over_before_its_write_tells_its_sink_nothing_is_done()
         machine.now += 1.0
         machine._step(newer)
     assert machine.handled >= {(0, 2), (0, 3)} and machine.done_below == {0: 4}
+    machine.in_key_order()
+
+
+def test_a_dead_letter_an_attempt_writes_after_a_takeover_is_none():
+    """After the review: an attempt sets a record aside, and is taken over before its dead letter
+    lands; the new holder handles the record. The letter counts for nothing (no epoch's progress
+    vouches for it): the next run parks nothing and hands nothing again."""
+    machine = _simulation(backlog=2)  # a@0, b@1
+    machine._produce(0, "a")  # a@2
+    [stale] = machine.attempts
+    machine._step(stale)
+    machine.failing = True
+    stale.calls.pop(0)()  # a@0 fails: a@0, and a@2 behind it, set aside
+    machine.failing = False
+
+    def meanwhile() -> None:
+        machine.a_disruption("retry", 0)
+        newer = machine.attempts[-1]
+        for _ in range(4):
+            newer.draining = True
+            machine.now += 1.0
+            machine._step(newer)
+
+    machine.files.meanwhile = meanwhile
+    machine.now += 1.0
+    machine._step(stale)
+    assert machine.handled == {(0, 0), (0, 1), (0, 2)}
+    assert any("-rt-p00000-e0000000002-" in path for path in machine.files.data)  # it landed
+    assert machine._set_aside() == set() and machine.runs[-1].store.dead_letter_keys("key") == frozenset()
     machine.in_key_order()

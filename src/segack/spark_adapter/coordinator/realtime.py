@@ -174,6 +174,18 @@ def _starts(consumer: Any, topic: str, partitions: list[int], starting: str,
     return starts
 
 
+def _read_starts(settings: dict[str, str], topic: str, partitions: list[int], starting: str,
+                 group: GroupCommits | None) -> dict[int, int]:
+    """:func:`_starts`, through a consumer of the driver's own, from what ``group`` holds."""
+    from confluent_kafka import Consumer
+
+    ends = Consumer({**settings, "group.id": "segack-metadata", "enable.auto.commit": False})
+    try:
+        return _starts(ends, topic, partitions, starting, group.read(partitions) if group else {})
+    finally:
+        ends.close()
+
+
 def _record_starts(store: CheckpointStore, topic: str, starts: Mapping[int, int], run_id: str,
                    claim: int) -> None:
     """Step 3: the start of each partition that nobody has held yet, recorded."""
@@ -358,7 +370,7 @@ def stream_real_time(
         The stream stopped: a handler failed for good, records a partition needs are gone, the
         topic's partitions changed, or the job failed; progress was saved first.
     """
-    from confluent_kafka import Consumer  # a missing client is refused here
+    import confluent_kafka  # noqa: F401  (a missing client is refused here)
 
     began = time.monotonic()
     run_options = _run_options(options, handler, commit_interval)  # 1
@@ -381,11 +393,7 @@ def stream_real_time(
         "key", "offset", UNPARSED, frozenset(schema.fieldNames()))])
     group = GroupCommits(settings, topic, commit_offsets_to) if commit_offsets_to is not None else None
     try:
-        ends = Consumer({**settings, "group.id": "segack-metadata", "enable.auto.commit": False})
-        try:
-            starts = _starts(ends, topic, partitions, starting, group.read(partitions) if group else {})
-        finally:
-            ends.close()
+        starts = _read_starts(settings, topic, partitions, starting, group)
         records = RecordEvents(fields, setting(spark, "spark.sql.session.timeZone", "UTC"))
         dead_letter_schema = _dead_letter_schema(spark, schema)
         stop = stop or StopRequest()

@@ -70,6 +70,7 @@ from segack.spark_adapter.store.checkpoint import (
     DEAD_POSITION,
     TaskStore,
 )
+from segack.spark_adapter.store.dead_letter_files import real_time_letters_name
 from segack.spark_adapter.store.driver_watch import watching_driver
 from segack.spark_adapter.store.partitions import Lease
 from segack.spark_adapter.worker.dispatch import Dispatcher
@@ -293,7 +294,11 @@ class PartitionsTask:
         self._whole = True
         self._paused: set[int] = set()
         self._next_save = 0.0
-        self.dead_files = 0
+        #: Each partition's dead-letter files of each epoch that its progress vouches for (those
+        #: its holders wrote before a save that counts them): ``{epoch: files}``, taken over with it.
+        self.letter_files = {partition: {str(epoch): int(files) for epoch, files in
+                                         earlier[partition].get("letters", {}).items()}
+                             for partition in self.partitions}
         #: What ended the task, if not a stop request: a handler's failure, records gone.
         self.error: HandlerFailedError | InputError | None = None
         self.fenced = False
@@ -421,16 +426,20 @@ class PartitionsTask:
         if plan.store.fenced() or plan.store.partitions.superseded(self.leases.values()):
             self._fenced()
             return False
-        letters: list[tuple[int, DeadLetter]] = []
         states = {}
         for partition, reader in self.readers.items():
             states[partition], taken = reader.state(self._position(consumer, partition, TopicPartition))
-            letters += [(partition, letter) for letter in taken]
-        if letters:
-            name = f"{plan.store.run_id}-rt-{self.task:05d}-{self.token[:8]}-{self.dead_files:05d}"
-            plan.store.write_dead_letters(name, _dead_letter_table(letters, plan.dead_letter_schema))
-            self.dead_files += 1
+            if taken:
+                # A file of the partition's own, named after its epoch: it counts once a save of
+                # this epoch vouches for it (a paused attempt's, landing after a takeover, never).
+                epoch, vouched = self.leases[partition].epoch, self.letter_files[partition]
+                written = vouched.get(str(epoch), 0)
+                plan.store.write_dead_letters(
+                    real_time_letters_name(plan.store.run_id, partition, epoch, self.token, written),
+                    _dead_letter_table([(partition, letter) for letter in taken], plan.dead_letter_schema))
+                vouched[str(epoch)] = written + 1
         for partition, state in states.items():
+            state.update(letters=dict(self.letter_files[partition]))
             state.update(topic=plan.topic, partition=partition, claim=plan.store.claim_number,
                          handled_total=self.readers[partition].handled_before + state["handled"],
                          end=_end_offset(consumer, plan.topic, partition, TopicPartition))
