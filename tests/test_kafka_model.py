@@ -15,6 +15,7 @@ import pytest
 from tests.kafka_model import ModelBroker, ModelConsumer
 
 pytestmark = [pytest.mark.kafka]
+_LOOK_SECONDS = 0.2
 
 
 class _Real:
@@ -80,8 +81,9 @@ class _Real:
 
         return Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"{self.prefix}-reader", **config})
 
-    #: Empty looks in a row after which a real consumer has nothing more for now.
-    idle_looks = 4
+    #: Empty looks in a row (of :data:`_LOOK_SECONDS` each) after which a real consumer has nothing
+    #: more for now.
+    idle_looks = 5
 
 
 class _Model:
@@ -121,7 +123,7 @@ def _read(cluster: Any, consumer: Any, topic: str) -> list[Any]:
     seen: list[Any] = []
     empty = 0
     while empty < cluster.idle_looks:
-        messages = consumer.consume(500, 0.5)
+        messages = consumer.consume(500, _LOOK_SECONDS)
         empty = 0 if messages else empty + 1
         for message in messages:
             error = message.error()

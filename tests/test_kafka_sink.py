@@ -384,6 +384,7 @@ def _delete_topic(bootstrap: str, name: str) -> None:
     _wait_for(lambda: name not in _topics(bootstrap), 30, f"the brokers to forget topic {name}")
 
 
+@pytest.mark.faults
 @pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.sinks
