@@ -66,6 +66,7 @@ AREAS = {
     "test_kafka_sink.py": ("sinks",),
     "test_realtime.py": ("streams",),
     "test_realtime_simulation.py": ("streams", "simulation"),
+    "test_kafka_sink_simulation.py": ("sinks", "simulation"),
     "test_kafka_model.py": ("streams",),
     "test_layout.py": (),
     "test_logging.py": ("command",),

@@ -28,6 +28,8 @@ real broker the tests start, with the real client, and compares):
 from __future__ import annotations
 
 import itertools
+import uuid
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,7 +70,16 @@ class ModelBroker:
 
     def __init__(self) -> None:
         self.topics: dict[str, list[_Partition]] = {}
+        #: Each topic's id (another once it is made again) and settings.
+        self.ids: dict[str, str] = {}
+        self.configs: dict[str, dict[str, str]] = {}
         self.groups: dict[tuple[str, str, int], int] = {}
+        #: Each transactional id's epoch, and the transaction its producer has open (its id, and
+        #: the partitions it wrote to).
+        self.producers: dict[str, tuple[int, Any]] = {}
+        #: What the next transactions' commits do: ``"abortable"`` (not ended: to abort),
+        #: ``"retriable"`` (not ended: to ask again).
+        self.transaction_faults: list[str] = []
         #: librdkafka's position one too far after a partition-EOF event (2.2 to 2.13.0).
         self.eof_quirk = False
         #: What the next commits do: ``"fail"`` (not applied), ``"timeout"`` (applied, then an error).
@@ -79,12 +90,17 @@ class ModelBroker:
 
     # ------------------------------------------------------------------ topics and records
 
-    def create_topic(self, topic: str, partitions: int) -> None:
+    def create_topic(self, topic: str, partitions: int, config: dict[str, str] | None = None) -> None:
         self.topics[topic] = [_Partition() for _ in range(partitions)]
+        self.ids[topic] = uuid.uuid4().hex
+        self.configs[topic] = {"cleanup.policy": "delete", **(config or {})}
 
     def recreate_topic(self, topic: str) -> None:
         """The topic deleted and made again with as many partitions: every log starts at 0."""
-        self.create_topic(topic, len(self.topics[topic]))
+        self.create_topic(topic, len(self.topics[topic]), self.configs[topic])
+
+    def delete_topic(self, topic: str) -> None:
+        del self.topics[topic], self.ids[topic], self.configs[topic]
 
     def _append(self, topic: str, partition: int, entry: Entry) -> int:
         log = self.topics[topic][partition]
@@ -98,9 +114,10 @@ class ModelBroker:
         """A record outside any transaction; its offset."""
         return self._append(topic, partition, Entry("record", key, value))
 
-    def begin(self, topic: str, partition: int, records: Iterable[tuple[bytes | None, bytes | None]]) -> int:
+    def begin(self, topic: str, partition: int, records: Iterable[tuple[bytes | None, bytes | None]],
+              transaction: int | None = None) -> int:
         """A transaction's records, left open; its id (:meth:`end` ends it)."""
-        transaction = next(self._transactions)
+        transaction = next(self._transactions) if transaction is None else transaction
         for key, value in records:
             self._append(topic, partition, Entry("pending", key, value, transaction=transaction))
         return transaction
@@ -298,3 +315,160 @@ class ModelConsumer:
 
     def close(self) -> None:
         self.closed = True
+
+
+# ---------------------------------------------------------------------- producers and admin
+
+
+class _Done:
+    """A future that is done: its result, or its error."""
+
+    def __init__(self, result: Any = None, error: BaseException | None = None) -> None:
+        self._result, self._error = result, error
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+class ModelProducer:
+    """A transactional ``confluent_kafka.Producer`` over a :class:`ModelBroker` (the only kind the
+    sink makes): ``init_transactions`` takes the next epoch of its ``transactional.id``, which
+    fences every producer of an earlier epoch (its next transactional call fails, fatally) and
+    aborts the transaction it left open."""
+
+    def __init__(self, broker: ModelBroker, config: dict[str, Any]) -> None:
+        self.broker, self.id = broker, str(config["transactional.id"])
+        self.epoch: int | None = None
+        self._open: list[tuple[str, int]] = []
+        self._transaction: int | None = None
+
+    def _check(self) -> None:
+        if self.epoch is None or self.broker.producers.get(self.id, (0, None))[0] != self.epoch:
+            raise KafkaException(KafkaError(KafkaError._FENCED, "the model fenced this producer", fatal=True))
+
+    def init_transactions(self, timeout: float | None = None) -> None:
+        epoch, open_transaction = self.broker.producers.get(self.id, (0, None))
+        if open_transaction is not None:
+            transaction, where = open_transaction
+            for topic, partition in where:
+                self.broker.end(topic, partition, transaction, commit=False)
+        self.epoch = epoch + 1
+        self.broker.producers[self.id] = (self.epoch, None)
+
+    def begin_transaction(self) -> None:
+        self._check()
+        self._transaction, self._open = next(self.broker._transactions), []
+
+    def produce(self, topic: str, value: Any = None, key: Any = None, partition: int = -1,
+                headers: Any = None, timestamp: int = 0) -> None:
+        self._check()
+        assert self._transaction is not None, "the sink produces inside a transaction"
+        count = len(self.broker.topics[topic])
+        if partition < 0:
+            partition = zlib.crc32(key if isinstance(key, bytes) else str(key).encode()) % count
+        encoded = [part.encode() if isinstance(part, str) else part for part in (key, value)]
+        self.broker.begin(topic, partition, [(encoded[0], encoded[1])], transaction=self._transaction)
+        if (topic, partition) not in self._open:
+            self._open.append((topic, partition))
+        self.broker.producers[self.id] = (self.broker.producers[self.id][0], (self._transaction, self._open))
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        self._check()
+        fault = self.broker.transaction_faults.pop(0) if self.broker.transaction_faults else None
+        if fault == "abortable":
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "the model failed a commit",
+                                            txn_requires_abort=True))
+        if fault == "retriable":  # not ended: asked again, it commits
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "the model timed a commit out",
+                                            retriable=True))
+        self._end(commit=True)
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        self._check()
+        self._end(commit=False)
+
+    def _end(self, commit: bool) -> None:
+        if self._transaction is not None:
+            for topic, partition in self._open:
+                self.broker.end(topic, partition, self._transaction, commit)
+        self._transaction, self._open = None, []
+        self.broker.producers[self.id] = (self.broker.producers[self.id][0], None)
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def flush(self, timeout: float | None = None) -> int:
+        return 0
+
+    def close(self) -> None:
+        """Nothing to let go of."""
+
+
+class _Topic:
+    def __init__(self, partitions: int) -> None:
+        self.partitions = {number: None for number in range(partitions)}
+        self.error = None
+
+
+class _Metadata:
+    def __init__(self, topics: dict[str, _Topic]) -> None:
+        self.topics = topics
+
+
+class _Described:
+    def __init__(self, topic_id: str) -> None:
+        self.topic_id = topic_id
+
+
+class _ConfigEntry:
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+
+class ModelAdmin:
+    """A ``confluent_kafka.admin.AdminClient`` over a :class:`ModelBroker`, for what the sink asks."""
+
+    def __init__(self, broker: ModelBroker, config: dict[str, Any]) -> None:
+        self.broker = broker
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> _Metadata:
+        return _Metadata({name: _Topic(len(partitions)) for name, partitions in self.broker.topics.items()})
+
+    def create_topics(self, topics: list[Any], **_: Any) -> dict[str, _Done]:
+        made = {}
+        for topic in topics:
+            if topic.topic in self.broker.topics:
+                error = KafkaException(KafkaError(KafkaError.TOPIC_ALREADY_EXISTS, "TOPIC_ALREADY_EXISTS"))
+                made[topic.topic] = _Done(error=error)
+                continue
+            self.broker.create_topic(topic.topic, topic.num_partitions, dict(topic.config or {}))
+            made[topic.topic] = _Done()
+        return made
+
+    def describe_configs(self, resources: list[Any], **_: Any) -> dict[Any, _Done]:
+        found = {}
+        for resource in resources:
+            settings = self.broker.configs.get(resource.name, {})
+            found[resource] = _Done({name: _ConfigEntry(value) for name, value in settings.items()})
+        return found
+
+    def describe_topics(self, topics: Any, request_timeout: float = 10, **_: Any) -> dict[str, _Done]:
+        return {name: _Done(_Described(self.broker.ids[name])) for name in topics.topic_names}
+
+
+class ModelClients:
+    """The clients a :class:`~segack.sinks.KafkaSink` makes, over a :class:`ModelBroker`."""
+
+    def __init__(self, broker: ModelBroker) -> None:
+        self.broker = broker
+
+    def producer(self, config: dict[str, Any]) -> ModelProducer:
+        return ModelProducer(self.broker, config)
+
+    def consumer(self, config: dict[str, Any]) -> ModelConsumer:
+        return ModelConsumer(self.broker, config)
+
+    def admin(self, config: dict[str, Any]) -> ModelAdmin:
+        return ModelAdmin(self.broker, config)

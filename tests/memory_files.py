@@ -1,6 +1,8 @@
-"""A checkpoint's files in memory, for the simulation tests: the promises of
+"""A checkpoint's files for the simulation tests: the promises of
 :class:`segack.spark_adapter.store.storage.Files` (atomic writes, exclusive creates, listings) kept
-in a dict, and a store that fails on the operations a test names, before or after they land."""
+in a dict (:class:`MemoryFiles`), or in a directory other parts open too, without fsync
+(:class:`DiskFiles`), and a store that fails on the operations a test names, before or after they
+land."""
 
 from __future__ import annotations
 
@@ -9,9 +11,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from segack.spark_adapter.store.storage import Files
+from segack.spark_adapter.store.storage import Files, LocalFiles
 
-__all__ = ["MemoryFiles"]
+__all__ = ["DiskFiles", "MemoryFiles"]
 
 _CHANGES = ("write", "create", "delete")
 
@@ -108,3 +110,64 @@ class MemoryFiles(Files):
 
     def remove_empty_directory(self, directory: str) -> None:
         """Directories exist only through their files here."""
+
+
+class DiskFiles(LocalFiles):
+    """A directory, as :class:`~segack.spark_adapter.store.storage.LocalFiles` keeps it (other parts
+    of a run that open the location see the same files), with :class:`MemoryFiles`' faults and
+    pauses, and no fsync: what a simulation checks is the order of the writes, not the disk's."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.failing: list[str] = []
+        self.operations = 0
+        self.meanwhile: Callable[[], Any] | None = None
+        self.meanwhile_after = 0
+
+    _passes = MemoryFiles._passes
+    _lost = staticmethod(MemoryFiles._lost)
+
+    def _temporary(self, path: str, data: bytes) -> str:
+        import os
+        import uuid
+
+        os.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        temporary = f"{path}.{uuid.uuid4().hex}.tmp"
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+        return temporary
+
+    @staticmethod
+    def _fsync_directory(directory: str) -> None:
+        """Not here (see the class)."""
+
+    def read(self, path: str) -> bytes | None:
+        self._passes("read")
+        return super().read(path)
+
+    def exists(self, path: str) -> bool:
+        self._passes("read")
+        return super().exists(path)
+
+    def write(self, path: str, data: bytes) -> None:
+        lost = self._passes("write")
+        super().write(path, data)
+        if lost:
+            self._lost("write")
+
+    def create(self, path: str, data: bytes) -> bool:
+        lost = self._passes("create")
+        made = super().create(path, data)
+        if lost and made:
+            self._lost("create")
+        return made
+
+    def delete(self, path: str) -> None:
+        lost = self._passes("delete")
+        super().delete(path)
+        if lost:
+            self._lost("delete")
+
+    def list(self, directory: str) -> list[tuple[str, int]]:
+        self._passes("list")
+        return super().list(directory)

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError
 
-from tests.kafka_model import ModelBroker, ModelConsumer
+from tests.kafka_model import ModelBroker, ModelConsumer, ModelProducer
 
 pytestmark = [pytest.mark.kafka]
 _LOOK_SECONDS = 0.2
@@ -81,6 +82,12 @@ class _Real:
 
         return Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"{self.prefix}-reader", **config})
 
+    def producer(self, transactional_id: str) -> Any:
+        from confluent_kafka import Producer
+
+        return Producer({"bootstrap.servers": self.bootstrap,
+                         "transactional.id": f"{self.prefix}-{transactional_id}"})
+
     #: Empty looks in a row (of :data:`_LOOK_SECONDS` each) after which a real consumer has nothing
     #: more for now.
     idle_looks = 5
@@ -111,6 +118,9 @@ class _Model:
 
     def consumer(self, config: dict[str, Any]) -> ModelConsumer:
         return ModelConsumer(self.broker, {"group.id": "reader", **config})
+
+    def producer(self, transactional_id: str) -> ModelProducer:
+        return ModelProducer(self.broker, {"transactional.id": transactional_id})
 
     idle_looks = 1
 
@@ -220,9 +230,39 @@ def _commits(cluster: Any) -> list[Any]:
     return [before, after]
 
 
+def _a_producer_fenced_by_a_newer_one(cluster: Any) -> list[Any]:
+    """Two producers of one transactional id: the newer one's start aborts what the older one left
+    open, and the older one fails at its next step, fatally; what the newer one commits is read."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    topic = cluster.topic("fenced")
+    older = cluster.producer("task-0")
+    older.init_transactions(30)
+    older.begin_transaction()
+    older.produce(topic, value=b"older", key=b"k", partition=0)
+    older.flush(30)
+    newer = cluster.producer("task-0")
+    newer.init_transactions(30)
+    seen: list[Any] = []
+    for step in (older.commit_transaction, older.begin_transaction):
+        try:
+            step()
+            seen.append("went through")
+        except KafkaException as error:
+            seen.append(("failed", error.args[0].code() == KafkaError._FENCED, error.args[0].fatal()))
+    newer.begin_transaction()
+    newer.produce(topic, value=b"newer", key=b"k", partition=0)
+    newer.commit_transaction(30)
+    consumer = cluster.consumer({"enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    seen += _read(cluster, consumer, topic)
+    consumer.close()
+    return seen
+
+
 TRACES: list[Callable[[Any], list[Any]]] = [
     _records_and_eof_events, _transactions_markers_and_aborts, _a_transaction_left_open,
-    _out_of_range_and_a_topic_made_again, _commits]
+    _out_of_range_and_a_topic_made_again, _commits, _a_producer_fenced_by_a_newer_one]
 
 
 @pytest.mark.parametrize("trace", TRACES, ids=[trace.__name__.strip("_") for trace in TRACES])

@@ -70,6 +70,7 @@ def _apply(_output, _event) -> None:
     (dict(positions_partitions=0), SegackValueError, "positions_partitions"),
     (dict(positions_partitions=True), SegackValueError, "positions_partitions"),
     (dict(preferred_batch_size=0), SegackValueError, "preferred_batch_size"),
+    (dict(clients=object()), SegackTypeError, "clients must make producers, consumers and admin clients"),
 ])
 def test_arguments_it_cannot_use_are_refused_naming_them(arguments, error, said):
     given = dict(producer_config={"bootstrap.servers": "127.0.0.1:9"}, apply=_apply, topics=["out"])

@@ -17,8 +17,10 @@ where the checkpoint is.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +103,8 @@ class RealTimeSimulation(RuleBasedStateMachine):
         super().__init__()
         self.broker = ModelBroker()
         self.files = MemoryFiles()
+        #: Its own, as a new checkpoint's (a process keeps what it read of a checkpoint's positions).
+        self.checkpoint_id = uuid.uuid4().hex
         self.now = 0.0
         self.runs: list[Run] = []
         self.attempts: list[Attempt] = []
@@ -180,13 +184,14 @@ class RealTimeSimulation(RuleBasedStateMachine):
         nobody has held start, and starts its tasks, as the driver does; a store that fails on the
         way fails the run (the next one starts again)."""
         number = len(self.runs) + 1
-        self.files.data[self.files.path("claims", f"{number:012d}.json")] = b"{}"
+        self._unfailing(self.files.write, self.files.path("claims", f"{number:012d}.json"), b"{}")
         store = TaskStore(self.files.root, f"run{number}", number)
         store.files, store.partitions = self.files, PartitionStates(self.files, self.files.root)
         group = GroupCommits(self.settings, TOPIC, GROUP, consumer=self._consumer)
         partitions = list(range(self.partitions))
         committed = group.read(partitions)
         starts = realtime._starts(self._consumer({}), TOPIC, partitions, self.starting, committed)
+        handler = self._handler_of_run(number)
         try:
             realtime._record_starts(store, TOPIC, starts, store.run_id, number)
             store.dead_letter_keys("key")  # the driver reads them too, for the retry
@@ -195,14 +200,23 @@ class RealTimeSimulation(RuleBasedStateMachine):
         for partition, offset in starts.items():
             self.origin.setdefault(partition, offset)
         plan = PartitionPlan(
-            store=store, handler=_Sink(self), handling=self.handling, topic=TOPIC,
+            store=store, handler=handler, handling=self.handling, topic=TOPIC,
             assignment=tuple(tuple(range(self.partitions))[index::self.tasks] for index in range(self.tasks)),
             starts=starts, consumer=self.settings, records=RecordEvents((("seq", "bigint"),), "UTC"),
-            checkpoint_id="sim", commit_interval=1.0, group=GROUP, dead_letter_schema=DEAD_LETTER_SCHEMA)
+            checkpoint_id=self.checkpoint_id, commit_interval=1.0, group=GROUP,
+            dead_letter_schema=DEAD_LETTER_SCHEMA)
         run = Run(number, store, plan, group)
         self.runs.append(run)
         for task in range(self.tasks):
             self._start_attempt(run, task)
+
+    def _handler_of_run(self, number: int) -> Sink:
+        """The handler the run ``number``'s driver has prepared, before its tasks start."""
+        return _Sink(self)
+
+    def _handler_of_attempt(self, run: Run, task: int) -> Sink:
+        """What an attempt of ``task`` calls: the run's handler (a real run's is a pickled copy)."""
+        return run.plan.handler
 
     def _consumer(self, config: dict[str, Any]) -> ModelConsumer:
         return ModelConsumer(self.broker, config)
@@ -219,7 +233,8 @@ class RealTimeSimulation(RuleBasedStateMachine):
                 attempt.calls.append(call)
 
         try:
-            work = PartitionsTask(run.plan, task, consumer=self._consumer, clock=lambda: self.now,
+            plan = dataclasses.replace(run.plan, handler=self._handler_of_attempt(run, task))
+            work = PartitionsTask(plan, task, consumer=self._consumer, clock=lambda: self.now,
                                   start=start, consume_wait=0.0)
             consumer = work.open()
         except OSError:
@@ -245,20 +260,27 @@ class RealTimeSimulation(RuleBasedStateMachine):
 
     def _top_epoch(self, partition: int) -> int:
         """The partition's highest epoch, from its files' names."""
-        names = (_EPOCH_FILE.fullmatch(path.rsplit("/", 1)[-1]) for path in self.files.data)
+        listed = self._unfailing(self.files.list, self.files.path("partitions"))
+        names = (_EPOCH_FILE.fullmatch(path.rsplit("/", 1)[-1]) for path, _ in listed)
         return max((int(found[2] or 0) for found in names if found and int(found[1]) == partition), default=0)
+
+    def _unfailing(self, operation: Any, *arguments: Any) -> Any:
+        """``operation(*arguments)`` on the store, as the simulation looks: no fault, no pause."""
+        failing, meanwhile = self.files.failing, self.files.meanwhile
+        self.files.failing, self.files.meanwhile = [], None
+        try:
+            return operation(*arguments)
+        finally:
+            self.files.failing, self.files.meanwhile = failing, meanwhile
 
     def _set_aside(self) -> set[tuple[int, int]]:
         """``(partition, offset)`` of every dead letter the checkpoint holds (its files that count, as
         every reader lists them; each read once)."""
-        failing, self.files.failing = self.files.failing, []
-        try:
-            paths = dead_letter_paths(self.files)
-        finally:
-            self.files.failing = failing
+        paths = self._unfailing(dead_letter_paths, self.files)
         for path in paths:
             if path not in self._letters:
-                table = pq.read_table(pa.BufferReader(self.files.data[path]), columns=["partition", "offset"])
+                data = self._unfailing(self.files.read, path)
+                table = pq.read_table(pa.BufferReader(data), columns=["partition", "offset"])
                 self._letters[path] = set(zip(table.column("partition").to_pylist(),
                                               table.column("offset").to_pylist(), strict=True))
         return set().union(*(self._letters[path] for path in paths))
@@ -404,6 +426,10 @@ class RealTimeSimulation(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ invariants
 
+    def _done(self) -> set[tuple[int, int]]:
+        """``(partition, offset)`` of the records done: handled, or set aside."""
+        return self.handled | self._set_aside()
+
     def _first_not_done(self, partition: int, done: set[tuple[int, int]]) -> int:
         """The first record from the partition's origin that is neither handled nor set aside (its
         end if none)."""
@@ -421,12 +447,8 @@ class RealTimeSimulation(RuleBasedStateMachine):
     def never_ahead(self) -> None:
         if not self.runs:
             return
-        failing, self.files.failing = self.files.failing, []
-        try:
-            views = PartitionStates(self.files, self.files.root).views()
-        finally:
-            self.files.failing = failing
-        done = self.handled | self._set_aside()
+        views = self._unfailing(PartitionStates(self.files, self.files.root).views)
+        done = self._done()
         for partition in range(self.partitions):
             view = views.get(partition)
             if view is None or view.state is None:
@@ -471,7 +493,7 @@ class RealTimeSimulation(RuleBasedStateMachine):
                 break
         assert self.attempts, "the run that drains the topic stopped"
         assert run.group.commit_until(run.store.partitions.views, seconds=0, sleep=lambda seconds: None)
-        done = self.handled | self._set_aside()
+        done = self._done()
         for partition in range(self.partitions):
             missing = self._first_not_done(partition, done)
             assert missing >= self.broker.ends(TOPIC, partition)[1], (
@@ -685,6 +707,7 @@ def test_a_dead_letter_an_attempt_writes_after_a_takeover_is_none():
     machine.now += 1.0
     machine._step(stale)
     assert machine.handled == {(0, 0), (0, 1), (0, 2)}
-    assert any("-rt-p00000-e0000000002-" in path for path in machine.files.data)  # it landed
+    assert any("-rt-p00000-e0000000002-" in path for path, _ in machine.files.list(  # it landed
+        machine.files.path("dead-letters")))
     assert machine._set_aside() == set() and machine.runs[-1].store.dead_letter_keys("key") == frozenset()
     machine.in_key_order()

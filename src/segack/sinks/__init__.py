@@ -16,8 +16,8 @@ For a service that takes idempotency keys, subclass :class:`~segack.spark_adapte
 each event's :attr:`~segack.spark_adapter.EventIdentity.idempotency_key`.
 """
 
-from segack.sinks.kafka import KafkaOutput, KafkaSink
+from segack.sinks.kafka import KafkaClients, KafkaOutput, KafkaSink
 from segack.sinks.sql import SESSION_PREFIX, SqlSink
 from segack.spark_adapter.handlers import Sink
 
-__all__ = ["SESSION_PREFIX", "KafkaOutput", "KafkaSink", "Sink", "SqlSink"]
+__all__ = ["SESSION_PREFIX", "KafkaClients", "KafkaOutput", "KafkaSink", "Sink", "SqlSink"]

@@ -15,6 +15,7 @@ from typing import Any
 
 from segack.errors import SegackTypeError, SegackValueError
 from segack.sinks.arguments import check_apply, check_preferred_batch_size, refuse_unordered
+from segack.sinks.kafka_output import KafkaClients, KafkaOutput
 from segack.sinks.kafka_positions import (
     READ_SECONDS,
     PositionsPartition,
@@ -34,7 +35,7 @@ from segack.spark_adapter.store.kafka_sink_files import (
     registered_producers,
 )
 
-__all__ = ["ID_PREFIX", "TRANSACTION_SECONDS", "KafkaOutput", "KafkaSink"]
+__all__ = ["ID_PREFIX", "TRANSACTION_SECONDS", "KafkaClients", "KafkaOutput", "KafkaSink"]
 
 log = logging.getLogger(__name__)
 
@@ -58,55 +59,6 @@ _PRODUCER_ONLY = frozenset({
     "delivery.report.only.error", "dr_cb", "dr_msg_cb", "sticky.partitioning.linger.ms",
     "queuing.strategy", "produce.offset.report", "message.copy.max.bytes", "request.timeout.ms",
 })
-_PAYLOAD_TYPES = (str, bytes, type(None))
-
-
-class KafkaOutput:
-    """What a :class:`KafkaSink`'s ``apply`` writes its records to, as it would to a
-    ``confluent_kafka.Producer``: the records go to Kafka after ``apply`` returns, in the call's
-    transaction, with the positions of the call's keys."""
-
-    __slots__ = ("_topics", "records")
-
-    def __init__(self, topics: frozenset[str]) -> None:
-        self._topics = topics
-        #: ``(topic, value, key, partition, headers, timestamp)`` of each record, in order.
-        self.records: list[tuple[str, Any, Any, int, Any, int]] = []
-
-    def produce(self, topic: str, value: str | bytes | None = None, key: str | bytes | None = None,
-                partition: int = -1, *, headers: Any = None, timestamp: int = 0) -> None:
-        """Add a record to the call's transaction.
-
-        Parameters
-        ----------
-        topic : str
-            One of the sink's ``topics``.
-        value, key : str, bytes or None
-            As ``confluent_kafka.Producer.produce`` takes them (a str is sent as UTF-8).
-        partition : int, default ``-1``
-            The partition; ``-1`` lets the producer's partitioner choose from the key.
-        headers, timestamp
-            As ``confluent_kafka.Producer.produce`` takes them.
-
-        Raises
-        ------
-        SegackValueError
-            ``topic`` is not one of the sink's ``topics`` (the run checked only those).
-        SegackTypeError
-            ``value`` or ``key`` is not a str, bytes or None.
-        """
-        if topic not in self._topics:
-            raise SegackValueError(f"KafkaOutput: topic {topic!r} is not one of the sink's topics "
-                                   f"({', '.join(sorted(self._topics))}); name it in KafkaSink(topics=...)")
-        if not isinstance(value, _PAYLOAD_TYPES) or not isinstance(key, _PAYLOAD_TYPES):
-            raise SegackTypeError(f"KafkaOutput: a record's value and key must be str, bytes or None, not "
-                                  f"{type(value).__name__} and {type(key).__name__}")
-        self.records.append((topic, value, key, partition, headers, timestamp))
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-
 def _task_name() -> str:
     """The task this process runs, as a transactional id ends: its partition in the Spark job, the
     same in every attempt, so that an attempt fences the earlier ones; ``pPID`` outside Spark."""
@@ -174,11 +126,15 @@ class KafkaSink(Sink):
         segments gives each segment partitions of its own.
     preferred_batch_size : int or None, default ``5000``
         The events per call (one transaction) when the run sets no ``batch_size``.
+    clients : KafkaClients, optional
+        What makes the sink's producers, consumers and admin client from their settings
+        (confluent-kafka's unless given).
 
     Raises
     ------
     SegackTypeError
-        ``apply`` or ``apply_many`` not callable, ``producer_config`` not a mapping.
+        ``apply`` or ``apply_many`` not callable, ``producer_config`` not a mapping, ``clients``
+        without the methods of a :class:`KafkaClients`.
     SegackValueError
         Both or neither of ``apply`` and ``apply_many``; ``producer_config`` without
         ``bootstrap.servers``, with a ``transactional.id``, or with a ``transaction.timeout.ms``
@@ -203,7 +159,9 @@ class KafkaSink(Sink):
     them: none of their producers can commit again. A task of the older run that records its id
     later sees the newer claim once its producer started, and stops before its first transaction.
     A copy of the sink (a task attempt) starts one producer, ever: once it is fenced, or fails in a
-    transaction whose end is unknown, its later calls fail (:class:`~segack.spark_adapter.SinkError`).
+    transaction whose end is unknown, its later calls fail (:class:`~segack.spark_adapter.SinkError`),
+    unless its task says it still holds its key groups (:meth:`hold`: a real-time task, whose
+    producer an older attempt's late start fenced).
 
     The positions topic, its partition count and its topic id are recorded in the checkpoint by its
     first run; later runs keep to them, and only a checkpoint that records no positions topic makes
@@ -215,7 +173,7 @@ class KafkaSink(Sink):
                  apply: Callable[[KafkaOutput, dict[str, Any]], Any] | None = None, *,
                  apply_many: Callable[[KafkaOutput, list[dict[str, Any]]], Any] | None = None,
                  topics: Iterable[str], positions_topic: str | None = None, positions_partitions: int = 32,
-                 preferred_batch_size: int | None = 5000) -> None:
+                 preferred_batch_size: int | None = 5000, clients: KafkaClients | None = None) -> None:
         if not isinstance(producer_config, Mapping):
             raise SegackTypeError(f"KafkaSink: producer_config must be a mapping of producer settings, not "
                                   f"{type(producer_config).__name__}")
@@ -239,11 +197,16 @@ class KafkaSink(Sink):
             raise SegackValueError(f"KafkaSink: positions_partitions must be a positive int, not "
                                    f"{positions_partitions!r}")
         check_preferred_batch_size("KafkaSink", preferred_batch_size)
+        if clients is not None and not all(callable(getattr(clients, name, None))
+                                           for name in ("producer", "consumer", "admin")):
+            raise SegackTypeError(f"KafkaSink: clients must make producers, consumers and admin clients "
+                                  f"(a KafkaClients), not {type(clients).__name__}")
         self.producer_config = dict(producer_config)
         self.apply, self.apply_many = apply, apply_many
         self.topics = frozenset(wanted)
         self.positions_topic, self.positions_partitions = positions_topic, positions_partitions
         self.preferred_batch_size = preferred_batch_size
+        self.clients = clients or KafkaClients()
         #: What the driver learnt in :meth:`prepare`: the run's checkpoint, its id and claim, and the
         #: positions topic's name and partitions.
         self._run: RunContext | None = None
@@ -258,6 +221,8 @@ class KafkaSink(Sink):
         #: Why this copy's producer was lost, once it was (it starts no other).
         self._lost: str | None = None
         self._read: dict[int, PositionsPartition] = {}
+        #: Whether this copy's task attempt holds its key groups still (:meth:`hold`), if it says.
+        self._holds: Callable[[], bool] | None = None
         #: The keys whose positions were dropped (:meth:`done_below`), by positions partition: their
         #: tombstones go with the next transaction.
         self._dropped: dict[int, set[str]] = {}
@@ -265,7 +230,7 @@ class KafkaSink(Sink):
     def __getstate__(self) -> dict[str, Any]:
         # A producer stays where it was started; each task's copy starts its own.
         return {name: value for name, value in self.__dict__.items()
-                if name not in ("_task", "_lock", "_producer", "_lost", "_read", "_dropped")}
+                if name not in ("_task", "_lock", "_producer", "_lost", "_read", "_holds", "_dropped")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -289,11 +254,9 @@ class KafkaSink(Sink):
         producers of the runs this one took the checkpoint over from. A stream's later micro-batches
         under the same claim look again that the positions topic is the one recorded (gone, or made
         again, since the last), and fence what an older run recorded since."""
-        from confluent_kafka.admin import AdminClient
-
         refuse_unordered("KafkaSink", run)
         config: dict[str, Any] = {**self._connection_config(), "logger": log}
-        admin = AdminClient(config)
+        admin = self.clients.admin(config)
         done, known = self._run, self._positions
         if done is not None and known is not None and (done.checkpoint, done.checkpoint_id, done.claim) == (
                 run.checkpoint, run.checkpoint_id, run.claim):
@@ -378,10 +341,10 @@ class KafkaSink(Sink):
     def _start(self, transactional_id: str) -> Any:
         """A producer with ``transactional_id``, started: any earlier producer with that id is
         fenced, and its open transaction aborted."""
-        from confluent_kafka import KafkaException, Producer
+        from confluent_kafka import KafkaException
 
         try:
-            producer = Producer(self._producer_config(transactional_id))
+            producer = self.clients.producer(self._producer_config(transactional_id))
             producer.init_transactions(TRANSACTION_SECONDS)
         except KafkaException as error:
             said = error.args[0].str() if error.args else one_line(error)
@@ -409,13 +372,22 @@ class KafkaSink(Sink):
 
         1. **Record** its transactional id in the checkpoint, so that a newer run fences it.
         2. **Start** it, fencing the earlier attempts of this task.
-        3. **Look** for a newer claim: a run that took over before step 1 could not know the id.
+        3. **Look** for a newer claim: a run that took over before step 1 could not know the id;
+           and, where the task says (:meth:`hold`), whether a newer attempt has taken the task's
+           key groups over: an attempt that starts its producer late (its first call after the
+           newer one's) fences the newer one's, and must then commit nothing.
 
-        A copy starts one producer, ever. Once it is lost (fenced by a newer attempt of the task, or
-        failed in a transaction whose end is unknown), every later call fails: another producer with
-        the same id would fence whichever attempt, or segment of a later job, holds the id now, and
-        commit beside it.
+        A copy starts one producer, ever, but for a task that still holds its key groups: once it
+        is lost (fenced by a newer attempt of the task, or failed in a transaction whose end is
+        unknown), every later call fails, since another producer with the same id would fence
+        whichever attempt, or segment of a later job, holds the id now, and commit beside it. A copy
+        whose task says it holds its key groups still (its producer fenced by a late starter, which
+        commits nothing) starts again.
         """
+        if self._lost is not None and self._holds is not None and self._holds():
+            log.warning("KafkaSink: this task's producer %s, but the task holds its key groups still: it "
+                        "starts another", self._lost)
+            self._lost = None
         if self._lost is not None:
             raise SinkError(f"KafkaSink: this task's producer {self._lost}; the task commits nothing more "
                             f"(a new attempt of it, or the next run, goes on from what was committed)")
@@ -436,8 +408,18 @@ class KafkaSink(Sink):
             self._lost = "found a newer claim"
             raise SinkError(f"KafkaSink: another run took checkpoint {run.checkpoint} over; this one "
                             f"commits nothing more")
+        if self._holds is not None and not self._holds():
+            self._close(producer)
+            self._lost = "found its task's key groups taken over by a newer attempt"
+            raise SinkError("KafkaSink: a newer attempt of this task took its key groups over; this one "
+                            "commits nothing more")
         self._producer = producer
         return producer
+
+    def hold(self, holds: Callable[[], bool]) -> None:
+        """Look, at each start of this copy's producer, whether its task attempt holds its key
+        groups still (see :meth:`_started`)."""
+        self._holds = holds
 
     @property
     def _key_prefix(self) -> str:
@@ -456,7 +438,7 @@ class KafkaSink(Sink):
         for number in {identity.key_group % count for identity in identities} - self._read.keys():
             partition = positions_partition(servers, topic, number, self._key_prefix)
             with partition.lock:
-                partition.catch_up(self._connection_config())
+                partition.catch_up(self._connection_config(), self.clients)
             self._read[number] = partition
         return self._read
 
@@ -481,7 +463,15 @@ class KafkaSink(Sink):
         output = KafkaOutput(self.topics)
         self._apply(output, fresh)
         with self._lock:
-            self._commit(output, newest)
+            try:
+                self._commit(output, newest)
+            except Exception:
+                # Fenced by an older attempt's late start while this one holds its key groups: the
+                # call's records go again, through a producer of its own.
+                holds = self._holds
+                if self._producer is not None or self._lost is None or holds is None or not holds():
+                    raise
+                self._commit(output, newest)
             # Under the lock: a drop (done_below) between the commit and this would send a
             # tombstone for a key just applied.
             for partition, positions in newest.items():

@@ -34,6 +34,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from segack.sinks.kafka_output import KafkaClients
 from segack.sinks.key_text import key_text
 from segack.spark_adapter.errors import SinkError, one_line
 from segack.spark_adapter.handlers import EventIdentity
@@ -149,16 +150,18 @@ class PositionsPartition:
         self.next_offset = 0
         self.lock = threading.Lock()
 
-    def catch_up(self, consumer_config: Mapping[str, Any]) -> int:
+    def catch_up(self, consumer_config: Mapping[str, Any], clients: KafkaClients | None = None) -> int:
         """Read what transactions committed to the partition since :attr:`next_offset`, up to its
         end as it is now; returns the records read. Raises
         :class:`~segack.spark_adapter.SinkError` if records it has not read were deleted (the
         positions they held are lost), or if it cannot learn the end (the partition not listed: a
-        broker starting again, or the topic gone) or reach it in :data:`READ_SECONDS` each."""
-        from confluent_kafka import Consumer, TopicPartition
+        broker starting again, or the topic gone) or reach it in :data:`READ_SECONDS` each.
+        ``clients`` makes the consumers (confluent-kafka's unless given)."""
+        from confluent_kafka import TopicPartition
 
+        clients = clients or KafkaClients()
         where = f"partition {self.partition} of positions topic {self.topic}"
-        low, high = self._ends(consumer_config, where)
+        low, high = self._ends(consumer_config, where, clients)
         if high < self.next_offset:
             raise SinkError(f"KafkaSink: {where} ends at offset {high}, but this process read it up to "
                             f"{self.next_offset}: the topic was deleted and made again, and the "
@@ -169,15 +172,15 @@ class PositionsPartition:
                             f"compacted, never cleaned by time or size")
         if self.next_offset >= high:
             return 0
-        consumer = Consumer({**consumer_config, "group.id": f"segack-{self.topic}",
-                             "isolation.level": "read_committed", "enable.auto.commit": False})
+        consumer = clients.consumer({**consumer_config, "group.id": f"segack-{self.topic}",
+                                     "isolation.level": "read_committed", "enable.auto.commit": False})
         try:
             consumer.assign([TopicPartition(self.topic, self.partition, self.next_offset)])
             return self._read_to(consumer, high, where)
         finally:
             consumer.close()
 
-    def _ends(self, consumer_config: Mapping[str, Any], where: str) -> tuple[int, int]:
+    def _ends(self, consumer_config: Mapping[str, Any], where: str, clients: KafkaClients) -> tuple[int, int]:
         """The partition's first offset and the offset after its last record, committed or not.
 
         Asked of a ``read_uncommitted`` client: a ``read_committed`` one is told where the oldest
@@ -185,13 +188,13 @@ class PositionsPartition:
         above it (by another task, or by a transaction whose commit returned before its markers
         were written). Asked again, by a new client (a client keeps the metadata it got for
         minutes), while the errors pass (:data:`_PASSING`), for up to :data:`READ_SECONDS`."""
-        from confluent_kafka import Consumer, KafkaException, TopicPartition
+        from confluent_kafka import KafkaException, TopicPartition
 
         config = {**consumer_config, "group.id": f"segack-{self.topic}",
                   "isolation.level": "read_uncommitted", "enable.auto.commit": False}
         deadline, waited = time.monotonic() + READ_SECONDS, False
         while True:
-            consumer = Consumer(config)
+            consumer = clients.consumer(config)
             try:
                 ends: tuple[int, int] = consumer.get_watermark_offsets(
                     TopicPartition(self.topic, self.partition), timeout=max(1.0, deadline - time.monotonic()))

@@ -27,9 +27,9 @@ from segack.spark_adapter.errors import UnorderableEventError
 from segack.spark_adapter.options import Policy
 
 __all__ = ["EventIdentity", "Refusal", "RunContext", "Sink", "close_handler", "identified_event",
-           "identified_events", "is_async",
-           "orderable_refusal", "prepare_handler", "refusing", "takes_unorderable", "tell_done_below",
-           "wants_identity", "with_identity", "with_identities_passed"]
+           "identified_events", "is_async", "orderable_refusal", "prepare_handler", "refusing",
+           "takes_unorderable", "tell_done_below", "tell_holds", "wants_identity", "with_identity",
+           "with_identities_passed"]
 
 _MARK = "segack_identity"
 _UNORDERABLE_MARK = "segack_takes_unorderable"
@@ -102,6 +102,13 @@ class Sink:
 
     def close(self) -> None:
         """Called at the end of each Spark task that used this copy of the sink, whatever happened."""
+
+    def hold(self, holds: Callable[[], bool]) -> None:
+        """Called in a task before its first call, by a task that holds its key groups against
+        newer attempts (a real-time stream's, whose partitions a retried attempt takes over while
+        an older one may still run): ``holds()`` says whether this attempt holds them still. A sink
+        that fences writers when they start, as :class:`~segack.sinks.KafkaSink` does, looks at it
+        after each start, so that an attempt taken over never writes again."""
 
     def done_below(self, key_group: int, position: int) -> None:
         """Called in a task once every event of ``key_group`` below ``position`` is done and
@@ -197,6 +204,13 @@ def close_handler(handler: Callable[..., Any]) -> None:
         handler.close()
 
 
+def tell_holds(handler: Callable[..., Any], holds: Callable[[], bool]) -> None:
+    """Tell a :class:`~segack.spark_adapter.Sink` how its task tells it still holds its key groups
+    (:meth:`~segack.spark_adapter.Sink.hold`)."""
+    if isinstance(handler, Sink):
+        handler.hold(holds)
+
+
 def tell_done_below(handler: Callable[..., Any], key_group: int, position: int) -> None:
     """Tell a :class:`~segack.spark_adapter.Sink` that ``key_group``'s events below ``position``
     are done for good (:meth:`~segack.spark_adapter.Sink.done_below`)."""
@@ -266,6 +280,9 @@ class _RefusingSink(Sink):
 
     def close(self) -> None:
         self.sink.close()
+
+    def hold(self, holds: Callable[[], bool]) -> None:
+        self.sink.hold(holds)
 
     def done_below(self, key_group: int, position: int) -> None:
         self.sink.done_below(key_group, position)

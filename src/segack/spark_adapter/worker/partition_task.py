@@ -59,6 +59,7 @@ from segack.spark_adapter.handlers import (
     close_handler,
     identified_event,
     tell_done_below,
+    tell_holds,
     wants_identity,
     with_identities_passed,
 )
@@ -284,6 +285,7 @@ class PartitionsTask:
         # an attempt before this one (a retried task's, an older run's still going somewhere) set
         # keys aside up to its last save, which this one starts from.
         parked = plan.store.dead_letter_keys("key")
+        tell_holds(self.handler, self.holds)
         for partition in self.partitions:
             state = earlier[partition]
             dispatcher = Dispatcher(called, _record_key, plan.handling, parked=parked, start=start)
@@ -305,6 +307,11 @@ class PartitionsTask:
         #: Whether the task has ended (:meth:`step` returns ``False`` from then on).
         self.ended = False
         self.saved_states: dict[int, dict[str, Any]] = {}
+
+    def holds(self) -> bool:
+        """Whether this attempt holds its partitions still: no newer claim, no newer epoch of any."""
+        store = self.plan.store
+        return not store.fenced() and not store.partitions.superseded(self.leases.values())
 
     def run(self) -> None:
         consumer = self.open()

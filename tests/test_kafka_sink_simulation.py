@@ -1,0 +1,150 @@
+"""The real-time stream into a :class:`~segack.sinks.KafkaSink`, simulated: the schedules of
+``tests/test_realtime_simulation.py`` (arrivals, calls out of order or failing, crashes, Spark's
+retries beside a paused attempt, takeovers, stops), with each attempt's handler a copy of one
+``KafkaSink`` over the model of Kafka (``tests/kafka_model.py``: transactional producers fenced by
+``init_transactions``, transactions that fail to commit or must be asked again, the positions topic
+and its reader), and the checkpoint in a directory (the sink records its producers and positions
+topic there).
+
+After every step: a ``read_committed`` reader of the output topic finds each input record's output
+at most once, each key's in the input's order; the group is at most the saved offset, which is at
+most the first record neither output nor set aside; no partition's holder hands a record below what
+its partition was said done below. At the end a run with no faults drains the topic: every record
+from where the first run started is output once, or set aside.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+import tempfile
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import invariant, rule
+
+from segack.sinks import KafkaOutput, KafkaSink
+from segack.spark_adapter.errors import SinkError
+from segack.spark_adapter.handlers import RunContext
+from segack.spark_adapter.options import Policy
+from tests.kafka_model import ModelClients
+from tests.memory_files import DiskFiles
+from tests.test_realtime_simulation import RealTimeSimulation, Run
+
+#: Schedules per run of the README's test command, and steps each (fewer than the stream's own:
+#: each call is a transaction, each new task reads its positions).
+SCHEDULES, STEPS = 300, 30
+OUTPUT = "sim-out"
+#: The machine whose schedule runs now (hypothesis runs one at a time): what the sink's pickled
+#: copies reach it by.
+_RUNNING: list[KafkaSinkSimulation] = []
+
+
+def _apply_many(output: KafkaOutput, events: list[dict[str, Any]]) -> None:
+    """Each event's output: its partition, offset and seq, keyed by its key (the sink gets only the
+    events not applied yet)."""
+    machine = _RUNNING[-1]
+    if machine.failing:
+        raise RuntimeError("the schedule fails this call")
+    for event in events:
+        output.produce(OUTPUT, value=json.dumps([event["partition"], event["offset"]]), key=event["key"])
+
+
+class _Clients(ModelClients):
+    """The model's clients, pickled by reference to the running machine's broker."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _running_clients, ()
+
+
+def _running_clients() -> _Clients:
+    return _Clients(_RUNNING[-1].broker)
+
+
+class _ObservedKafkaSink(KafkaSink):
+    """A KafkaSink that also tells the machine what its task says is done for good."""
+
+    def done_below(self, key_group: int, position: int) -> None:
+        floors = _RUNNING[-1].done_below
+        floors[key_group] = max(floors.get(key_group, 0), position)
+        super().done_below(key_group, position)
+
+
+class KafkaSinkSimulation(RealTimeSimulation):
+    """One schedule, through a KafkaSink."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.directory = tempfile.mkdtemp(prefix="segack-sink-simulation-")
+        self.files = DiskFiles(f"{self.directory}/checkpoint")
+        self.broker.create_topic(OUTPUT, 2)
+        _RUNNING.append(self)
+
+    def _handler_of_run(self, number: int) -> Any:
+        sink = _ObservedKafkaSink({"bootstrap.servers": "model:9092"}, apply_many=_apply_many,
+                                  topics=[OUTPUT], positions_partitions=2, clients=_Clients(self.broker))
+        sink.prepare(RunContext(self.files.root, self.checkpoint_id, "key", "offset", Policy.PER_KEY, 60.0,
+                                self.handling.batch_size, number))
+        return sink
+
+    def _handler_of_attempt(self, run: Run, task: int) -> Any:
+        """The run's sink as Spark hands it to a task: a pickled copy, named after the task (its
+        transactional id's end, the same in each attempt)."""
+        copy = pickle.loads(pickle.dumps(run.plan.handler))
+        copy._task = f"t{task}"
+        return copy
+
+    def _outputs(self) -> list[tuple[int, int]]:
+        """``(partition, offset)`` of each input record whose output a ``read_committed`` reader
+        sees, in the output topic's order partition by partition."""
+        found = []
+        for partition in range(len(self.broker.topics[OUTPUT])):
+            for _, entry in sorted(self.broker.deliverable(OUTPUT, partition).items()):
+                source, offset = json.loads(entry.value)
+                found.append((source, offset))
+        return found
+
+    def _output_keys(self) -> list[bytes | None]:
+        """The key of each output :meth:`_outputs` lists (its input record's)."""
+        return [entry.key for partition in range(len(self.broker.topics[OUTPUT]))
+                for _, entry in sorted(self.broker.deliverable(OUTPUT, partition).items())]
+
+    def _done(self) -> set[tuple[int, int]]:
+        return set(self._outputs()) | self._set_aside()
+
+    @invariant()
+    def each_output_once_in_key_order(self) -> None:
+        outputs = self._outputs()
+        assert len(outputs) == len(set(outputs)), f"an output twice: {sorted(outputs)}"
+        last: dict[tuple[int, bytes | None], int] = {}
+        for (partition, offset), key in zip(outputs, self._output_keys(), strict=True):
+            assert offset > last.get((partition, key), -1), f"{key!r}@{partition}/{offset} out of order"
+            last[(partition, key)] = offset
+
+    @rule(fault=st.sampled_from(["abortable", "retriable"]))
+    def a_transaction_fails(self, fault: str) -> None:
+        """The next transaction's commit fails (the sink aborts it, and the call fails), or times out
+        (asked again, it commits)."""
+        self.broker.transaction_faults.append(fault)
+
+    def _new_run(self) -> None:
+        try:
+            super()._new_run()
+        except SinkError:
+            return  # the driver could not prepare the sink: the run stops before any task
+
+    def teardown(self) -> None:
+        try:
+            self.broker.transaction_faults = []
+            super().teardown()
+        finally:
+            _RUNNING.remove(self)
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+KafkaSinkSimulation.TestCase.settings = settings(
+    max_examples=SCHEDULES, stateful_step_count=STEPS, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+TestKafkaSinkSchedules = KafkaSinkSimulation.TestCase
