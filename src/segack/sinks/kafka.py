@@ -418,7 +418,18 @@ class KafkaSink(Sink):
 
     def hold(self, holds: Callable[[], bool]) -> None:
         """Look, at each start of this copy's producer, whether its task attempt holds its key
-        groups still (see :meth:`_started`)."""
+        groups still.
+
+        An attempt that starts its producer after a newer attempt started its own fences the newer
+        one's; a copy whose ``holds()`` then answers false commits nothing more, and a copy that
+        still holds its key groups starts a new producer and sends its open records again.
+
+        Parameters
+        ----------
+        holds : callable
+            Called with no argument after each producer start; true while this attempt holds its
+            task's key groups.
+        """
         self._holds = holds
 
     @property
