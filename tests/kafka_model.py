@@ -78,8 +78,12 @@ class ModelBroker:
         #: the partitions it wrote to).
         self.producers: dict[str, tuple[int, Any]] = {}
         #: What the next transactions' commits do: ``"abortable"`` (not ended: to abort),
-        #: ``"retriable"`` (not ended: to ask again).
+        #: ``"retriable"`` (not ended: to ask again), ``"landed"`` (committed, the client told an
+        #: error; an abort is refused).
         self.transaction_faults: list[str] = []
+        #: The producer starts to fail (each takes its epoch, fencing the earlier ones, and the
+        #: client is told it timed out).
+        self.init_faults = 0
         #: librdkafka's position one too far after a partition-EOF event (2.2 to 2.13.0).
         self.eof_quirk = False
         #: What the next commits do: ``"fail"`` (not applied), ``"timeout"`` (applied, then an error).
@@ -356,6 +360,10 @@ class ModelProducer:
                 self.broker.end(topic, partition, transaction, commit=False)
         self.epoch = epoch + 1
         self.broker.producers[self.id] = (self.epoch, None)
+        if self.broker.init_faults:
+            self.broker.init_faults -= 1
+            self.epoch = None  # the client never learnt its epoch
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "the model's coordinator did not answer"))
 
     def begin_transaction(self) -> None:
         self._check()
@@ -384,9 +392,15 @@ class ModelProducer:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "the model timed a commit out",
                                             retriable=True))
         self._end(commit=True)
+        if fault == "landed":  # committed, the answer lost until the client gave up
+            self._landed = True
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT,
+                                            "the model's commit landed, its answer lost"))
 
     def abort_transaction(self, timeout: float | None = None) -> None:
         self._check()
+        if getattr(self, "_landed", False):  # librdkafka refuses an abort while a commit is pending
+            raise KafkaException(KafkaError(KafkaError._CONFLICT, "the model's commit is still pending"))
         self._end(commit=False)
 
     def _end(self, commit: bool) -> None:

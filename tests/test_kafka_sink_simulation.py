@@ -66,10 +66,10 @@ def _running_clients() -> _Clients:
 class _ObservedKafkaSink(KafkaSink):
     """A KafkaSink that also tells the machine what its task says is done for good."""
 
-    def done_below(self, key_group: int, position: int) -> None:
+    def done_below(self, key_group: int, position: int, kept: Any = frozenset()) -> None:
         floors = _RUNNING[-1].done_below
         floors[key_group] = max(floors.get(key_group, 0), position)
-        super().done_below(key_group, position)
+        super().done_below(key_group, position, kept)
 
 
 class KafkaSinkSimulation(RealTimeSimulation):
@@ -123,11 +123,17 @@ class KafkaSinkSimulation(RealTimeSimulation):
             assert offset > last.get((partition, key), -1), f"{key!r}@{partition}/{offset} out of order"
             last[(partition, key)] = offset
 
-    @rule(fault=st.sampled_from(["abortable", "retriable"]))
+    @rule(fault=st.sampled_from(["abortable", "retriable", "landed"]))
     def a_transaction_fails(self, fault: str) -> None:
-        """The next transaction's commit fails (the sink aborts it, and the call fails), or times out
-        (asked again, it commits)."""
+        """The next transaction's commit fails (the sink aborts it, and the call fails), times out
+        (asked again, it commits), or commits with its answer lost (the sink cannot abort it, and
+        does not know whether it landed)."""
         self.broker.transaction_faults.append(fault)
+
+    @rule()
+    def a_producer_fails_to_start(self) -> None:
+        """The next producer start takes its epoch, fencing the earlier ones, and times out."""
+        self.broker.init_faults += 1
 
     def _new_run(self) -> None:
         try:
@@ -137,7 +143,7 @@ class KafkaSinkSimulation(RealTimeSimulation):
 
     def teardown(self) -> None:
         try:
-            self.broker.transaction_faults = []
+            self.broker.transaction_faults, self.broker.init_faults = [], 0
             super().teardown()
         finally:
             _RUNNING.remove(self)
@@ -148,3 +154,49 @@ KafkaSinkSimulation.TestCase.settings = settings(
     max_examples=SCHEDULES, stateful_step_count=STEPS, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestKafkaSinkSchedules = KafkaSinkSimulation.TestCase
+
+
+def test_a_kept_key_keeps_its_position_for_a_retry_of_a_letter_whose_commit_landed(tmp_path):
+    """After the second review: a call whose commit landed unseen (the answer lost, the abort
+    refused) and whose producer could not start again fails for good: a dead letter, though applied.
+    Its key is kept when the task says the partition is done below it, so no tombstone erases its
+    position, and a retry of the letter (another process, reading the positions afresh) skips it."""
+    import uuid
+
+    from segack.sinks import kafka_positions
+    from segack.spark_adapter.handlers import EventIdentity
+    from tests.kafka_model import ModelBroker
+
+    broker = ModelBroker()
+    broker.create_topic(OUTPUT, 1)
+    checkpoint_id = uuid.uuid4().hex
+
+    def apply(output: KafkaOutput, event: dict[str, Any]) -> None:
+        output.produce(OUTPUT, value=json.dumps(event), key=event["key"])
+
+    def sink() -> KafkaSink:
+        made = KafkaSink({"bootstrap.servers": "model:9092"}, apply, topics=[OUTPUT], positions_partitions=1,
+                         clients=ModelClients(broker))
+        made.prepare(RunContext(str(tmp_path), checkpoint_id, "key", "offset", Policy.PER_KEY, 60.0, None, 1))
+        return made
+
+    def call(copy: KafkaSink, key: str, offset: int) -> None:
+        copy([{"key": key, "offset": offset}], [EventIdentity(key, 0, offset, checkpoint_id)])
+
+    live = sink()
+    live.hold(lambda: True)
+    call(live, "k", 0)
+    broker.transaction_faults, broker.init_faults = ["landed"], 1
+    try:
+        call(live, "k", 1)
+        raise AssertionError("the call should have failed: its producer could not start again")
+    except SinkError:
+        pass  # k@1 is set aside as a dead letter, its commit landed
+    call(live, "j", 2)  # a producer again: the positions read afresh (k at 1)
+    live.done_below(0, 3, kept={"k"})
+    call(live, "m", 3)  # the transaction that would carry k's tombstone
+    kafka_positions._read.clear()  # the retry runs in another process
+    call(sink(), "k", 1)
+    outputs = [json.loads(entry.value) for entry in broker.deliverable(OUTPUT, 0).values()]
+    assert outputs.count({"key": "k", "offset": 1}) == 1, outputs
+    assert [output["offset"] for output in outputs] == [0, 1, 2, 3]

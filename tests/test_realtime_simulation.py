@@ -69,9 +69,10 @@ class _Sink(Sink):
     def __call__(self, events: list[dict[str, Any]], identities: list[Any]) -> None:
         self.machine._handler(events)
 
-    def done_below(self, key_group: int, position: int) -> None:
+    def done_below(self, key_group: int, position: int, kept: Any = frozenset()) -> None:
         floors = self.machine.done_below
         floors[key_group] = max(floors.get(key_group, 0), position)
+        self.machine.kept[key_group] = frozenset(kept)
 
 
 @dataclass
@@ -116,6 +117,8 @@ class RealTimeSimulation(RuleBasedStateMachine):
         self.disorders: list[str] = []
         #: What the tasks said is done for good, by partition (no call may hand a record below).
         self.done_below: dict[int, int] = {}
+        #: The keys each partition's last ``done_below`` said to keep (their dead letters).
+        self.kept: dict[int, frozenset[Any]] = {}
         #: The highest settled ``next`` each partition has had (it never goes back).
         self.settled: dict[int, int] = {}
         #: Where the first run started each partition: every record from there on must be handled.
@@ -711,3 +714,20 @@ def test_a_dead_letter_an_attempt_writes_after_a_takeover_is_none():
         machine.files.path("dead-letters")))
     assert machine._set_aside() == set() and machine.runs[-1].store.dead_letter_keys("key") == frozenset()
     machine.in_key_order()
+
+
+def test_a_key_with_dead_letters_keeps_its_position_in_the_sink_whatever_the_progress():
+    """After the second review: a record set aside is below the partition's next once saved, but a
+    retry hands it again (and one whose call's end was unknown may have been applied): the task
+    tells its sink to keep its key's position, in this attempt and in the next, which parks it."""
+    machine = _simulation(backlog=2)  # a@0, b@1
+    [attempt] = machine.attempts
+    machine._step(attempt)
+    machine.failing = True
+    attempt.calls.pop(0)()  # a@0 fails: set aside
+    machine.failing = False
+    _settle(machine)
+    assert machine.done_below == {0: 2} and machine.kept == {0: frozenset({"a"})}
+    machine.a_disruption("retry", 0)
+    _settle(machine)
+    assert machine.kept == {0: frozenset({"a"})}

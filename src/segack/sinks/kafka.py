@@ -5,11 +5,10 @@ event's output once, whatever runs crashed, resumed or were taken over."""
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -17,7 +16,6 @@ from segack.errors import SegackTypeError, SegackValueError
 from segack.sinks.arguments import check_apply, check_preferred_batch_size, refuse_unordered
 from segack.sinks.kafka_output import KafkaClients, KafkaOutput
 from segack.sinks.kafka_positions import (
-    READ_SECONDS,
     PositionsPartition,
     described_topic_id,
     keep_to_recorded,
@@ -25,6 +23,18 @@ from segack.sinks.kafka_positions import (
     positions_partition,
     recorded_topic,
 )
+from segack.sinks.kafka_transactions import (
+    ID_PREFIX,
+    PRODUCER_ONLY,
+    TRANSACTION_SECONDS,
+    check_transaction_timeout,
+    claim_of,
+    close_producer,
+    end_transaction,
+    send,
+    task_name,
+)
+from segack.sinks.key_text import key_text
 from segack.spark_adapter.errors import SinkError, one_line
 from segack.spark_adapter.handlers import EventIdentity, RunContext, Sink
 from segack.spark_adapter.store.checkpoint import CheckpointStore, TaskStore
@@ -39,58 +49,9 @@ __all__ = ["ID_PREFIX", "TRANSACTION_SECONDS", "KafkaClients", "KafkaOutput", "K
 
 log = logging.getLogger(__name__)
 
-#: How the transactional ids of a sink's producers start: then the checkpoint's id, the run's claim
-#: number and the task (``segack-CHECKPOINT_ID-CLAIM-tN``).
-ID_PREFIX = "segack-"
-#: How long starting a producer, or committing or aborting a transaction, may take.
-TRANSACTION_SECONDS = 60.0
 #: How long the driver waits for the brokers' metadata before it refuses a run.
 METADATA_SECONDS = 15.0
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
-# What the positions' consumer and the driver's admin client leave out of the user's settings: the
-# producer's own (the rest, how to reach and authenticate to the brokers, they share).
-_PRODUCER_ONLY = frozenset({
-    "acks", "request.required.acks", "linger.ms", "queue.buffering.max.ms", "batch.size",
-    "batch.num.messages", "compression.type", "compression.codec", "compression.level",
-    "enable.idempotence", "enable.gapless.guarantee", "max.in.flight.requests.per.connection",
-    "max.in.flight", "queue.buffering.max.messages", "queue.buffering.max.kbytes", "message.send.max.retries",
-    "retries", "retry.backoff.ms", "retry.backoff.max.ms", "transaction.timeout.ms", "transactional.id",
-    "delivery.timeout.ms", "message.timeout.ms", "partitioner", "partitioner_cb", "on_delivery",
-    "delivery.report.only.error", "dr_cb", "dr_msg_cb", "sticky.partitioning.linger.ms",
-    "queuing.strategy", "produce.offset.report", "message.copy.max.bytes", "request.timeout.ms",
-})
-def _task_name() -> str:
-    """The task this process runs, as a transactional id ends: its partition in the Spark job, the
-    same in every attempt, so that an attempt fences the earlier ones; ``pPID`` outside Spark."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    return f"t{context.partitionId()}" if context is not None else f"p{os.getpid()}"
-
-
-def _check_transaction_timeout(given: Any) -> None:
-    """Refuse a ``transaction.timeout.ms`` longer than a task waits to read positions
-    (:data:`~segack.sinks.kafka_positions.READ_SECONDS`): a transaction a lost task left open holds
-    the readers of its positions partition back until the brokers time it out."""
-    if given is None:
-        return
-    try:
-        milliseconds = int(given)
-    except (TypeError, ValueError):
-        milliseconds = 0
-    if isinstance(given, bool) or not 0 < milliseconds <= READ_SECONDS * 1000:
-        raise SegackValueError(f"KafkaSink: producer_config's transaction.timeout.ms must be a number of "
-                               f"milliseconds from 1 to {READ_SECONDS * 1000:.0f}, not {given!r}: a task "
-                               f"reading positions waits that long at most for a transaction that another "
-                               f"task left open to time out")
-
-
-def _claim_of(transactional_id: str) -> int:
-    """The claim number in one of the sink's transactional ids (``-1`` for a name not its own)."""
-    parts = transactional_id.split("-")
-    return int(parts[2]) if len(parts) == 4 and parts[2].isdigit() else -1
-
-
 class KafkaSink(Sink):
     """A handler that writes records to Kafka topics exactly once, each key's in order.
 
@@ -182,7 +143,7 @@ class KafkaSink(Sink):
         if "transactional.id" in producer_config:
             raise SegackValueError("KafkaSink: producer_config must not give transactional.id: the sink "
                                    "gives each task's producer its own")
-        _check_transaction_timeout(producer_config.get("transaction.timeout.ms"))
+        check_transaction_timeout(producer_config.get("transaction.timeout.ms"))
         check_apply("KafkaSink", apply, apply_many)
         wanted = [topics] if isinstance(topics, str) else list(topics)
         if not wanted or not all(isinstance(topic, str) and _TOPIC.fullmatch(topic) for topic in wanted):
@@ -218,8 +179,10 @@ class KafkaSink(Sink):
         self._task = task
         self._lock = threading.Lock()
         self._producer: Any = None
-        #: Why this copy's producer was lost, once it was (it starts no other).
+        #: Why this copy's producer was lost, once it was, and whether for good (the claim or the
+        #: key groups taken over): a copy whose task holds its key groups still starts another.
         self._lost: str | None = None
+        self._lost_for_good = False
         self._read: dict[int, PositionsPartition] = {}
         #: Whether this copy's task attempt holds its key groups still (:meth:`hold`), if it says.
         self._holds: Callable[[], bool] | None = None
@@ -235,10 +198,10 @@ class KafkaSink(Sink):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         # Unpickled in the task's own thread, where Spark's task context is.
-        self._opened(_task_name())
+        self._opened(task_name())
 
     def _connection_config(self) -> dict[str, Any]:
-        return {name: value for name, value in self.producer_config.items() if name not in _PRODUCER_ONLY}
+        return {name: value for name, value in self.producer_config.items() if name not in PRODUCER_ONLY}
 
     def _producer_config(self, transactional_id: str) -> dict[str, Any]:
         return {**self.producer_config, "transactional.id": transactional_id, "logger": log}
@@ -275,7 +238,7 @@ class KafkaSink(Sink):
                             f"{'do' if len(missing) > 1 else 'does'} not exist (or cannot be described); "
                             f"create {'them' if len(missing) > 1 else 'it'} first")
         # Transactions allowed, before anything is made: a producer that never begins one.
-        self._close(self._start(f"{ID_PREFIX}{run.checkpoint_id}-{run.claim}-probe"))
+        close_producer(self._start(f"{ID_PREFIX}{run.checkpoint_id}-{run.claim}-probe"))
         name = self.positions_topic_for(run.checkpoint_id)
         files = CheckpointStore(run.checkpoint).files
         recorded = recorded_topic(files, name, topics.get(name))  # refused before anything is made
@@ -355,12 +318,12 @@ class KafkaSink(Sink):
     def _fence_older(self, run: RunContext) -> None:
         """Fence every transactional id the tasks of older claims recorded, then forget them."""
         files = CheckpointStore(run.checkpoint).files
-        older = [name for name in registered_producers(files) if _claim_of(name) < run.claim]
+        older = [name for name in registered_producers(files) if claim_of(name) < run.claim]
         if not older:
             return
         with ThreadPoolExecutor(min(16, len(older))) as pool:
             for producer in pool.map(self._start, older):
-                self._close(producer)
+                close_producer(producer)
         forget_producers(files, older)
         log.info("KafkaSink fenced %d producer(s) of the runs this one took the checkpoint over from",
                  len(older))
@@ -384,7 +347,7 @@ class KafkaSink(Sink):
         whose task says it holds its key groups still (its producer fenced by a late starter, which
         commits nothing) starts again.
         """
-        if self._lost is not None and self._holds is not None and self._holds():
+        if self._restarts():
             log.warning("KafkaSink: this task's producer %s, but the task holds its key groups still: it "
                         "starts another", self._lost)
             self._lost = None
@@ -396,7 +359,7 @@ class KafkaSink(Sink):
         run = self._run
         if run is None or self._positions is None:
             raise SinkError("KafkaSink was called before a run prepared it")
-        self._task = self._task or _task_name()
+        self._task = self._task or task_name()
         name = f"{ID_PREFIX}{run.checkpoint_id}-{run.claim}-{self._task}"
         store = TaskStore(run.checkpoint, "", run.claim)
         # Recorded at each start, even if this process recorded it before: a newer run that fenced
@@ -404,17 +367,31 @@ class KafkaSink(Sink):
         register_producer(store.files, name)  # 1
         producer = self._start(name)  # 2
         if store.fenced():  # 3
-            self._close(producer)
-            self._lost = "found a newer claim"
+            close_producer(producer)
+            self._lose("found a newer claim", for_good=True)
             raise SinkError(f"KafkaSink: another run took checkpoint {run.checkpoint} over; this one "
                             f"commits nothing more")
         if self._holds is not None and not self._holds():
-            self._close(producer)
-            self._lost = "found its task's key groups taken over by a newer attempt"
+            close_producer(producer)
+            self._lose("found its task's key groups taken over by a newer attempt", for_good=True)
             raise SinkError("KafkaSink: a newer attempt of this task took its key groups over; this one "
                             "commits nothing more")
         self._producer = producer
         return producer
+
+    def _restarts(self) -> bool:
+        """Whether this copy starts another producer at its next call (hold :attr:`_lock`): its
+        producer was lost, not for good, and its task holds its key groups still."""
+        return (self._lost is not None and not self._lost_for_good and self._holds is not None
+                and self._holds())
+
+    def _lose(self, reason: str, for_good: bool = False) -> None:
+        """This copy's producer is lost (hold :attr:`_lock`). What the copy knows of the positions
+        is forgotten: the transaction whose end it did not learn may have committed, and a
+        tombstone or a skip decided from them could undo it or send it again."""
+        self._lost, self._lost_for_good = reason, for_good
+        self._producer = None
+        self._read, self._dropped = {}, {}
 
     def hold(self, holds: Callable[[], bool]) -> None:
         """Look, at each start of this copy's producer, whether its task attempt holds its key
@@ -422,7 +399,8 @@ class KafkaSink(Sink):
 
         An attempt that starts its producer after a newer attempt started its own fences the newer
         one's; a copy whose ``holds()`` then answers false commits nothing more, and a copy that
-        still holds its key groups starts a new producer and sends its open records again.
+        still holds its key groups starts a new producer, reads the positions again (the lost
+        producer's last transaction may have committed) and makes its call again from them.
 
         Parameters
         ----------
@@ -458,6 +436,19 @@ class KafkaSink(Sink):
         transaction."""
         if not events:
             return
+        try:
+            self._call(events, identities)
+        except Exception:
+            with self._lock:
+                again = self._producer is None and self._restarts()
+            if not again:
+                raise
+            # The producer was lost in the call (fenced by an older attempt's late start, or its
+            # commit's end unknown) while this attempt holds its key groups: the call goes again,
+            # from the positions as Kafka holds them now, which say whether its transaction landed.
+            self._call(events, identities)
+
+    def _call(self, events: list[dict[str, Any]], identities: list[EventIdentity]) -> None:
         with self._lock:
             self._started()
             read = self._partitions_for(identities)
@@ -474,27 +465,18 @@ class KafkaSink(Sink):
         output = KafkaOutput(self.topics)
         self._apply(output, fresh)
         with self._lock:
-            try:
-                self._commit(output, newest)
-            except Exception:
-                # Fenced by an older attempt's late start while this one holds its key groups: the
-                # call's records go again, through a producer of its own.
-                holds = self._holds
-                if self._producer is not None or self._lost is None or holds is None or not holds():
-                    raise
-                self._commit(output, newest)
+            self._commit(output, newest)
             # Under the lock: a drop (done_below) between the commit and this would send a
             # tombstone for a key just applied.
             for partition, positions in newest.items():
                 read[partition].record(positions)
                 self._dropped.get(partition, set()).difference_update(positions)
 
-    def done_below(self, key_group: int, position: int) -> None:
-        """Drop the positions of ``key_group``'s keys last applied below ``position`` (every event
-        below it is done for good: see :meth:`~segack.spark_adapter.Sink.done_below`), and send
-        their tombstones with the next transaction: a real-time stream's memory, and what a task
-        reads of the positions topic when it starts, follow the keys of the events in flight, not
-        every key ever seen."""
+    def done_below(self, key_group: int, position: int, kept: Collection[Any] = frozenset()) -> None:
+        """Drop the positions of ``key_group``'s keys last applied below ``position`` but ``kept``
+        (see :meth:`~segack.spark_adapter.Sink.done_below`), and send their tombstones with the next
+        transaction: a real-time stream's memory, and what a task reads of the positions topic when
+        it starts, follow the keys of the events in flight, not every key ever seen."""
         if self._positions is None:
             return
         number = key_group % self._positions[1]
@@ -502,7 +484,8 @@ class KafkaSink(Sink):
             partition = self._read.get(number)
             if partition is None:
                 return
-            dropped = partition.forget_below(key_group, position)
+            dropped = partition.forget_below(key_group, position,
+                                             {f"{key_group}/{key_text(key)}" for key in kept})
             if dropped:
                 self._dropped.setdefault(number, set()).update(dropped)
 
@@ -526,47 +509,19 @@ class KafkaSink(Sink):
         try:
             producer.begin_transaction()
             for record_topic, value, key, partition, headers, timestamp in output.records:
-                self._send(producer, record_topic, value, key, partition, headers, timestamp)
+                send(producer, record_topic, value, key, partition, headers, timestamp)
             for partition, keys in dropped.items():
                 for key in keys:
-                    self._send(producer, topic, None, prefix + key, partition, None, 0)
+                    send(producer, topic, None, prefix + key, partition, None, 0)
             for partition, positions in newest.items():
                 for key, position in positions.items():
-                    self._send(producer, topic, str(position), prefix + key, partition, None, 0)
-            self._end(producer)
+                    send(producer, topic, str(position), prefix + key, partition, None, 0)
+            end_transaction(producer)
         except BaseException as error:
             self._abort(producer, error)
             raise
         for partition, keys in dropped.items():
             self._dropped[partition] -= keys
-
-    @staticmethod
-    def _end(producer: Any) -> None:
-        """Commit the transaction. A commit that timed out is resumed, as librdkafka allows (and it
-        refuses an abort while one is pending), for up to :data:`TRANSACTION_SECONDS`."""
-        from confluent_kafka import KafkaException
-
-        deadline = time.monotonic() + TRANSACTION_SECONDS
-        while True:
-            try:
-                with durable_write("sink-commit"):
-                    producer.commit_transaction(max(1.0, deadline - time.monotonic()))
-                return
-            except KafkaException as error:
-                if not (error.args and error.args[0].retriable()) or time.monotonic() >= deadline:
-                    raise
-                log.warning("KafkaSink resumes a commit: %s", one_line(error))
-
-    @staticmethod
-    def _send(producer: Any, topic: str, value: Any, key: Any, partition: int, headers: Any,
-              timestamp: int) -> None:
-        while True:
-            try:
-                producer.produce(topic, value=value, key=key, partition=partition, headers=headers,
-                                 timestamp=timestamp)
-                return
-            except BufferError:
-                producer.poll(0.1)  # the producer's queue is full: let it send some
 
     def _abort(self, producer: Any, error: BaseException) -> None:
         """Abort the failed transaction. A producer that cannot (fenced, or its commit's end
@@ -575,21 +530,13 @@ class KafkaSink(Sink):
             producer.abort_transaction(TRANSACTION_SECONDS)
             log.debug("KafkaSink aborted a transaction: %s", one_line(error))
         except Exception as failure:
-            self._lost = f"could not abort a transaction after {one_line(error)} ({one_line(failure)})"
-            log.warning("KafkaSink: this task's producer %s", self._lost)
             # Not closed: closing aborts again, and waits to send what was queued.
-            self._producer = None
+            self._lose(f"could not abort a transaction after {one_line(error)} ({one_line(failure)})")
+            log.warning("KafkaSink: this task's producer %s", self._lost)
 
     def close(self) -> None:
         """Let go of this copy's producer (it has no open transaction between calls)."""
         with self._lock:
             producer, self._producer = self._producer, None
         if producer is not None:
-            self._close(producer)
-
-    @staticmethod
-    def _close(producer: Any) -> None:
-        try:
-            producer.close()
-        except Exception as error:
-            log.warning("KafkaSink could not close a producer: %s", one_line(error))
+            close_producer(producer)

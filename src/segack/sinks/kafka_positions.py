@@ -31,7 +31,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from segack.sinks.kafka_output import KafkaClients
@@ -258,13 +258,15 @@ class PositionsPartition:
                 if position > known.get(key, -1):
                     known[key] = position
 
-    def forget_below(self, key_group: int, position: int) -> list[str]:
-        """Drop the positions of ``key_group``'s keys last applied below ``position``, once every
-        event of it below ``position`` is done for good (no run hands them again, so those
-        positions can make no event be skipped); the keys dropped (:func:`position_key`'s)."""
+    def forget_below(self, key_group: int, position: int, kept: Collection[str] = frozenset()) -> list[str]:
+        """Drop the positions of ``key_group``'s keys last applied below ``position`` but those
+        ``kept``, once every event of it below ``position`` is done for good but the dead letters
+        of the keys ``kept`` (no run hands the others again, so their positions can make no event
+        be skipped); the keys dropped (:func:`position_key`'s, as ``kept`` names them)."""
         prefix = f"{key_group}/"
         with self.lock:
-            dropped = [key for key, at in self.positions.items() if at < position and key.startswith(prefix)]
+            dropped = [key for key, at in self.positions.items()
+                       if at < position and key.startswith(prefix) and key not in kept]
             for key in dropped:
                 del self.positions[key]
         return dropped

@@ -19,7 +19,7 @@ import hashlib
 import inspect
 import itertools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,12 +110,14 @@ class Sink:
         that fences writers when they start, as :class:`~segack.sinks.KafkaSink` does, looks at it
         after each start, so that an attempt taken over never writes again."""
 
-    def done_below(self, key_group: int, position: int) -> None:
+    def done_below(self, key_group: int, position: int, kept: Collection[Any] = frozenset()) -> None:
         """Called in a task once every event of ``key_group`` below ``position`` is done and
-        recorded so: no run hands a sink any of them again, and the calls in flight hold later ones
-        (a real-time stream calls it after each save, its key groups being Kafka partitions and its
-        positions their offsets). A sink may let go of what it keeps for them: the position of a key
-        last applied below ``position`` can never make it skip an event again."""
+        recorded so, but the dead letters of the keys ``kept``: no run hands a sink any of the
+        others again, and the calls in flight hold later ones (a real-time stream calls it after
+        each save, its key groups being Kafka partitions and its positions their offsets). A sink
+        may let go of what it keeps for them: the position of a key last applied below ``position``
+        can never make it skip an event again, but a ``kept`` key's (a retry of its dead letters
+        hands them again, and one whose call's outcome was unknown may have been applied)."""
 
 
 def is_async(handler: Callable[..., Any]) -> bool:
@@ -211,11 +213,13 @@ def tell_holds(handler: Callable[..., Any], holds: Callable[[], bool]) -> None:
         handler.hold(holds)
 
 
-def tell_done_below(handler: Callable[..., Any], key_group: int, position: int) -> None:
+def tell_done_below(handler: Callable[..., Any], key_group: int, position: int,
+                    kept: Collection[Any] = frozenset()) -> None:
     """Tell a :class:`~segack.spark_adapter.Sink` that ``key_group``'s events below ``position``
-    are done for good (:meth:`~segack.spark_adapter.Sink.done_below`)."""
+    are done for good, but the dead letters of the keys ``kept``
+    (:meth:`~segack.spark_adapter.Sink.done_below`)."""
     if isinstance(handler, Sink):
-        handler.done_below(key_group, position)
+        handler.done_below(key_group, position, kept)
 
 
 @dataclass(frozen=True)
@@ -284,8 +288,8 @@ class _RefusingSink(Sink):
     def hold(self, holds: Callable[[], bool]) -> None:
         self.sink.hold(holds)
 
-    def done_below(self, key_group: int, position: int) -> None:
-        self.sink.done_below(key_group, position)
+    def done_below(self, key_group: int, position: int, kept: Collection[Any] = frozenset()) -> None:
+        self.sink.done_below(key_group, position, kept)
 
 
 class _RefusingAsyncSink(_RefusingSink):

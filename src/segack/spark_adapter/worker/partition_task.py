@@ -285,6 +285,9 @@ class PartitionsTask:
         # an attempt before this one (a retried task's, an older run's still going somewhere) set
         # keys aside up to its last save, which this one starts from.
         parked = plan.store.dead_letter_keys("key")
+        #: The keys with dead letters, of earlier attempts and of this one: their positions stay in
+        #: the sink (a retry hands the letters again), whatever the partition's progress.
+        self.set_aside_keys: set[Any] = set(parked)
         tell_holds(self.handler, self.holds)
         for partition in self.partitions:
             state = earlier[partition]
@@ -437,6 +440,7 @@ class PartitionsTask:
         for partition, reader in self.readers.items():
             states[partition], taken = reader.state(self._position(consumer, partition, TopicPartition))
             if taken:
+                self.set_aside_keys.update(letter.event["key"] for letter in taken)
                 # A file of the partition's own, named after its epoch: it counts once a save of
                 # this epoch vouches for it (a paused attempt's, landing after a takeover, never).
                 epoch, vouched = self.leases[partition].epoch, self.letter_files[partition]
@@ -462,7 +466,7 @@ class PartitionsTask:
                 self._fenced()
                 return False
             for partition, state in states.items():
-                tell_done_below(self.handler, partition, int(state["next"]))
+                tell_done_below(self.handler, partition, int(state["next"]), frozenset(self.set_aside_keys))
         return True
 
     def _failed(self) -> PartitionReader | None:
