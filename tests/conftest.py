@@ -49,6 +49,8 @@ AREAS = {
     "test_delta.py": ("streams",),
     "test_dispatch_machine.py": ("handlers",),
     "test_kafka_records.py": ("streams",),
+    "test_kafka_settings.py": ("streams",),
+    "test_kafka_secured.py": ("streams", "sinks"),
     "test_partition_task.py": ("handlers", "streams"),
     "test_doc_examples.py": ("command",),
     "test_durations_check.py": (),

@@ -484,6 +484,9 @@ KAFKA_TOPIC_ENV = "SEGACK_TEST_KAFKA_TOPIC"
 KAFKA_APPLY_SECONDS_ENV = "SEGACK_TEST_KAFKA_APPLY_SECONDS"
 #: The start of the names of the topics a :class:`KafkaLedgerApply` writes, if not the input topic's.
 KAFKA_OUTPUT_ENV = "SEGACK_TEST_KAFKA_OUTPUT"
+#: A file of the stream's ``kafka.*`` options (JSON), if set: the ledger sink reaches its cluster as
+#: the stream does (``KafkaSink(cluster=...)``), in place of :data:`KAFKA_ENV`'s plaintext broker.
+KAFKA_CLUSTER_ENV = "SEGACK_TEST_KAFKA_CLUSTER"
 
 
 def kafka_ledger_topics(topic: str) -> tuple[str, str]:
@@ -532,6 +535,11 @@ def _kafka_ledger_sink(fail_on: tuple[str, int] | None = None) -> Any:
 
     named = os.environ.get(KAFKA_OUTPUT_ENV) or os.environ.get(KAFKA_TOPIC_ENV, "accounts")
     apply = KafkaLedgerApply(named, fail_on, until_fixed=True)
+    cluster = os.environ.get(KAFKA_CLUSTER_ENV)
+    if cluster is not None:
+        with open(cluster) as file:
+            return KafkaSink({"linger.ms": 5}, apply, topics=[apply.ledger, apply.balances],
+                             cluster=json.load(file))
     return KafkaSink({"bootstrap.servers": os.environ.get(KAFKA_ENV, "127.0.0.1:9"), "linger.ms": 5},
                      apply, topics=[apply.ledger, apply.balances])
 

@@ -14,6 +14,7 @@ import shlex
 import sqlite3
 import textwrap
 import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -286,8 +287,28 @@ def run_cluster_driver(sandbox: Sandbox, code: str, request: Any) -> None:
 
 
 def run_kafka_sink(sandbox: Sandbox, code: str, request: Any) -> None:
-    """In the connectors session: the guide's sink, prepared by a run and called by a task as
-    ``segack stream`` does, its records read back once by a ``read_committed`` consumer, and again
+    """In the connectors session: the guide's sink, as :func:`_sink_writes_each_once` calls it."""
+    broker = request.getfixturevalue("kafka_broker")
+    _sink_writes_each_once(sandbox, sandbox.run(code.replace("broker-1:9092", broker.bootstrap))["sink"],
+                           broker.bootstrap, "ledger")
+
+
+def run_secured_kafka_sink(sandbox: Sandbox, code: str, request: Any) -> None:
+    """In the connectors session: the connecting page's sink, given the stream's options for the
+    tests' SASL_SSL listener (its SCRAM user, its CA), as :func:`run_kafka_sink` runs the guide's."""
+    broker = request.getfixturevalue("kafka_broker")
+    secured = broker.secured
+    user, password = secured.scram_user
+    code = (code.replace("broker-1:9093", secured.sasl_bootstrap)
+            .replace("/etc/kafka/ca.pem", str(secured.ca))
+            .replace('username="segack" password="..."', f'username="{user}" password="{password}"')
+            .replace('"ledger"', '"secured-ledger"'))
+    _sink_writes_each_once(sandbox, sandbox.run(code)["sink"], broker.bootstrap, "secured-ledger")
+
+
+def _sink_writes_each_once(sandbox: Sandbox, sink: Any, plaintext: str, topic: str) -> None:
+    """``sink``, prepared by a run and called by a task as ``segack stream`` does, its records read
+    back (over the broker's ``plaintext`` listener) once by a ``read_committed`` consumer, and again
     none when a resume hands the events over again."""
     import pickle
 
@@ -298,19 +319,18 @@ def run_kafka_sink(sandbox: Sandbox, code: str, request: Any) -> None:
     from tests.test_kafka import make_topic
     from tests.test_kafka_sink import committed_records
 
-    broker = request.getfixturevalue("kafka_broker")
-    make_topic(broker.bootstrap, "ledger", 2)
-    sink = sandbox.run(code.replace("broker-1:9092", broker.bootstrap))["sink"]
-    sink.prepare(RunContext(str(sandbox.root / "checkpoint"), "0" * 32, "account", "seq", Policy.PER_KEY,
+    make_topic(plaintext, topic, 2)
+    checkpoint_id = uuid.uuid4().hex  # each example's positions its own, on the one broker
+    sink.prepare(RunContext(str(sandbox.root / "checkpoint"), checkpoint_id, "account", "seq", Policy.PER_KEY,
                             60.0, None, 1))
     events = [{"account": account, "seq": seq, "amount": amount} for seq, (account, amount)
               in enumerate(zip(sandbox.accounts, sandbox.amounts, strict=True))]
-    identities = [EventIdentity(event["account"], 0, event["seq"], "0" * 32) for event in events]
+    identities = [EventIdentity(event["account"], 0, event["seq"], checkpoint_id) for event in events]
     for _ in range(2):  # a run, then a resume that hands every event over again
         task = pickle.loads(cloudpickle.dumps(sink))  # as Spark sends it to a task
         task(events, identities)
         task.close()
-    written = committed_records(broker.bootstrap, "ledger")
+    written = committed_records(plaintext, topic)
     assert sorted(record["seq"] for record in written) == list(range(EVENTS))
 
 
@@ -327,6 +347,7 @@ RUNNERS: dict[str, Callable[[Sandbox, str, Any], None]] = {
     ".foreachBatch(foreach_batch(handle,": run_foreach_batch,
     "records = kafka_stream(spark,": run_kafka_stream,
     'sink = KafkaSink({"bootstrap.servers": "broker-1:9092"}, apply, topics=["ledger"])': run_kafka_sink,
+    'sink = KafkaSink({"linger.ms": 5}, apply, topics=["ledger"], cluster=CLUSTER)': run_secured_kafka_sink,
     "changes = delta_change_feed(spark,": run_delta_change_feed,
     "def add_once(event):": run_idempotent_handler,
     "sys.exit(0 if result.complete else 3 if result.dead_letters_left else 1)": run_cluster_driver,

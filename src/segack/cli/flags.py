@@ -10,6 +10,8 @@ from enum import Enum
 from typing import Any
 
 from segack._shared import HASHES
+from segack.cli.properties import read_properties
+from segack.errors import SegackValueError
 from segack.kernel import SegmentSet
 from segack.spark_adapter.options import OnError, Policy, Verify, option_fields
 
@@ -35,6 +37,18 @@ def key_value(text: str) -> tuple[str, str]:
     if not equals or not key.strip():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, not {text!r}")
     return key.strip(), value
+
+
+def kafka_properties(path: str) -> list[tuple[str, str]]:
+    """A Kafka client's properties file (:mod:`~segack.cli.properties`), each setting as the
+    ``--option`` ``kafka.NAME=VALUE``. Raises :class:`~segack.SegackValueError` if it cannot be read
+    or holds a bad escape, saying so of ``path``."""
+    try:
+        with open(path, encoding="latin-1") as file:  # Java's own encoding of properties files
+            text = file.read()
+    except OSError as error:
+        raise SegackValueError(f"cannot read {path}: {error.strerror}") from None
+    return [(f"kafka.{name}", value) for name, value in read_properties(text, path)]
 
 
 def int_at_least(least: int, what: str) -> Callable[[str], int]:

@@ -17,6 +17,7 @@ from segack.cli.flags import (
     add_session_options,
     checked_option,
     int_at_least,
+    kafka_properties,
     positive_seconds,
     replay_segments,
     segment_set,
@@ -97,6 +98,10 @@ def _add_stream(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     stream.add_argument("--value-schema", default=None, metavar="DDL",
                         help="Kafka: the value's fields and types, as 'account STRING, seq BIGINT, amount "
                         "BIGINT'; each event has them beside key, topic, partition, offset and timestamp")
+    stream.add_argument("--kafka-properties", default=None, metavar="FILE",
+                        help="Kafka: a client's properties file, as Kafka's own tools take it (NAME=VALUE "
+                        "lines, NAME without kafka.): each is --option kafka.NAME=VALUE, an --option "
+                        "given beside it winning; keeps passwords out of the command line")
     stream.add_argument("--commit-offsets-to", default=None, metavar="GROUP",
                         help="Kafka: after each micro-batch complete in the checkpoint, commit each "
                         "partition's offset to consumer group GROUP, for Kafka's own tools to see")
@@ -246,6 +251,13 @@ def check_input(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     exits :attr:`ExitCode.USAGE` here."""
     if args.command not in ("replay", "plan", "stream"):
         return
+    if args.command == "stream" and args.kafka_properties is not None:
+        if args.format != "kafka":
+            parser.exit(ExitCode.USAGE, "segack stream: error: --kafka-properties is for --format kafka\n")
+        try:
+            args.option = [*kafka_properties(args.kafka_properties), *args.option]
+        except ValueError as error:
+            parser.exit(ExitCode.USAGE, f"segack stream: error: --kafka-properties: {error}\n")
     if args.command == "stream" and args.format == "kafka":
         wrong = ("INPUT" if args.input is not None else "--table" if args.table is not None else
                  None if args.value_schema is not None else "")

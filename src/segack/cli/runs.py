@@ -191,6 +191,7 @@ def _stream(args: argparse.Namespace, job: _Job) -> int:
     """``segack stream``: runs until the input is drained (``--trigger available-now``) or SIGTERM or
     Ctrl-C asks it to stop; an :class:`~segack.cli.ExitCode`."""
     from segack.spark_adapter.coordinator.query import StopRequest, stream
+    from segack.spark_adapter.sources.kafka_settings import java_options
 
     if args.trigger == REAL_TIME:
         return _stream_real_time(args, job)
@@ -198,6 +199,12 @@ def _stream(args: argparse.Namespace, job: _Job) -> int:
         print("segack stream: --commit-interval is for --trigger real-time; a micro-batch stream commits "
               "after each micro-batch", file=sys.stderr)
         return ExitCode.USAGE
+    if args.format == "kafka":
+        try:
+            java_options(dict(args.option))
+        except OptionError as error:  # before Spark starts: the options alone say it
+            print(f"segack stream: {error}", file=sys.stderr)
+            return ExitCode.USAGE
     store = job.store
     stop = StopRequest()
     asked = _stopping(stop, "at the end of the micro-batch under way")
@@ -252,7 +259,11 @@ def _stream_real_time(args: argparse.Namespace, job: _Job) -> int:
     """``segack stream --trigger real-time``: until SIGTERM or Ctrl-C (the calls read finish, exit
     0; twice: at once, exit 1, the progress saved so far kept) or a failure."""
     from segack.spark_adapter.coordinator.query import StopRequest
-    from segack.spark_adapter.coordinator.realtime import BATCH_ONLY_OPTIONS, stream_real_time
+    from segack.spark_adapter.coordinator.realtime import (
+        BATCH_ONLY_OPTIONS,
+        real_time_options,
+        stream_real_time,
+    )
 
     batch_only = [("--" + name.replace("_", "-"), name, unset, "a real-time stream's tasks own Kafka "
                    "partitions, read as records arrive") for name, unset in BATCH_ONLY_OPTIONS.items()]
@@ -262,6 +273,11 @@ def _stream_real_time(args: argparse.Namespace, job: _Job) -> int:
             return ExitCode.USAGE
     if args.value_schema is None:
         print("segack stream: --value-schema is required for Kafka", file=sys.stderr)
+        return ExitCode.USAGE
+    try:
+        real_time_options(dict(args.option))
+    except OptionError as error:  # before Spark starts: the options alone say it
+        print(f"segack stream: {error}", file=sys.stderr)
         return ExitCode.USAGE
     stop = StopRequest()
     asked = _stopping(stop, "once the calls read finish")

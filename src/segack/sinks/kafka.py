@@ -35,8 +35,9 @@ from segack.sinks.kafka_transactions import (
     task_name,
 )
 from segack.sinks.key_text import key_text
-from segack.spark_adapter.errors import SinkError, one_line
+from segack.spark_adapter.errors import OptionError, SinkError, one_line
 from segack.spark_adapter.handlers import EventIdentity, RunContext, Sink
+from segack.spark_adapter.sources.kafka_settings import librdkafka_client
 from segack.spark_adapter.store.checkpoint import CheckpointStore, TaskStore
 from segack.spark_adapter.store.crash_points import durable_write
 from segack.spark_adapter.store.kafka_sink_files import (
@@ -65,10 +66,11 @@ class KafkaSink(Sink):
 
     Parameters
     ----------
-    producer_config : mapping
-        The ``confluent_kafka.Producer`` settings (``bootstrap.servers``, security, batching); the
-        sink sets ``transactional.id`` itself, one per task. Settings that forbid transactions
-        (``enable.idempotence`` false, ``acks`` other than ``all``) are refused by the run.
+    producer_config : mapping, optional
+        The ``confluent_kafka.Producer`` settings (``bootstrap.servers``, security, batching), over
+        those ``cluster`` gives; the sink sets ``transactional.id`` itself, one per task. Settings
+        that forbid transactions (``enable.idempotence`` false, ``acks`` other than ``all``) are
+        refused by the run.
     apply : callable, optional
         ``apply(output, event)`` produces one event's records with ``output.produce(...)``.
     apply_many : callable, optional
@@ -90,6 +92,12 @@ class KafkaSink(Sink):
     clients : KafkaClients, optional
         What makes the sink's producers, consumers and admin client from their settings
         (confluent-kafka's unless given).
+    cluster : mapping, optional
+        The cluster's settings as a stream takes them: its ``kafka.*`` options, in Kafka's Java
+        client's spelling (``kafka.sasl.jaas.config``, ``kafka.ssl.truststore.location``) or
+        librdkafka's (:doc:`/connecting`); other options (a stream's ``subscribe``, say) are not
+        read. Give a stream's options, and the sink reaches
+        its cluster as the stream does.
 
     Raises
     ------
@@ -97,8 +105,10 @@ class KafkaSink(Sink):
         ``apply`` or ``apply_many`` not callable, ``producer_config`` not a mapping, ``clients``
         without the methods of a :class:`KafkaClients`.
     SegackValueError
-        Both or neither of ``apply`` and ``apply_many``; ``producer_config`` without
-        ``bootstrap.servers``, with a ``transactional.id``, or with a ``transaction.timeout.ms``
+        Both or neither of ``apply`` and ``apply_many``; ``cluster`` settings librdkafka cannot
+        take (a JKS store, AWS MSK's IAM login module: :doc:`/connecting`); no
+        ``bootstrap.servers`` in ``producer_config`` or ``cluster``; a ``transactional.id``, or a
+        ``transaction.timeout.ms``
         over 120,000 (a task waits that long at most to read positions past a transaction another
         left open); no ``topics`` or a name Kafka does not take; ``positions_partitions`` or
         ``preferred_batch_size`` not a positive int.
@@ -130,16 +140,23 @@ class KafkaSink(Sink):
     once a sink of its own.
     """
 
-    def __init__(self, producer_config: Mapping[str, Any],
+    def __init__(self, producer_config: Mapping[str, Any] | None = None,
                  apply: Callable[[KafkaOutput, dict[str, Any]], Any] | None = None, *,
                  apply_many: Callable[[KafkaOutput, list[dict[str, Any]]], Any] | None = None,
                  topics: Iterable[str], positions_topic: str | None = None, positions_partitions: int = 32,
-                 preferred_batch_size: int | None = 5000, clients: KafkaClients | None = None) -> None:
-        if not isinstance(producer_config, Mapping):
-            raise SegackTypeError(f"KafkaSink: producer_config must be a mapping of producer settings, not "
-                                  f"{type(producer_config).__name__}")
+                 preferred_batch_size: int | None = 5000, clients: KafkaClients | None = None,
+                 cluster: Mapping[str, str] | None = None) -> None:
+        for name, given in (("producer_config", producer_config), ("cluster", cluster)):
+            if given is not None and not isinstance(given, Mapping):
+                raise SegackTypeError(f"KafkaSink: {name} must be a mapping of settings, not "
+                                      f"{type(given).__name__}")
+        try:
+            reached = librdkafka_client(cluster or {})
+        except OptionError as error:
+            raise SegackValueError(f"KafkaSink: cluster: {error}") from None
+        producer_config = {**reached, **(producer_config or {})}
         if not isinstance(producer_config.get("bootstrap.servers"), str):
-            raise SegackValueError("KafkaSink: producer_config must give bootstrap.servers")
+            raise SegackValueError("KafkaSink: producer_config or cluster must give bootstrap.servers")
         if "transactional.id" in producer_config:
             raise SegackValueError("KafkaSink: producer_config must not give transactional.id: the sink "
                                    "gives each task's producer its own")

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from segack.spark_adapter.errors import CheckpointError, one_line
+from segack.spark_adapter.sources.kafka_settings import ClientLog
 from segack.spark_adapter.store.crash_points import durable_write
 from segack.spark_adapter.store.partitions import PartitionView
 
@@ -42,7 +43,8 @@ class GroupCommits:
 
         self.topic, self.group = topic, group
         self._consumer = (consumer or Consumer)({**settings, "group.id": group, "enable.auto.commit": False,
-                                                 "enable.partition.eof": False})
+                                                 "enable.partition.eof": False,
+                                                 "logger": ClientLog(f"{__name__}.client")})
         #: What the group holds, as last read or committed, by partition.
         self.committed: dict[int, int] = {}
         self._failing = False

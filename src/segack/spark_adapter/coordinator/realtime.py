@@ -74,6 +74,7 @@ from segack.spark_adapter.handlers import RunContext, orderable_refusal, prepare
 from segack.spark_adapter.options import RunOptions, takes_options
 from segack.spark_adapter.results import RealTimeReport, RealTimeResult
 from segack.spark_adapter.sources.kafka import UNPARSED, unparsed_refusal, value_schema
+from segack.spark_adapter.sources.kafka_settings import ClientLog, librdkafka_client, security_failure
 from segack.spark_adapter.sources.reader_options import spelled
 from segack.spark_adapter.spark.executors import check_executors
 from segack.spark_adapter.spark.session import is_connect, setting
@@ -101,9 +102,11 @@ if TYPE_CHECKING:
 
     from segack.spark_adapter.store.claims import ClaimKeeper
 
-__all__ = ["BATCH_ONLY_OPTIONS", "DEFAULT_MAX_PENDING", "stream_real_time"]
+__all__ = ["BATCH_ONLY_OPTIONS", "DEFAULT_MAX_PENDING", "real_time_options", "stream_real_time"]
 
 log = logging.getLogger(__name__)
+#: The driver's Kafka clients' own log lines.
+CLIENT_LOG = ClientLog(f"{__name__}.client")
 
 #: The reader options a real-time stream takes, in Spark's spelling (the ``kafka.*`` ones too).
 _OPTIONS = ("subscribe", "startingOffsets")
@@ -120,12 +123,6 @@ BATCH_ONLY_OPTIONS = {"segments": None, "hash": "spark", "key_group_bits": None,
 DEFAULT_MAX_PENDING = 10_000
 
 
-def _consumer_settings(options: Mapping[str, str]) -> dict[str, str]:
-    """The Kafka client's settings: the ``kafka.*`` options without their prefix."""
-    return {name.removeprefix("kafka."): value for name, value in options.items()
-            if name.startswith("kafka.")}
-
-
 def _topic(options: Mapping[str, str]) -> str:
     unknown = [name for name in options if not name.startswith("kafka.") and name not in _OPTIONS]
     if unknown:
@@ -139,20 +136,47 @@ def _topic(options: Mapping[str, str]) -> str:
     return topics[0]
 
 
-def _partitions(settings: dict[str, str], topic: str) -> list[int]:
+def real_time_options(options: Mapping[str, str]) -> tuple[dict[str, str], str, str, dict[str, str]]:
+    """A real-time stream's reader ``options`` checked, with no Spark and no broker: themselves,
+    spelled as Spark spells them; the topic; where a partition nobody has read starts; and the
+    Kafka client's settings (librdkafka's). Raises :class:`~segack.spark_adapter.OptionError` for
+    an option a real-time stream does not take, several topics, a ``startingOffsets`` other than
+    ``earliest`` or ``latest``, and ``kafka.*`` settings librdkafka cannot take
+    (:func:`~segack.spark_adapter.sources.kafka_settings.librdkafka_settings`)."""
+    spelt = spelled(options, _OPTIONS, prefixes=("kafka.",))
+    topic = _topic(spelt)
+    starting = str(spelt.get("startingOffsets", "earliest")).strip().lower()
+    if starting not in ("earliest", "latest"):
+        raise OptionError(f"a real-time stream takes startingOffsets earliest or latest, not {starting!r}")
+    return spelt, topic, starting, librdkafka_client(spelt)
+
+
+def _partitions(settings: dict[str, str], topic: str, seconds: float = 15) -> list[int]:
     """The topic's partitions, asked of the brokers; :class:`~segack.spark_adapter.InputError` if
-    they do not answer or the topic does not exist."""
+    they do not answer in ``seconds``, refuse the client's certificate check or its login (at once),
+    or the topic does not exist."""
     from confluent_kafka import Consumer, KafkaException
 
+    said: list[Any] = []  # the client's errors, as its error callback hears them
     try:
-        consumer = Consumer({**settings, "group.id": "segack-metadata"})
+        consumer = Consumer({**settings, "group.id": "segack-metadata", "logger": CLIENT_LOG,
+                             "error_cb": said.append})
     except (KafkaException, ValueError, TypeError) as error:
         raise OptionError(f"the Kafka options are not ones the client takes: {error}") from None
+    servers = settings.get("bootstrap.servers")
+    deadline = time.monotonic() + seconds
     try:
-        metadata = consumer.list_topics(topic, timeout=15)
-    except KafkaException as error:
-        raise InputError(f"cannot reach Kafka at {settings.get('bootstrap.servers')}: {error.args[0].str()}"
-                         ) from None
+        while True:
+            try:
+                metadata = consumer.list_topics(topic, timeout=0.5)
+                break
+            except KafkaException as error:
+                consumer.poll(0)  # hears the client's errors
+                refused = next(filter(None, (security_failure(heard.str()) for heard in said)), None)
+                if refused is not None:
+                    raise InputError(f"cannot reach Kafka at {servers}: {refused}") from None
+                if time.monotonic() > deadline:
+                    raise InputError(f"cannot reach Kafka at {servers}: {error.args[0].str()}") from None
     finally:
         consumer.close()
     found = metadata.topics.get(topic)
@@ -179,7 +203,8 @@ def _read_starts(settings: dict[str, str], topic: str, partitions: list[int], st
     """:func:`_starts`, through a consumer of the driver's own, from what ``group`` holds."""
     from confluent_kafka import Consumer
 
-    ends = Consumer({**settings, "group.id": "segack-metadata", "enable.auto.commit": False})
+    ends = Consumer({**settings, "group.id": "segack-metadata", "enable.auto.commit": False,
+                     "logger": CLIENT_LOG})
     try:
         return _starts(ends, topic, partitions, starting, group.read(partitions) if group else {})
     finally:
@@ -374,15 +399,10 @@ def stream_real_time(
 
     began = time.monotonic()
     run_options = _run_options(options, handler, commit_interval)  # 1
-    kafka_options = spelled(kafka_options, _OPTIONS, prefixes=("kafka.",))
-    topic = _topic(kafka_options)
+    kafka_options, topic, starting, settings = real_time_options(kafka_options)
     check_metrics_address(metrics_port)
-    starting = str(kafka_options.get("startingOffsets", "earliest")).strip().lower()
-    if starting not in ("earliest", "latest"):
-        raise OptionError(f"a real-time stream takes startingOffsets earliest or latest, not {starting!r}")
     schema = value_schema(spark, value_schema_ddl)
     fields = check_fields(schema)
-    settings = _consumer_settings(kafka_options)
     partitions = _partitions(settings, topic)
     check_session(spark)
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)

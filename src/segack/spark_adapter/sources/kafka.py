@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from segack.spark_adapter.errors import InputError, OptionError, UnparsedValueError, spark_reason
 from segack.spark_adapter.handlers import Refusal
+from segack.spark_adapter.sources.kafka_settings import java_options, security_failure
 from segack.spark_adapter.sources.reader_options import spelled
 from segack.spark_adapter.store.crash_points import durable_write
 from segack.spark_adapter.worker.kafka_records import UNPARSED
@@ -247,7 +248,7 @@ def kafka_stream(spark: SparkSession, options: Mapping[str, str], value_schema_d
         :data:`~segack.spark_adapter.sources.kafka.VALUE_FORMATS`.
     """
     schema = value_schema(spark, value_schema_ddl)
-    options = spelled(options, KNOWN_OPTIONS, prefixes=("kafka.",))
+    options = java_options(spelled(options, KNOWN_OPTIONS, prefixes=("kafka.",)))
     if str(options.get("failOnDataLoss", "true")).strip().lower() == "false":
         raise OptionError("failOnDataLoss=false makes Spark pass over records gone from Kafka (deleted by "
                           "retention, or with their topic) without a word, and segack skips nothing unless "
@@ -285,7 +286,8 @@ def _check_reachable(spark: SparkSession, options: Mapping[str, str], seconds: f
             admin.describeCluster().clusterId().get(int(seconds * 1000), unit)
             known = set(admin.listTopics().names().get(int(seconds * 1000), unit))
         except Exception as error:
-            raise InputError(f"cannot reach Kafka at {servers}: {spark_reason(error)}") from None
+            reason = security_failure(str(error)) or spark_reason(error)
+            raise InputError(f"cannot reach Kafka at {servers}: {reason}") from None
     missing = [topic for topic in topics if topic not in known]
     if missing:
         raise InputError(f"Kafka at {servers} has no topic {missing[0]!r}")
@@ -297,7 +299,11 @@ def _admin(spark: SparkSession, options: Mapping[str, str], seconds: float = 15)
     session), its calls given up after ``seconds``; closed at the block's end."""
     jvm = spark.sparkContext._jvm
     assert jvm is not None
-    admin = jvm.org.apache.kafka.clients.admin.Admin.create(_admin_settings(spark, options, seconds))
+    try:
+        admin = jvm.org.apache.kafka.clients.admin.Admin.create(_admin_settings(spark, options, seconds))
+    except Exception as error:  # Py4J's: the client refused its settings (a file it cannot read, say)
+        raise InputError(f"cannot reach Kafka at {options.get('kafka.bootstrap.servers', '')}: "
+                         f"{spark_reason(error)}") from None
     try:
         yield admin
     finally:

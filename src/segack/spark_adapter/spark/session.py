@@ -46,6 +46,10 @@ _DEFAULTS = {
     "spark.speculation": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.log.level": "ERROR",
+    # Spark's own pattern, and a Kafka client's key material and JAAS lines (a reader option's
+    # value is hidden in plans, the UI and event logs when its name or its value matches).
+    "spark.redaction.regex": r"(?i)secret|password|token|access[.]?key|jaas|ssl\.keystore\.key|ssl\.key\.pem"
+                             r"|private key",
 }
 #: The driver's logging setup for ``spark_session(quiet=True)``: fatal errors only.
 QUIET_LOGGING = Path(__file__).with_name("log4j2-quiet.properties")
