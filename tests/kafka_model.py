@@ -73,6 +73,9 @@ class ModelBroker:
         #: Each topic's id (another once it is made again) and settings.
         self.ids: dict[str, str] = {}
         self.configs: dict[str, dict[str, str]] = {}
+        #: The brokers' number, and each topic's copies of a partition.
+        self.brokers = 1
+        self.replication: dict[str, int] = {}
         self.groups: dict[tuple[str, str, int], int] = {}
         #: Each transactional id's epoch, and the transaction its producer has open (its id, and
         #: the partitions it wrote to).
@@ -94,14 +97,16 @@ class ModelBroker:
 
     # ------------------------------------------------------------------ topics and records
 
-    def create_topic(self, topic: str, partitions: int, config: dict[str, str] | None = None) -> None:
+    def create_topic(self, topic: str, partitions: int, config: dict[str, str] | None = None,
+                     replication: int = 1) -> None:
         self.topics[topic] = [_Partition() for _ in range(partitions)]
+        self.replication[topic] = replication
         self.ids[topic] = uuid.uuid4().hex
         self.configs[topic] = {"cleanup.policy": "delete", **(config or {})}
 
     def recreate_topic(self, topic: str) -> None:
         """The topic deleted and made again with as many partitions: every log starts at 0."""
-        self.create_topic(topic, len(self.topics[topic]), self.configs[topic])
+        self.create_topic(topic, len(self.topics[topic]), self.configs[topic], self.replication[topic])
 
     def delete_topic(self, topic: str) -> None:
         del self.topics[topic], self.ids[topic], self.configs[topic]
@@ -420,15 +425,21 @@ class ModelProducer:
         """Nothing to let go of."""
 
 
+class _PartitionMetadata:
+    def __init__(self, replicas: int) -> None:
+        self.replicas = list(range(1, replicas + 1))
+
+
 class _Topic:
-    def __init__(self, partitions: int) -> None:
-        self.partitions = {number: None for number in range(partitions)}
+    def __init__(self, partitions: int, replicas: int = 1) -> None:
+        self.partitions = {number: _PartitionMetadata(replicas) for number in range(partitions)}
         self.error = None
 
 
 class _Metadata:
-    def __init__(self, topics: dict[str, _Topic]) -> None:
+    def __init__(self, topics: dict[str, _Topic], brokers: int = 1) -> None:
         self.topics = topics
+        self.brokers = {number: None for number in range(1, brokers + 1)}
 
 
 class _Described:
@@ -448,7 +459,8 @@ class ModelAdmin:
         self.broker = broker
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> _Metadata:
-        return _Metadata({name: _Topic(len(partitions)) for name, partitions in self.broker.topics.items()})
+        return _Metadata({name: _Topic(len(partitions), self.broker.replication[name])
+                          for name, partitions in self.broker.topics.items()}, self.broker.brokers)
 
     def create_topics(self, topics: list[Any], **_: Any) -> dict[str, _Done]:
         made = {}
@@ -457,7 +469,13 @@ class ModelAdmin:
                 error = KafkaException(KafkaError(KafkaError.TOPIC_ALREADY_EXISTS, "TOPIC_ALREADY_EXISTS"))
                 made[topic.topic] = _Done(error=error)
                 continue
-            self.broker.create_topic(topic.topic, topic.num_partitions, dict(topic.config or {}))
+            if topic.replication_factor > self.broker.brokers:
+                error = KafkaException(KafkaError(KafkaError.INVALID_REPLICATION_FACTOR,
+                                                  "INVALID_REPLICATION_FACTOR"))
+                made[topic.topic] = _Done(error=error)
+                continue
+            self.broker.create_topic(topic.topic, topic.num_partitions, dict(topic.config or {}),
+                                     topic.replication_factor)
             made[topic.topic] = _Done()
         return made
 

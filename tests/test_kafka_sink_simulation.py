@@ -21,10 +21,12 @@ import shutil
 import tempfile
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 
+from segack.errors import SegackValueError
 from segack.sinks import KafkaOutput, KafkaSink
 from segack.spark_adapter.errors import SinkError
 from segack.spark_adapter.handlers import RunContext
@@ -200,3 +202,52 @@ def test_a_kept_key_keeps_its_position_for_a_retry_of_a_letter_whose_commit_land
     outputs = [json.loads(entry.value) for entry in broker.deliverable(OUTPUT, 0).values()]
     assert outputs.count({"key": "k", "offset": 1}) == 1, outputs
     assert [output["offset"] for output in outputs] == [0, 1, 2, 3]
+
+
+def _prepared_on(broker: Any, directory: Any, **given: Any) -> KafkaSink:
+    import uuid
+
+    sink = KafkaSink({"bootstrap.servers": "model:9092"}, lambda output, event: None, topics=[OUTPUT],
+                     clients=ModelClients(broker), **given)
+    sink.prepare(RunContext(str(directory), uuid.uuid4().hex, "key", "offset", Policy.PER_KEY, 60.0, None, 1))
+    return sink
+
+
+def test_a_positions_topic_is_made_with_three_copies_two_in_sync_or_as_many_as_there_are_brokers(tmp_path):
+    from tests.kafka_model import ModelBroker
+
+    made = {}
+    for brokers in (1, 2, 5):
+        broker = ModelBroker()
+        broker.brokers = brokers
+        broker.create_topic(OUTPUT, 1)
+        sink = _prepared_on(broker, tmp_path / str(brokers))
+        [name] = [topic for topic in broker.topics if topic.startswith("segack-positions-")]
+        made[brokers] = (broker.replication[name], broker.configs[name]["min.insync.replicas"])
+        assert sink._positions == (name, 32)
+    assert made == {1: (1, "1"), 2: (2, "2"), 5: (3, "2")}
+
+
+def test_a_positions_topic_with_fewer_copies_than_asked_is_refused_in_one_line_and_nothing_recorded(tmp_path):
+    from tests.kafka_model import ModelBroker
+
+    broker = ModelBroker()
+    broker.brokers = 3
+    broker.create_topic(OUTPUT, 1)
+    broker.create_topic("positions", 4, {"cleanup.policy": "compact"})  # made ahead, one copy
+    with pytest.raises(SinkError) as refused:
+        _prepared_on(broker, tmp_path / "refused", positions_topic="positions")
+    assert str(refused.value) == ("KafkaSink: positions topic positions keeps 1 copy of a partition, fewer "
+                                  "than 3: exactly once rests on it; make it with replication.factor 3, or "
+                                  "give positions_replication=1")
+    assert not (tmp_path / "refused" / "kafka-positions.json").exists()
+    # Asked for one copy, it takes it.
+    assert _prepared_on(broker, tmp_path / "taken", positions_topic="positions",
+                        positions_replication=1)._positions == ("positions", 4)
+
+
+@pytest.mark.parametrize("given", [0, -1, True, 2.0, "3"])
+def test_a_positions_replication_that_is_no_positive_int_is_refused(given):
+    with pytest.raises(SegackValueError, match="positions_replication must be a positive int or None"):
+        KafkaSink({"bootstrap.servers": "model:9092"}, lambda output, event: None, topics=[OUTPUT],
+                  positions_replication=given)

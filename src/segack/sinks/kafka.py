@@ -83,6 +83,9 @@ class KafkaSink(Sink):
         The compacted topic of each key's last applied position; ``None``:
         ``segack-positions-CHECKPOINT_ID``. The checkpoint's first run makes it if it is missing;
         a later run refuses it gone, or deleted and made again (see Notes).
+    positions_replication : int, optional
+        The copies of each partition of a positions topic the run makes, and the fewest a
+        positions topic found may have (see Notes); ``None``: 3, or the brokers' number when fewer.
     positions_partitions : int, default ``32``
         The partitions of a positions topic the run makes. A task reads the partitions its key
         groups map to (``key_group % positions_partitions``); a power of two at least the number of
@@ -145,7 +148,7 @@ class KafkaSink(Sink):
                  apply_many: Callable[[KafkaOutput, list[dict[str, Any]]], Any] | None = None,
                  topics: Iterable[str], positions_topic: str | None = None, positions_partitions: int = 32,
                  preferred_batch_size: int | None = 5000, clients: KafkaClients | None = None,
-                 cluster: Mapping[str, str] | None = None) -> None:
+                 cluster: Mapping[str, str] | None = None, positions_replication: int | None = None) -> None:
         for name, given in (("producer_config", producer_config), ("cluster", cluster)):
             if given is not None and not isinstance(given, Mapping):
                 raise SegackTypeError(f"KafkaSink: {name} must be a mapping of settings, not "
@@ -175,6 +178,10 @@ class KafkaSink(Sink):
             raise SegackValueError(f"KafkaSink: positions_partitions must be a positive int, not "
                                    f"{positions_partitions!r}")
         check_preferred_batch_size("KafkaSink", preferred_batch_size)
+        if positions_replication is not None and (isinstance(positions_replication, bool) or not isinstance(
+                positions_replication, int) or positions_replication < 1):
+            raise SegackValueError(f"KafkaSink: positions_replication must be a positive int or None, not "
+                                   f"{positions_replication!r}")
         if clients is not None and not all(callable(getattr(clients, name, None))
                                            for name in ("producer", "consumer", "admin")):
             raise SegackTypeError(f"KafkaSink: clients must make producers, consumers and admin clients "
@@ -183,6 +190,7 @@ class KafkaSink(Sink):
         self.apply, self.apply_many = apply, apply_many
         self.topics = frozenset(wanted)
         self.positions_topic, self.positions_partitions = positions_topic, positions_partitions
+        self.positions_replication = positions_replication
         self.preferred_batch_size = preferred_batch_size
         self.clients = clients or KafkaClients()
         #: What the driver learnt in :meth:`prepare`: the run's checkpoint, its id and claim, and the
@@ -259,7 +267,7 @@ class KafkaSink(Sink):
         name = self.positions_topic_for(run.checkpoint_id)
         files = CheckpointStore(run.checkpoint).files
         recorded = recorded_topic(files, name, topics.get(name))  # refused before anything is made
-        made = self._positions_topic(admin, name, topics.get(name))
+        made = self._positions_topic(admin, name, topics.get(name), len(self._metadata(admin).brokers))
         topic_id = described_topic_id(admin, name, METADATA_SECONDS)
         partitions = keep_to_recorded(files, recorded, name, made, topic_id)
         self._fence_older(run)
@@ -277,16 +285,19 @@ class KafkaSink(Sink):
             said = error.args[0].str() if error.args else one_line(error)
             raise SinkError(f"KafkaSink cannot reach the brokers at {servers}: {said}") from None
 
-    def _positions_topic(self, admin: Any, name: str, found: Any) -> int:
-        """The positions topic's partitions, the topic made if it is missing; refused unless
-        compacted."""
+    def _positions_topic(self, admin: Any, name: str, found: Any, brokers: int) -> int:
+        """The positions topic's partitions, the topic made if it is missing (each partition on
+        :attr:`positions_replication` brokers, two of them in sync for a write); refused unless
+        compacted, or with fewer copies than that."""
         # Exported by some releases' type stubs, not by others.
         from confluent_kafka.admin import ConfigResource, NewTopic  # type: ignore[attr-defined, unused-ignore]
 
+        replication = self.positions_replication or min(3, max(brokers, 1))
         if found is None:
+            config = {"cleanup.policy": "compact", "min.insync.replicas": str(min(2, replication))}
             with durable_write("sink-setup"):
-                future = admin.create_topics([NewTopic(name, self.positions_partitions,
-                                                       config={"cleanup.policy": "compact"})])[name]
+                future = admin.create_topics([NewTopic(name, self.positions_partitions, replication,
+                                                       config=config)])[name]
                 try:
                     future.result()
                 except Exception as error:
@@ -303,6 +314,12 @@ class KafkaSink(Sink):
         if policy != "compact":
             raise SinkError(f"KafkaSink: positions topic {name} has cleanup.policy={policy}; it must be "
                             f"compact alone, or the positions of keys not seen for a while are deleted")
+        copies = min(len(partition.replicas) for partition in found.partitions.values())
+        if copies < replication:
+            kept = f"{copies} cop{'y' if copies == 1 else 'ies'}"
+            raise SinkError(f"KafkaSink: positions topic {name} keeps {kept} of a partition, fewer than "
+                            f"{replication}: exactly once rests on it; make it with replication.factor "
+                            f"{replication}, or give positions_replication={copies}")
         return len(found.partitions)
 
     def _made(self, admin: Any, name: str) -> Any:
