@@ -238,8 +238,8 @@ def test_a_positions_topic_with_fewer_copies_than_asked_is_refused_in_one_line_a
     with pytest.raises(SinkError) as refused:
         _prepared_on(broker, tmp_path / "refused", positions_topic="positions")
     assert str(refused.value) == ("KafkaSink: positions topic positions keeps 1 copy of a partition, fewer "
-                                  "than 3: exactly once rests on it; make it with replication.factor 3, or "
-                                  "give positions_replication=1")
+                                  "than 3: exactly once rests on it; raise its replication factor to 3 "
+                                  "(kafka-reassign-partitions), or give positions_replication=1")
     assert not (tmp_path / "refused" / "kafka-positions.json").exists()
     # Asked for one copy, it takes it.
     assert _prepared_on(broker, tmp_path / "taken", positions_topic="positions",

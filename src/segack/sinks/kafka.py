@@ -99,8 +99,7 @@ class KafkaSink(Sink):
         The cluster's settings as a stream takes them: its ``kafka.*`` options, in Kafka's Java
         client's spelling (``kafka.sasl.jaas.config``, ``kafka.ssl.truststore.location``) or
         librdkafka's (:doc:`/connecting`); other options (a stream's ``subscribe``, say) are not
-        read. Give a stream's options, and the sink reaches
-        its cluster as the stream does.
+        read. Give a stream's options, and the sink reaches its cluster as the stream does.
 
     Raises
     ------
@@ -255,7 +254,8 @@ class KafkaSink(Sink):
             # A claim number withdrawn is taken again: an older run's task may have recorded an id since.
             self._fence_older(run)
             return
-        topics = self._metadata(admin).topics
+        metadata = self._metadata(admin)
+        topics = metadata.topics
         missing = sorted(topic for topic in self.topics
                          if topic not in topics or topics[topic].error is not None)
         if missing:
@@ -267,7 +267,7 @@ class KafkaSink(Sink):
         name = self.positions_topic_for(run.checkpoint_id)
         files = CheckpointStore(run.checkpoint).files
         recorded = recorded_topic(files, name, topics.get(name))  # refused before anything is made
-        made = self._positions_topic(admin, name, topics.get(name), len(self._metadata(admin).brokers))
+        made = self._positions_topic(admin, name, topics.get(name), len(metadata.brokers))
         topic_id = described_topic_id(admin, name, METADATA_SECONDS)
         partitions = keep_to_recorded(files, recorded, name, made, topic_id)
         self._fence_older(run)
@@ -318,8 +318,9 @@ class KafkaSink(Sink):
         if copies < replication:
             kept = f"{copies} cop{'y' if copies == 1 else 'ies'}"
             raise SinkError(f"KafkaSink: positions topic {name} keeps {kept} of a partition, fewer than "
-                            f"{replication}: exactly once rests on it; make it with replication.factor "
-                            f"{replication}, or give positions_replication={copies}")
+                            f"{replication}: exactly once rests on it; raise its replication factor to "
+                            f"{replication} (kafka-reassign-partitions), or give "
+                            f"positions_replication={copies}")
         return len(found.partitions)
 
     def _made(self, admin: Any, name: str) -> Any:
