@@ -7,7 +7,6 @@ follows, nothing secret is printed or written, and a wrong password or CA is one
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from tests.test_kafka import (
     stream_command,
 )
 from tests.test_kafka_sink import _outputs, assert_each_event_once_in_order
+from tests.test_realtime import _stopped
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -51,6 +51,16 @@ def _environment(tmp_path: Path, options: dict[str, str], plaintext: str, topic:
     return {**environment(tmp_path, "0", None, plaintext, topic), KAFKA_CLUSTER_ENV: str(cluster)}
 
 
+def _input_and_outputs(plaintext: str, topic: str, partitions: int, seed: int) -> list[tuple[str, bytes]]:
+    """``topic`` of ``partitions`` holding 600 account records, and the ledger sink's topics; the
+    records."""
+    make_topic(plaintext, topic, partitions)
+    _outputs(plaintext, topic)
+    records = account_events(600, users=30, seed=seed)
+    produce(plaintext, topic, records)
+    return records
+
+
 def _files_text(directory: Path) -> str:
     """Every file under ``directory`` as text (bytes read as Latin-1): what a secret must not be in."""
     return "\n".join(path.read_bytes().decode("latin-1") for path in directory.rglob("*") if path.is_file())
@@ -65,10 +75,7 @@ def _assert_nothing_says(secret: str, directory: Path, *outputs: str) -> None:
 def test_a_micro_batch_stream_into_a_kafka_sink_over_sasl_ssl_with_sparks_spelling(tmp_path, kafka_broker):
     secured, plaintext = kafka_broker.secured, kafka_broker.bootstrap
     topic, group = "secured-micro-batches", "segack-secured-micro-batches"
-    make_topic(plaintext, topic, 3)
-    _outputs(plaintext, topic)
-    records = account_events(600, users=30, seed=41)
-    produce(plaintext, topic, records)
+    records = _input_and_outputs(plaintext, topic, 3, seed=41)
     options = secured.sasl_options("SCRAM-SHA-512")
     # The login and the CA from a client's properties file, as Kafka users keep them: out of ps's view.
     properties = tmp_path / "client.properties"
@@ -90,10 +97,7 @@ def test_a_micro_batch_stream_into_a_kafka_sink_over_sasl_ssl_with_sparks_spelli
 def test_a_real_time_stream_into_a_kafka_sink_over_sasl_ssl_with_sparks_spelling(tmp_path, kafka_broker):
     secured, plaintext = kafka_broker.secured, kafka_broker.bootstrap
     topic, group = "secured-real-time", "segack-secured-real-time"
-    make_topic(plaintext, topic, 2)
-    _outputs(plaintext, topic)
-    records = account_events(600, users=30, seed=42)
-    produce(plaintext, topic, records)
+    records = _input_and_outputs(plaintext, topic, 2, seed=42)
     options = secured.sasl_options("PLAIN")
     process = subprocess.Popen(
         _command(tmp_path, options, topic, "tests.spark_handlers:kafka_ledger_sink", "--trigger", "real-time",
@@ -102,9 +106,7 @@ def test_a_real_time_stream_into_a_kafka_sink_over_sasl_ssl_with_sparks_spelling
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for(lambda: committed_offsets(plaintext, topic, group) == end_offsets(plaintext, topic), 240,
               "the group's offsets at the end", process)
-    process.send_signal(signal.SIGTERM)
-    out, err = process.communicate(timeout=120)
-    assert process.returncode == ExitCode.OK, err[-3000:]
+    out, err = _stopped(process)
     assert_each_event_once_in_order(plaintext, topic, records)
     _assert_nothing_says(secured.plain_user[1], tmp_path, out, err)
 
@@ -123,9 +125,7 @@ def test_a_real_time_stream_shows_a_client_certificate_with_sparks_spelling(tmp_
         cwd=ROOT, env=environment(tmp_path, "0"), start_new_session=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for(lambda: len(read_log(log)) >= len(records), 240, "every record handled", process)
-    process.send_signal(signal.SIGTERM)
-    _, err = process.communicate(timeout=120)
-    assert process.returncode == ExitCode.OK, err[-3000:]
+    _stopped(process)
 
 
 @pytest.mark.parametrize("mode", [(), ("--trigger", "real-time")], ids=["micro-batches", "real-time"])
