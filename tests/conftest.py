@@ -65,6 +65,7 @@ AREAS = {
     "test_hashes.py": ("kernel",),
     "test_hashes_jvm.py": ("kernel",),
     "test_kafka.py": ("streams",),
+    "test_schema_registry.py": ("streams",),
     "test_kafka_sink.py": ("sinks",),
     "test_realtime.py": ("streams",),
     "test_realtime_simulation.py": ("streams", "simulation"),
@@ -269,3 +270,17 @@ def s3(s3_endpoint, monkeypatch, request):
     the standard way (``AWS_ENDPOINT_URL`` and credentials); yields ``s3://BUCKET``."""
     return _fresh_bucket(s3_endpoint, monkeypatch, request)
 
+
+
+@pytest.fixture(scope="session")
+def schema_registry(kafka_broker, tmp_path_factory):
+    """A real Schema Registry (Karapace, ``tests/schema_registry.py``) over the tests' broker, for
+    the whole run; skipped, in one line saying how to get one, only where neither the kit nor
+    ``SEGACK_TEST_SCHEMA_REGISTRY`` is there."""
+    from tests import schema_registry
+
+    if not schema_registry.available():
+        pytest.skip(schema_registry.HOW)
+    with schema_registry.schema_registry(kafka_broker.bootstrap,
+                                         tmp_path_factory.mktemp("registry") / "karapace.log") as url:
+        yield url

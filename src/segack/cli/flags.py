@@ -41,14 +41,17 @@ def key_value(text: str) -> tuple[str, str]:
 
 def kafka_properties(path: str) -> list[tuple[str, str]]:
     """A Kafka client's properties file (:mod:`~segack.cli.properties`), each setting as the
-    ``--option`` ``kafka.NAME=VALUE``. Raises :class:`~segack.SegackValueError` if it cannot be read
-    or holds a bad escape, saying so of ``path``."""
+    ``--option`` ``kafka.NAME=VALUE``, but a Schema Registry's (``schema.registry.NAME``, as
+    Confluent's clients keep them in the same file) as it is. Raises
+    :class:`~segack.SegackValueError` if it cannot be read or holds a bad escape, saying so of
+    ``path``."""
     try:
         with open(path, encoding="latin-1") as file:  # Java's own encoding of properties files
             text = file.read()
     except OSError as error:
         raise SegackValueError(f"cannot read {path}: {error.strerror}") from None
-    return [(f"kafka.{name}", value) for name, value in read_properties(text, path)]
+    return [(name if name.startswith("schema.registry.") else f"kafka.{name}", value)
+            for name, value in read_properties(text, path)]
 
 
 def int_at_least(least: int, what: str) -> Callable[[str], int]:

@@ -93,8 +93,14 @@ def _add_stream(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     stream.add_argument("--commit-interval", type=positive_seconds, default=None, metavar="SECONDS",
                         help="--trigger real-time: save each partition's progress, and commit it to "
                         "--commit-offsets-to, this often (default: 1)")
-    stream.add_argument("--value-format", choices=("json",), default="json",
-                        help="Kafka: how each record's value is written (default: json)")
+    stream.add_argument("--value-format", choices=("json", "avro", "protobuf", "json-schema"), default="json",
+                        help="Kafka: how each record's value is written: JSON text, or Avro, Protobuf or "
+                        "JSON Schema in Confluent's wire format, each decoded by its writer's schema from "
+                        "--schema-registry (default: json)")
+    stream.add_argument("--schema-registry", default=None, metavar="URL",
+                        help="Kafka: the Schema Registry of --value-format avro, protobuf or json-schema "
+                        "(the option schema.registry.url; schema.registry.basic.auth.user.info, "
+                        "schema.registry.bearer.auth.token and schema.registry.ssl.ca.location log in)")
     stream.add_argument("--value-schema", default=None, metavar="DDL",
                         help="Kafka: the value's fields and types, as 'account STRING, seq BIGINT, amount "
                         "BIGINT'; each event has them beside key, topic, partition, offset and timestamp")
@@ -258,6 +264,10 @@ def check_input(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             args.option = [*kafka_properties(args.kafka_properties), *args.option]
         except ValueError as error:
             parser.exit(ExitCode.USAGE, f"segack stream: error: --kafka-properties: {error}\n")
+    if args.command == "stream" and args.schema_registry is not None:
+        if args.format != "kafka":
+            parser.exit(ExitCode.USAGE, "segack stream: error: --schema-registry is for --format kafka\n")
+        args.option = [*args.option, ("schema.registry.url", args.schema_registry)]
     if args.command == "stream" and args.format == "kafka":
         wrong = ("INPUT" if args.input is not None else "--table" if args.table is not None else
                  None if args.value_schema is not None else "")

@@ -192,6 +192,7 @@ def _stream(args: argparse.Namespace, job: _Job) -> int:
     Ctrl-C asks it to stop; an :class:`~segack.cli.ExitCode`."""
     from segack.spark_adapter.coordinator.query import StopRequest, stream
     from segack.spark_adapter.sources.kafka_settings import java_options
+    from segack.spark_adapter.sources.value_formats import value_registry
 
     if args.trigger == REAL_TIME:
         return _stream_real_time(args, job)
@@ -201,7 +202,7 @@ def _stream(args: argparse.Namespace, job: _Job) -> int:
         return ExitCode.USAGE
     if args.format == "kafka":
         try:
-            java_options(dict(args.option))
+            java_options(value_registry(dict(args.option), args.value_format)[1])
         except OptionError as error:  # before Spark starts: the options alone say it
             print(f"segack stream: {error}", file=sys.stderr)
             return ExitCode.USAGE
@@ -264,6 +265,7 @@ def _stream_real_time(args: argparse.Namespace, job: _Job) -> int:
         real_time_options,
         stream_real_time,
     )
+    from segack.spark_adapter.sources.value_formats import value_registry
 
     batch_only = [("--" + name.replace("_", "-"), name, unset, "a real-time stream's tasks own Kafka "
                    "partitions, read as records arrive") for name, unset in BATCH_ONLY_OPTIONS.items()]
@@ -276,6 +278,7 @@ def _stream_real_time(args: argparse.Namespace, job: _Job) -> int:
         return ExitCode.USAGE
     try:
         real_time_options(dict(args.option))
+        value_registry(dict(args.option), args.value_format)
     except OptionError as error:  # before Spark starts: the options alone say it
         print(f"segack stream: {error}", file=sys.stderr)
         return ExitCode.USAGE
@@ -292,7 +295,8 @@ def _stream_real_time(args: argparse.Namespace, job: _Job) -> int:
                 return ExitCode.OK
             result = stream_real_time(
                 spark, dict(args.option), args.value_schema, handler=job.handler, checkpoint=job.store,
-                commit_interval=args.commit_interval or 1.0, commit_offsets_to=args.commit_offsets_to,
+                value_format=args.value_format, commit_interval=args.commit_interval or 1.0,
+                commit_offsets_to=args.commit_offsets_to,
                 stop=stop, progress=_RealTimeLine(), metrics_port=args.metrics_port, **job.options)
     except Exception as error:
         return _failure_code(args, error)

@@ -34,7 +34,10 @@ Refusals (``ValueError``)          why
 
 A run that stopped (``RuntimeError``): :class:`HandlerFailedError` (the handler raised, after
 its retries), :class:`ReplayError` (a Spark task or the saving of progress failed) and its
-subclass :class:`ClaimLostError` (another run took the checkpoint over). Each pickles, so that it
+subclass :class:`ClaimLostError` (another run took the checkpoint over). A Schema Registry that
+stops answering in the middle of a run, asked for a schema no task has yet, is a
+:class:`SchemaRegistryError` (``ConnectionError``): the task fails, and Spark's retries, then the
+run, stop on it, nothing skipped. Each pickles, so that it
 can travel from a Spark task to the driver.
 """
 
@@ -57,6 +60,7 @@ __all__ = [
     "InputError",
     "OptionError",
     "ReplayError",
+    "SchemaRegistryError",
     "SegmentChangeError",
     "SessionError",
     "SinkError",
@@ -149,6 +153,12 @@ class UnorderableEventError(SegackValueError):
 
 class SinkError(SegackValueError):
     """A sink refused the run before it handled any event (:meth:`segack.spark_adapter.Sink.prepare`)."""
+
+
+class SchemaRegistryError(SegackError, ConnectionError):
+    """A Schema Registry did not answer, through its retries, for a schema a record names
+    (:mod:`~segack.spark_adapter.worker.schema_registry`); raised in the run, where the task
+    that needs the schema fails rather than skip the record."""
 
 
 class HandlerFailedError(SegackError, RuntimeError):

@@ -76,6 +76,7 @@ from segack.spark_adapter.results import RealTimeReport, RealTimeResult
 from segack.spark_adapter.sources.kafka import UNPARSED, unparsed_refusal, value_schema
 from segack.spark_adapter.sources.kafka_settings import ClientLog, librdkafka_client, security_failure
 from segack.spark_adapter.sources.reader_options import spelled
+from segack.spark_adapter.sources.value_formats import wire_format
 from segack.spark_adapter.spark.executors import check_executors
 from segack.spark_adapter.spark.session import is_connect, setting
 from segack.spark_adapter.store.checkpoint import (
@@ -94,6 +95,7 @@ from segack.spark_adapter.worker.partition_task import (
     run_partitions,
     start_state,
 )
+from segack.spark_adapter.worker.schema_registry import PREFIX as REGISTRY_PREFIX
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -124,10 +126,11 @@ DEFAULT_MAX_PENDING = 10_000
 
 
 def _topic(options: Mapping[str, str]) -> str:
-    unknown = [name for name in options if not name.startswith("kafka.") and name not in _OPTIONS]
+    unknown = [name for name in options
+               if not name.startswith(("kafka.", REGISTRY_PREFIX)) and name not in _OPTIONS]
     if unknown:
-        raise OptionError(f"a real-time stream takes the options kafka.*, subscribe and startingOffsets; "
-                          f"not {unknown[0]!r}")
+        raise OptionError(f"a real-time stream takes the options kafka.*, schema.registry.*, subscribe and "
+                          f"startingOffsets; not {unknown[0]!r}")
     if "kafka.bootstrap.servers" not in options:
         raise OptionError("a real-time stream needs the option kafka.bootstrap.servers")
     topics = [topic.strip() for topic in options.get("subscribe", "").split(",") if topic.strip()]
@@ -143,12 +146,13 @@ def real_time_options(options: Mapping[str, str]) -> tuple[dict[str, str], str, 
     an option a real-time stream does not take, several topics, a ``startingOffsets`` other than
     ``earliest`` or ``latest``, and ``kafka.*`` settings librdkafka cannot take
     (:func:`~segack.spark_adapter.sources.kafka_settings.librdkafka_settings`)."""
-    spelt = spelled(options, _OPTIONS, prefixes=("kafka.",))
+    spelt = spelled(options, _OPTIONS, prefixes=("kafka.", REGISTRY_PREFIX))
     topic = _topic(spelt)
     starting = str(spelt.get("startingOffsets", "earliest")).strip().lower()
     if starting not in ("earliest", "latest"):
         raise OptionError(f"a real-time stream takes startingOffsets earliest or latest, not {starting!r}")
-    return spelt, topic, starting, librdkafka_client(spelt)
+    kafka = {name: value for name, value in spelt.items() if not name.startswith(REGISTRY_PREFIX)}
+    return spelt, topic, starting, librdkafka_client(kafka)
 
 
 def _partitions(settings: dict[str, str], topic: str, seconds: float = 15) -> list[int]:
@@ -320,6 +324,7 @@ def stream_real_time(
     *,
     handler: Callable[[dict[str, Any]], Any],
     checkpoint: str | CheckpointStore,
+    value_format: str = "json",
     commit_interval: float = 1.0,
     commit_offsets_to: str | None = None,
     stop: StopRequest | None = None,
@@ -351,13 +356,16 @@ def stream_real_time(
         checkpoint and the group know nothing of, ``startingOffsets`` (``earliest``, the default, or
         ``latest``).
     value_schema_ddl : str
-        The value's fields, parsed from JSON (``'user STRING, seq BIGINT'``); of the types
+        The value's fields (``'account STRING, seq BIGINT'``), of the types
         :data:`~segack.spark_adapter.worker.kafka_records.FIELD_TYPES` names.
     handler : callable
         Called with each record as a dict (the columns of
         :func:`~segack.spark_adapter.kafka_stream`), each key's in offset order.
     checkpoint : str or CheckpointStore
         Where progress is kept: a new location, or a real-time stream's checkpoint of the same topic.
+    value_format : str, default ``"json"``
+        ``json``, or ``avro``, ``protobuf``, ``json-schema`` through the registry of the
+        ``schema.registry.*`` options, as :func:`~segack.spark_adapter.kafka_stream` reads them.
     commit_interval : float, default ``1.0``
         Seconds between saves of the partitions' progress (and commits to the group).
     commit_offsets_to : str, optional
@@ -383,7 +391,7 @@ def stream_real_time(
     OptionError
         An option a real-time stream does not take (``subscribePattern``, ``assign``, several topics,
         a reader option of Spark's Kafka source), a value field of another type, a ``commit_interval``
-        that is not a positive number.
+        that is not a positive number, a value format :func:`~segack.spark_adapter.kafka_stream` refuses.
     InputError
         Kafka does not answer, the topic does not exist, or it has other partitions than the
         checkpoint's stream read (a key's records may be in two).
@@ -403,18 +411,19 @@ def stream_real_time(
     check_metrics_address(metrics_port)
     schema = value_schema(spark, value_schema_ddl)
     fields = check_fields(schema)
+    wire, _ = wire_format(kafka_options, value_format, [topic])
     partitions = _partitions(settings, topic)
     check_session(spark)
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
     state = _check_checkpoint(store.load(), store, topic, len(partitions))
     check_location(spark, store, run_options.shared_local_checkpoint)
     check_executors(spark)
-    refused = refusing(handler, [unparsed_refusal(schema), orderable_refusal(
+    refused = refusing(handler, [unparsed_refusal(schema, wire), orderable_refusal(
         "key", "offset", UNPARSED, frozenset(schema.fieldNames()))])
     group = GroupCommits(settings, topic, commit_offsets_to) if commit_offsets_to is not None else None
     try:
         starts = _read_starts(settings, topic, partitions, starting, group)
-        records = RecordEvents(fields, setting(spark, "spark.sql.session.timeZone", "UTC"))
+        records = RecordEvents(fields, setting(spark, "spark.sql.session.timeZone", "UTC"), wire)
         dead_letter_schema = _dead_letter_schema(spark, schema)
         stop = stop or StopRequest()
         run_id = new_run_id()

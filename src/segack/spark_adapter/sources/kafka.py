@@ -38,6 +38,7 @@ The rules:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import functools
@@ -47,12 +48,20 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from segack.spark_adapter.errors import InputError, OptionError, UnparsedValueError, spark_reason
+from segack.spark_adapter.errors import (
+    InputError,
+    OptionError,
+    SchemaRegistryError,
+    UnparsedValueError,
+    spark_reason,
+)
 from segack.spark_adapter.handlers import Refusal
 from segack.spark_adapter.sources.kafka_settings import java_options, security_failure
 from segack.spark_adapter.sources.reader_options import spelled
+from segack.spark_adapter.sources.value_formats import wire_format
 from segack.spark_adapter.store.crash_points import durable_write
-from segack.spark_adapter.worker.kafka_records import UNPARSED
+from segack.spark_adapter.worker.kafka_records import UNPARSED, DecodedBatches, ValueFields, check_fields
+from segack.spark_adapter.worker.wire_format import REGISTRY_FORMATS, UndecodableValueError, WireFormat
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -74,8 +83,6 @@ STARTING_OPTIONS = ("startingOffsets", "startingTimestamp", "startingOffsetsByTi
 #: (:func:`~segack.spark_adapter.sources.reader_options.spelled`).
 KNOWN_OPTIONS = ("subscribe", "subscribePattern", "assign", "maxOffsetsPerTrigger", "minOffsetsPerTrigger",
                  "failOnDataLoss", "endingOffsets", "minPartitions", *STARTING_OPTIONS)
-#: The value formats a record's value is parsed from.
-VALUE_FORMATS = ("json",)
 _MARK = "segack_takes_unparsed"
 
 
@@ -103,12 +110,20 @@ def value_schema(spark: SparkSession, ddl: str) -> StructType:
     return parsed
 
 
-def kafka_events(records: DataFrame, schema: StructType, value_format: str = "json") -> DataFrame:
+def kafka_events(records: DataFrame, schema: StructType, value_format: str = "json",
+                 wire: WireFormat | None = None) -> DataFrame:
     """The events of Kafka ``records`` (the Kafka source's rows, static or streaming), by rules 1
-    and 2; ``value_format`` is one of :data:`~segack.spark_adapter.sources.kafka.VALUE_FORMATS`."""
+    and 2; ``value_format`` is one of :data:`~segack.spark_adapter.sources.value_formats.VALUE_FORMATS`,
+    decoded by ``wire`` for the wire format (in the executors' Python, Arrow batch by batch)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
+    if wire is not None:
+        values = ValueFields(check_fields(schema, f"a value in {value_format}", ""), wire)
+        kept = records.select(F.col("key").cast("string").alias("key"), "topic", "partition", "offset",
+                              "timestamp", "value")
+        decoded = StructType([*kept.schema.fields[:5], *schema.fields, StructField(UNPARSED, StringType())])
+        return kept.mapInArrow(DecodedBatches(values), decoded)
     with_text = StructType([*schema.fields, StructField(UNPARSED, StringType())])
     parsed = records.select(
         F.col("key").cast("string").alias("key"), "topic", "partition", "offset", "timestamp",
@@ -165,10 +180,37 @@ class _UnparsedCheck:
                                  f"value schema{why}: {shown!r}")
 
 
-def unparsed_refusal(schema: StructType) -> Refusal:
-    """What a run over Kafka records of ``schema`` does not hand a handler (rule 2), unless it
-    :func:`~segack.spark_adapter.takes_unparsed`."""
-    return Refusal(_MARK, _UnparsedCheck(tuple(field.name for field in schema.fields)))
+@dataclass(frozen=True)
+class _UndecodedCheck:
+    """Raises :class:`~segack.spark_adapter.UnparsedValueError` for a record whose value (its bytes
+    in base64) ``wire`` did not decode, or whose decoded value lacks or mistypes one of ``fields``,
+    saying which."""
+
+    fields: tuple[str, ...]
+    wire: WireFormat
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        text = event.get(UNPARSED)
+        if text is None:
+            return
+        try:
+            decoded = self.wire.decode(str(event.get("topic")), base64.b64decode(text))
+            lacking = [name for name in self.fields if name not in decoded]
+            why = (f"lacks {', '.join(map(repr, lacking))}" if lacking else
+                   "holds a field that is not of its declared type")
+        except UndecodableValueError as error:
+            why = str(error)
+        except SchemaRegistryError:
+            why = "did not decode (and the registry does not answer to say why)"
+        raise UnparsedValueError(f"the value of the record at offset {event.get('offset')} of "
+                                 f"{event.get('topic')}/{event.get('partition')} {why}")
+
+
+def unparsed_refusal(schema: StructType, wire: WireFormat | None = None) -> Refusal:
+    """What a run over Kafka records of ``schema`` (in the wire format ``wire`` decodes, if given)
+    does not hand a handler (rule 2), unless it :func:`~segack.spark_adapter.takes_unparsed`."""
+    names = tuple(field.name for field in schema.fields)
+    return Refusal(_MARK, _UnparsedCheck(names) if wire is None else _UndecodedCheck(names, wire))
 
 
 #: The newest Spark whose Kafka connector (and delta-spark) this release of segack has seen on Maven
@@ -211,11 +253,13 @@ class KafkaStream:
     #: The value's declared fields, and the format they are parsed from.
     schema: StructType
     value_format: str = "json"
+    #: The decoder of values in Confluent's wire format (None for JSON).
+    wire: WireFormat | None = None
 
     @property
     def refusal(self) -> Refusal:
         """The records a run does not hand a handler (rule 2)."""
-        return unparsed_refusal(self.schema)
+        return unparsed_refusal(self.schema, self.wire)
 
     def starting_at(self, starting_offsets: str) -> KafkaStream:
         """The same records, read by a new query from ``starting_offsets`` (Spark's
@@ -223,8 +267,8 @@ class KafkaStream:
         options = {name: value for name, value in self.options.items() if name not in STARTING_OPTIONS}
         options["startingOffsets"] = starting_offsets
         records = self.events.sparkSession.readStream.format("kafka").options(**options).load()
-        return dataclasses.replace(self, events=kafka_events(records, self.schema, self.value_format),
-                                   options=options)
+        return dataclasses.replace(self, events=kafka_events(records, self.schema, self.value_format,
+                                                             self.wire), options=options)
 
 
 def kafka_stream(spark: SparkSession, options: Mapping[str, str], value_schema_ddl: str,
@@ -233,29 +277,40 @@ def kafka_stream(spark: SparkSession, options: Mapping[str, str], value_schema_d
     ``subscribe``, ``subscribePattern`` or ``assign``, as Spark's Kafka source takes them: their
     names in any case), as events whose value fields ``value_schema_ddl`` declares.
 
+    Values in Confluent's wire format (``value_format`` ``avro``, ``protobuf`` or ``json-schema``)
+    are decoded through the Schema Registry the options' ``schema.registry.*`` settings name
+    (:mod:`~segack.spark_adapter.worker.schema_registry`), each by its writer's schema, into the
+    declared fields (of the types :data:`~segack.spark_adapter.worker.kafka_records.FIELD_TYPES`
+    names), in the executors' Python.
+
     Checks, before anything runs, that the session has Spark's Kafka connector, that the schema is
-    one, and (on a classic session) that the servers answer and the subscribed topics exist.
+    one, that the registry answers, and (on a classic session) that the servers answer and the
+    subscribed topics exist.
 
     Raises
     ------
     InputError
-        The connector is missing (the message names the package to add), the servers do not
-        answer, a topic does not exist.
+        The connector is missing (the message names the package to add), the servers or the
+        registry do not answer, a topic does not exist.
     OptionError
         A value schema that is not a struct's DDL or names a column every record has, an option
         given twice in two cases (``startingOffsets`` and ``startingoffsets``),
         ``failOnDataLoss=false`` (rule 6), a value format that is not one of
-        :data:`~segack.spark_adapter.sources.kafka.VALUE_FORMATS`.
+        :data:`~segack.spark_adapter.sources.value_formats.VALUE_FORMATS`, registry settings that do not
+        go with it, a field type the wire format's decoder does not give.
     """
     schema = value_schema(spark, value_schema_ddl)
-    options = java_options(spelled(options, KNOWN_OPTIONS, prefixes=("kafka.",)))
+    options = spelled(options, KNOWN_OPTIONS, prefixes=("kafka.", "schema.registry."))
     if str(options.get("failOnDataLoss", "true")).strip().lower() == "false":
         raise OptionError("failOnDataLoss=false makes Spark pass over records gone from Kafka (deleted by "
                           "retention, or with their topic) without a word, and segack skips nothing unless "
                           "told: leave it out, and a stream that finds records gone stops, saying which; to "
                           "go on past them, start a new checkpoint")
-    if value_format not in VALUE_FORMATS:
-        raise OptionError(f"value format must be one of {', '.join(VALUE_FORMATS)}, not {value_format!r}")
+    if value_format in REGISTRY_FORMATS:
+        check_fields(schema, f"a value in {value_format}", "")
+    topics = [topic.strip() for topic in str(options.get("subscribe", "")).split(",") if topic.strip()]
+    wire, options = wire_format(options, value_format, topics)
+    options = java_options(options)
     bounded = {"maxOffsetsPerTrigger": str(DEFAULT_MAX_OFFSETS_PER_TRIGGER), **options}
     try:
         records = spark.readStream.format("kafka").options(**bounded).load()
@@ -266,7 +321,7 @@ def kafka_stream(spark: SparkSession, options: Mapping[str, str], value_schema_d
             raise InputError(missing_connector(spark.version)) from None
         raise InputError(f"cannot read Kafka: {spark_reason(text)}") from None
     _check_reachable(spark, bounded)
-    return KafkaStream(kafka_events(records, schema, value_format), bounded, schema, value_format)
+    return KafkaStream(kafka_events(records, schema, value_format, wire), bounded, schema, value_format, wire)
 
 
 def _check_reachable(spark: SparkSession, options: Mapping[str, str], seconds: float = 10) -> None:

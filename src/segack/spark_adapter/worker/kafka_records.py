@@ -19,22 +19,29 @@ false). A schema with another type is refused on the driver, before anything run
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import decimal
 import json
 import math
 import re
 import struct
+import uuid
 import zoneinfo
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from segack.errors import SegackValueError
 from segack.spark_adapter.errors import OptionError
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
-__all__ = ["FIELD_TYPES", "UNPARSED", "RecordEvents", "check_fields", "time_zone"]
+    from segack.spark_adapter.worker.wire_format import WireFormat
+
+__all__ = ["ARROW_TYPES", "FIELD_TYPES", "UNPARSED", "DecodedBatches", "RecordEvents", "ValueFields",
+           "check_fields", "time_zone"]
 
 #: The column that holds a value that did not parse (:mod:`~segack.spark_adapter.sources.kafka`'s
 #: rule 2), null for every record that parsed.
@@ -82,8 +89,22 @@ def _boolean(value: Any) -> Any:
     return value
 
 
+def _text(value: Any) -> str:
+    """A decoded value JSON has no form for, as text: a moment, a date or a time in ISO 8601, a
+    decimal or a UUID (Avro's logical types) as Python writes them."""
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, (decimal.Decimal, uuid.UUID)):
+        return str(value)
+    raise SegackValueError(f"{type(value).__name__} has no text form")
+
+
 def _string(value: Any) -> Any:
-    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (dt.datetime, dt.date, dt.time, decimal.Decimal, uuid.UUID)):
+        return _text(value)
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=_text)
 
 
 #: The value field types a real-time stream parses, by Spark's type name, and how.
@@ -93,17 +114,61 @@ FIELD_TYPES: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def check_fields(schema: StructType) -> tuple[tuple[str, str], ...]:
+def check_fields(schema: StructType, parser: str = "a real-time stream",
+                 instead: str = ", or use micro-batches") -> tuple[tuple[str, str], ...]:
     """The declared fields as ``(name, type)``, or an :class:`~segack.spark_adapter.OptionError`
-    naming the first field whose type a real-time stream does not parse."""
+    naming the first field whose type ``parser`` (the part of segack that parses values in Python)
+    does not parse, and saying what to do ``instead`` beside declaring it ``STRING``."""
     fields = tuple((field.name, field.dataType.simpleString()) for field in schema.fields)
     for name, type_name in fields:
         if type_name not in FIELD_TYPES:
-            raise OptionError(f"a real-time stream parses value fields of the types "
+            raise OptionError(f"{parser} parses value fields of the types "
                               f"{', '.join(name.upper() for name in FIELD_TYPES)}; field {name!r} is "
-                              f"{type_name.upper()}: declare it STRING and parse it in the handler, or use "
-                              f"micro-batches")
+                              f"{type_name.upper()}: declare it STRING and parse it in the handler{instead}")
     return fields
+
+
+@dataclass(frozen=True)
+class ValueFields:
+    """The declared ``fields`` (as :func:`check_fields` gives them) of a record's value: parsed
+    from JSON text, or decoded from Confluent's wire format by ``wire``
+    (:class:`~segack.spark_adapter.worker.wire_format.WireFormat`)."""
+
+    fields: tuple[tuple[str, str], ...]
+    wire: WireFormat | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_parsers", tuple((name, FIELD_TYPES[type_name])
+                                                   for name, type_name in self.fields))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The fields' names, in their order."""
+        return tuple(name for name, _ in self.fields)
+
+    def parse(self, topic: str, value: bytes) -> tuple[list[tuple[str, Any]] | None, str | None]:
+        """The fields of ``value`` (a record of ``topic``, not a tombstone) by rule 2, and None; or
+        None and the value as :data:`UNPARSED` holds it: its text, or for the wire format its bytes
+        in base64."""
+        parsers: tuple[tuple[str, Callable[[Any], Any]], ...] = self._parsers  # type: ignore[attr-defined]
+        if self.wire is None:
+            text = value.decode("utf-8", errors="replace")
+            try:
+                parsed = json.loads(text)
+            except (ValueError, RecursionError):
+                return None, text
+        else:
+            try:
+                parsed = self.wire.decode(topic, value)
+            except ValueError:  # UndecodableValueError, which the refusal says again
+                return None, base64.b64encode(value).decode("ascii")
+        try:
+            if not isinstance(parsed, dict):
+                raise ValueError
+            return [(name, None if parsed[name] is None else parse(parsed[name]))
+                    for name, parse in parsers], None
+        except (ValueError, KeyError, TypeError, OverflowError):
+            return None, text if self.wire is None else base64.b64encode(value).decode("ascii")
 
 
 #: A zone given as an offset from UTC, as Spark takes it: ``+08:00``, ``-5``, ``UTC+8``, ``GMT-03:30``.
@@ -133,10 +198,10 @@ class RecordEvents:
 
     fields: tuple[tuple[str, str], ...]
     time_zone: str
+    wire: WireFormat | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_parsers", tuple((name, FIELD_TYPES[type_name])
-                                                   for name, type_name in self.fields))
+        object.__setattr__(self, "_values", ValueFields(self.fields, self.wire))
         object.__setattr__(self, "_zone", time_zone(self.time_zone))
 
     def event(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
@@ -147,22 +212,51 @@ class RecordEvents:
             "key": None if key is None else key.decode("utf-8", errors="replace"),
             "topic": topic, "partition": partition, "offset": offset, "timestamp": moment,
         }
-        parsers: tuple[tuple[str, Callable[[Any], Any]], ...] = self._parsers  # type: ignore[attr-defined]
+        values: ValueFields = self._values  # type: ignore[attr-defined]
         if value is None:  # a tombstone: every field null, nothing to refuse
-            event.update((name, None) for name, _ in parsers)
+            event.update((name, None) for name in values.names)
             event[UNPARSED] = None
             return event
-        text = value.decode("utf-8", errors="replace")
-        try:
-            parsed = json.loads(text)
-            if not isinstance(parsed, dict):
-                raise ValueError
-            fields = [(name, None if parsed[name] is None else parse(parsed[name]))
-                      for name, parse in parsers]
-        except (ValueError, KeyError, RecursionError, OverflowError):
-            event.update((name, None) for name, _ in parsers)
-            event[UNPARSED] = text
-            return event
-        event.update(fields)
-        event[UNPARSED] = None
+        fields, unparsed = values.parse(topic, value)
+        if fields is None:
+            event.update((name, None) for name in values.names)
+        else:
+            event.update(fields)
+        event[UNPARSED] = unparsed
         return event
+
+
+#: The Arrow type of each field type :data:`FIELD_TYPES` names, as Spark reads it back.
+ARROW_TYPES = {"string": "string", "bigint": "int64", "int": "int32", "smallint": "int16", "tinyint": "int8",
+               "double": "float64", "float": "float32", "boolean": "bool"}
+
+
+@dataclass(frozen=True)
+class DecodedBatches:
+    """Kafka records with their values decoded, Arrow batch by Arrow batch, for ``mapInArrow`` in a
+    micro-batch: each batch's columns ``key``, ``topic``, ``partition``, ``offset``, ``timestamp``
+    kept as they are, ``value`` replaced by the declared fields and :data:`UNPARSED`
+    (:class:`ValueFields` ``values``)."""
+
+    values: ValueFields
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        names = self.values.names
+        types = [getattr(pa, ARROW_TYPES[type_name])() for _, type_name in self.values.fields]
+        for batch in batches:
+            topics = batch.column("topic").to_pylist()
+            columns: list[list[Any]] = [[] for _ in names]
+            unparsed: list[str | None] = []
+            for topic, value in zip(topics, batch.column("value").to_pylist(), strict=True):
+                fields, text = (None, None) if value is None else self.values.parse(topic, value)
+                for column, item in zip(columns, [None] * len(names) if fields is None else
+                                        [item for _, item in fields], strict=True):
+                    column.append(item)
+                unparsed.append(text)
+            kept = [batch.column(name) for name in ("key", "topic", "partition", "offset", "timestamp")]
+            yield pa.RecordBatch.from_arrays(
+                [*kept, *(pa.array(column, type=kind) for column, kind in zip(columns, types, strict=True)),
+                 pa.array(unparsed, type=pa.string())],
+                names=["key", "topic", "partition", "offset", "timestamp", *names, UNPARSED])
