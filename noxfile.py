@@ -259,7 +259,7 @@ def mutation(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Same-run ratios against the competitors, printed as tables (``-- kafka``: on the PySpark of
     ``nox -s connectors``)."""
-    kafka = bool({"kafka", "latency", "kafka-sink"} & set(session.posargs))
+    kafka = bool({"kafka", "latency", "kafka-sink", "formats"} & set(session.posargs))
     connectors = [f"pyspark[connect]=={CONNECTORS_SPARK}", "confluent-kafka"] if kafka else []
     install_segack(session, "test", "pyroaring", "portion", *connectors)
     session.run("python", "-m", "bench", *session.posargs)

@@ -1,7 +1,7 @@
 """``python -m bench [hashes] [acker] [spark] [sinks] [console] [kafka] [latency] [kafka-sink]
-[crashes]``: same-run ratios against competitors (``crashes``, not run by default, counts what a
-crash costs a handler instead; ``kafka``, ``latency`` and ``kafka-sink``, not run by default
-either, need the PySpark Spark's Kafka connector is released for).
+[formats] [crashes]``: same-run ratios against competitors (``crashes``, not run by default, counts
+what a crash costs a handler instead; ``kafka``, ``latency``, ``kafka-sink`` and ``formats``, not
+run by default either, need the PySpark Spark's Kafka connector is released for).
 
 Every table times segack and its competitor in this one process, on the same
 input, and prints the ratio; absolute times on shared machines are noise, the
@@ -22,11 +22,11 @@ from bench.common import cpus
 
 
 def main(argv: list[str]) -> int:
-    from bench import acker, console, crashes, hashes, kafka, kafka_out, latency, sinks, spark
+    from bench import acker, console, crashes, formats, hashes, kafka, kafka_out, latency, sinks, spark
 
     suites = {"hashes": hashes.run, "acker": acker.run, "spark": spark.run, "sinks": sinks.run,
               "console": console.run, "kafka": kafka.run, "latency": latency.run, "kafka-sink": kafka_out.run,
-              "crashes": crashes.run}
+              "formats": formats.run, "crashes": crashes.run}
     chosen = argv or ["hashes", "acker", "spark", "sinks", "console"]
     unknown = [name for name in chosen if name not in suites]
     if unknown:
