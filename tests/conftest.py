@@ -66,6 +66,7 @@ AREAS = {
     "test_hashes_jvm.py": ("kernel",),
     "test_kafka.py": ("streams",),
     "test_schema_registry.py": ("streams",),
+    "test_schema_registry_faults.py": ("streams",),
     "test_kafka_sink.py": ("sinks",),
     "test_realtime.py": ("streams",),
     "test_realtime_simulation.py": ("streams", "simulation"),

@@ -62,13 +62,13 @@ def _openssl(*arguments: str) -> None:
     subprocess.run(["openssl", *arguments], check=True, capture_output=True, timeout=60)
 
 
-def _certificate(directory: Path, name: str, ca: str | None, ca_key: str | None) -> tuple[Path, Path]:
+def certificate(directory: Path, name: str, ca: str | None, ca_key: str | None) -> tuple[Path, Path]:
     """A key and a certificate for 127.0.0.1 (``name`` as its subject), signed by ``ca`` (itself
     where None); their PEM files."""
-    key, certificate = directory / f"{name}.key", directory / f"{name}.crt"
+    key, signed = directory / f"{name}.key", directory / f"{name}.crt"
     if ca is None:
         _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                 str(certificate), "-days", "7", "-subj", f"/CN={name}")
+                 str(signed), "-days", "7", "-subj", f"/CN={name}")
     else:
         request = directory / f"{name}.csr"
         _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(request),
@@ -76,8 +76,8 @@ def _certificate(directory: Path, name: str, ca: str | None, ca_key: str | None)
         extensions = directory / f"{name}.ext"
         extensions.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
         _openssl("x509", "-req", "-in", str(request), "-CA", ca, "-CAkey", str(ca_key), "-CAcreateserial",
-                 "-out", str(certificate), "-days", "7", "-extfile", str(extensions))
-    return key, certificate
+                 "-out", str(signed), "-days", "7", "-extfile", str(extensions))
+    return key, signed
 
 
 @dataclass(frozen=True)
@@ -120,13 +120,13 @@ class Secured:
 def _secured(directory: Path, sasl: int, mtls: int) -> tuple[Secured, Path]:
     """The CAs, the broker's PEM key store and a client's (under ``directory``); the broker's file."""
     directory.mkdir(parents=True, exist_ok=True)
-    ca_key, ca = _certificate(directory, "segack-test-ca", None, None)
-    _, other_ca = _certificate(directory, "segack-other-ca", None, None)
+    ca_key, ca = certificate(directory, "segack-test-ca", None, None)
+    _, other_ca = certificate(directory, "segack-other-ca", None, None)
     files = {}
     for name in ("broker", "client"):
-        key, certificate = _certificate(directory, name, str(ca), str(ca_key))
+        key, signed = certificate(directory, name, str(ca), str(ca_key))
         files[name] = directory / f"{name}.pem"
-        files[name].write_text(key.read_text() + certificate.read_text())
+        files[name].write_text(key.read_text() + signed.read_text())
     secured = Secured(f"127.0.0.1:{sasl}", f"127.0.0.1:{mtls}", ca, other_ca, files["client"],
                       ("alice", secrets.token_hex(12)), ("bob", secrets.token_hex(12)))
     return secured, files["broker"]

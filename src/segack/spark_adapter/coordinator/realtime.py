@@ -357,7 +357,7 @@ def stream_real_time(
         ``latest``).
     value_schema_ddl : str
         The value's fields (``'account STRING, seq BIGINT'``), of the types
-        :data:`~segack.spark_adapter.worker.kafka_records.FIELD_TYPES` names.
+        :func:`~segack.spark_adapter.worker.kafka_records.field_parser` parses.
     handler : callable
         Called with each record as a dict (the columns of
         :func:`~segack.spark_adapter.kafka_stream`), each key's in offset order.
@@ -410,7 +410,7 @@ def stream_real_time(
     kafka_options, topic, starting, settings = real_time_options(kafka_options)
     check_metrics_address(metrics_port)
     schema = value_schema(spark, value_schema_ddl)
-    fields = check_fields(schema)
+    fields = check_fields(schema, wire=value_format != "json")
     wire, _ = wire_format(kafka_options, value_format, [topic])
     partitions = _partitions(settings, topic)
     check_session(spark)

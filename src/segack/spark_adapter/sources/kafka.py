@@ -58,9 +58,15 @@ from segack.spark_adapter.errors import (
 from segack.spark_adapter.handlers import Refusal
 from segack.spark_adapter.sources.kafka_settings import java_options, security_failure
 from segack.spark_adapter.sources.reader_options import spelled
-from segack.spark_adapter.sources.value_formats import wire_format
+from segack.spark_adapter.sources.value_formats import known_topics, wire_format
 from segack.spark_adapter.store.crash_points import durable_write
-from segack.spark_adapter.worker.kafka_records import UNPARSED, DecodedBatches, ValueFields, check_fields
+from segack.spark_adapter.worker.kafka_records import (
+    UNPARSED,
+    DecodedBatches,
+    ValueFields,
+    check_fields,
+    field_parser,
+)
 from segack.spark_adapter.worker.wire_format import REGISTRY_FORMATS, UndecodableValueError, WireFormat
 
 if TYPE_CHECKING:
@@ -119,7 +125,7 @@ def kafka_events(records: DataFrame, schema: StructType, value_format: str = "js
     from pyspark.sql.types import StringType, StructField, StructType
 
     if wire is not None:
-        values = ValueFields(check_fields(schema, f"a value in {value_format}", ""), wire)
+        values = ValueFields(check_fields(schema, f"a value in {value_format}", "", wire=True), wire)
         kept = records.select(F.col("key").cast("string").alias("key"), "topic", "partition", "offset",
                               "timestamp", "value")
         decoded = StructType([*kept.schema.fields[:5], *schema.fields, StructField(UNPARSED, StringType())])
@@ -183,10 +189,10 @@ class _UnparsedCheck:
 @dataclass(frozen=True)
 class _UndecodedCheck:
     """Raises :class:`~segack.spark_adapter.UnparsedValueError` for a record whose value (its bytes
-    in base64) ``wire`` did not decode, or whose decoded value lacks or mistypes one of ``fields``,
-    saying which."""
+    in base64) ``wire`` did not decode, or whose decoded value lacks or mistypes one of ``fields``
+    (``(name, type)``), saying which."""
 
-    fields: tuple[str, ...]
+    fields: tuple[tuple[str, str], ...]
     wire: WireFormat
 
     def __call__(self, event: dict[str, Any]) -> None:
@@ -194,10 +200,7 @@ class _UndecodedCheck:
         if text is None:
             return
         try:
-            decoded = self.wire.decode(str(event.get("topic")), base64.b64decode(text))
-            lacking = [name for name in self.fields if name not in decoded]
-            why = (f"lacks {', '.join(map(repr, lacking))}" if lacking else
-                   "holds a field that is not of its declared type")
+            why = self._why(self.wire.decode(str(event.get("topic")), base64.b64decode(text)))
         except UndecodableValueError as error:
             why = str(error)
         except SchemaRegistryError:
@@ -205,12 +208,28 @@ class _UndecodedCheck:
         raise UnparsedValueError(f"the value of the record at offset {event.get('offset')} of "
                                  f"{event.get('topic')}/{event.get('partition')} {why}")
 
+    def _why(self, decoded: dict[str, Any]) -> str:
+        lacking = [name for name, _ in self.fields if name not in decoded]
+        if lacking:
+            return f"lacks {', '.join(map(repr, lacking))}"
+        for name, type_name in self.fields:
+            parse = field_parser(type_name, wire=True)
+            try:
+                if decoded[name] is not None and parse is not None:
+                    parse(decoded[name])
+            except (ValueError, TypeError, OverflowError):
+                return (f"holds field {name!r} as {type(decoded[name]).__name__}, which its declared type "
+                        f"{type_name.upper()} does not take (declare it STRING to have it as text)")
+        return "holds a field that is not of its declared type"
+
 
 def unparsed_refusal(schema: StructType, wire: WireFormat | None = None) -> Refusal:
     """What a run over Kafka records of ``schema`` (in the wire format ``wire`` decodes, if given)
     does not hand a handler (rule 2), unless it :func:`~segack.spark_adapter.takes_unparsed`."""
-    names = tuple(field.name for field in schema.fields)
-    return Refusal(_MARK, _UnparsedCheck(names) if wire is None else _UndecodedCheck(names, wire))
+    if wire is None:
+        return Refusal(_MARK, _UnparsedCheck(tuple(field.name for field in schema.fields)))
+    return Refusal(_MARK, _UndecodedCheck(tuple((field.name, field.dataType.simpleString())
+                                                for field in schema.fields), wire))
 
 
 #: The newest Spark whose Kafka connector (and delta-spark) this release of segack has seen on Maven
@@ -307,9 +326,8 @@ def kafka_stream(spark: SparkSession, options: Mapping[str, str], value_schema_d
                           "told: leave it out, and a stream that finds records gone stops, saying which; to "
                           "go on past them, start a new checkpoint")
     if value_format in REGISTRY_FORMATS:
-        check_fields(schema, f"a value in {value_format}", "")
-    topics = [topic.strip() for topic in str(options.get("subscribe", "")).split(",") if topic.strip()]
-    wire, options = wire_format(options, value_format, topics)
+        check_fields(schema, f"a value in {value_format}", "", wire=True)
+    wire, options = wire_format(options, value_format, known_topics(options))
     options = java_options(options)
     bounded = {"maxOffsetsPerTrigger": str(DEFAULT_MAX_OFFSETS_PER_TRIGGER), **options}
     try:

@@ -3,54 +3,74 @@
 ``json`` needs none (Spark parses it in micro-batches, Python in real time). ``avro``,
 ``protobuf`` and ``json-schema`` are Confluent's wire format, decoded through the Schema Registry the
 stream's ``schema.registry.*`` options name
-(:class:`~segack.spark_adapter.worker.wire_format.WireFormat`); for Avro the driver asks the
-registry, when the run starts, for each subscribed topic's reader schema.
+(:class:`~segack.spark_adapter.worker.wire_format.WireFormat`). When the run starts, the driver
+asks the registry whether it answers and holds the format, and for Avro each known topic's reader
+schema.
 """
 
 from __future__ import annotations
 
-import contextlib
+import json
 from collections.abc import Mapping, Sequence
 
 from segack.spark_adapter.errors import InputError, OptionError, SchemaRegistryError
 from segack.spark_adapter.worker.schema_registry import (
     RegistrySettings,
     SchemaRegistry,
-    UnknownSchemaError,
     registry_settings,
+    shown_url,
 )
-from segack.spark_adapter.worker.wire_format import REGISTRY_FORMATS, WireFormat
+from segack.spark_adapter.worker.wire_format import (
+    REGISTRY_FORMATS,
+    OtherFormatError,
+    WireFormat,
+    latest_reader,
+)
 
-__all__ = ["VALUE_FORMATS", "reader_schemas", "value_registry", "wire_format"]
+__all__ = ["VALUE_FORMATS", "known_topics", "reader_schemas", "value_registry", "wire_format"]
 
 #: The value formats a record's value is parsed from: JSON text, or Confluent's wire format
 #: through a Schema Registry (:mod:`~segack.spark_adapter.worker.wire_format`).
 VALUE_FORMATS = ("json", *REGISTRY_FORMATS)
 
 
-def reader_schemas(registry: RegistrySettings, value_format: str, topics: Sequence[str]) -> dict[str, str]:
-    """The Avro schema each of ``topics``' values is resolved to: its subject's (``<topic>-value``)
-    latest version, asked now; a topic whose subject has none is read by each writer's schema.
-    Empty for another format.
+def known_topics(options: Mapping[str, str]) -> list[str]:
+    """The topics a Kafka reader's ``options`` name: ``subscribe``'s list, or the topics of
+    ``assign``'s JSON; none for ``subscribePattern`` (whose topics are found as its records come)."""
+    if "assign" in options:
+        try:
+            assigned = json.loads(options["assign"])
+        except ValueError:
+            return []  # Spark's own reader refuses it, saying why
+        return sorted(assigned) if isinstance(assigned, dict) else []
+    return [topic.strip() for topic in str(options.get("subscribe", "")).split(",") if topic.strip()]
 
-    Raises :class:`~segack.spark_adapter.InputError` when the registry does not answer or refuses.
+
+def reader_schemas(registry: RegistrySettings, value_format: str,
+                   topics: Sequence[str]) -> dict[str, str | None]:
+    """Asks the registry, before a run starts, whether it answers and holds ``value_format``'s
+    schemas; for Avro, the schema each of ``topics``' values is resolved to (its subject's latest
+    version, :func:`~segack.spark_adapter.worker.wire_format.latest_reader`; None where the subject
+    has none). Empty for another format.
+
+    Raises :class:`~segack.spark_adapter.InputError` when the registry does not answer, refuses
+    segack's credentials, is not a registry, does not hold the format, or holds another format's
+    schemas under a topic's subject.
     """
-    if value_format != "avro":
-        return {}
-    readers = {}
-    client = SchemaRegistry(registry)
+    client = SchemaRegistry.of(registry)
     try:
-        for topic in topics:
-            with contextlib.suppress(UnknownSchemaError):
-                latest = client.latest(f"{topic}-value")
-                if latest.schema_type != "AVRO":
-                    raise InputError(f"the registry's subject {topic}-value holds {latest.schema_type} "
-                                     f"schemas, not Avro: give --value-format "
-                                     f"{_FORMAT_OF.get(latest.schema_type, 'json')}")
-                readers[topic] = latest.text
+        formats = client.formats()
+        if REGISTRY_FORMATS[value_format] not in formats:
+            raise InputError(f"the registry at {shown_url(registry.url)} holds no {value_format} schemas "
+                             f"(it holds {', '.join(formats) or 'none'})")
+        if value_format != "avro":
+            return {}
+        return {topic: latest_reader(registry, topic) for topic in topics}
+    except OtherFormatError as error:
+        raise InputError(f"the values {error}: give --value-format "
+                         f"{_FORMAT_OF.get(error.schema_type, 'json')}") from None
     except SchemaRegistryError as error:
         raise InputError(str(error)) from None
-    return readers
 
 
 _FORMAT_OF = {kind: name for name, kind in REGISTRY_FORMATS.items()}

@@ -13,7 +13,11 @@ The declared types are the scalar ones (:data:`FIELD_TYPES`): each takes what Sp
 takes for it (a ``STRING`` field takes any JSON value, a non-string one as its JSON text; an
 integer field an integral number within its range; a fractional one any number, or ``"NaN"``,
 ``"Infinity"``, ``"-Infinity"`` quoted, a ``FLOAT`` rounded to 32 bits; ``BOOLEAN`` true or
-false). A schema with another type is refused on the driver, before anything runs
+false). A value in Confluent's wire format also fills ``TIMESTAMP`` from a moment with its zone,
+``DATE`` from a day and ``DECIMAL(p,s)`` from a decimal that fits it (:data:`WIRE_FIELD_TYPES`,
+:func:`field_parser`): Avro's logical types, Protobuf's ``google.protobuf.Timestamp``; in real
+time a ``TIMESTAMP`` is given in the session's time zone, as the record's own ``timestamp``. A
+schema with another type is refused on the driver, before anything runs
 (:func:`~segack.spark_adapter.worker.kafka_records.check_fields`).
 """
 
@@ -40,8 +44,8 @@ if TYPE_CHECKING:
 
     from segack.spark_adapter.worker.wire_format import WireFormat
 
-__all__ = ["ARROW_TYPES", "FIELD_TYPES", "UNPARSED", "DecodedBatches", "RecordEvents", "ValueFields",
-           "check_fields", "time_zone"]
+__all__ = ["ARROW_TYPES", "FIELD_TYPES", "UNPARSED", "WIRE_FIELD_TYPES", "DecodedBatches", "RecordEvents",
+           "ValueFields", "arrow_type", "check_fields", "field_parser", "time_zone"]
 
 #: The column that holds a value that did not parse (:mod:`~segack.spark_adapter.sources.kafka`'s
 #: rule 2), null for every record that parsed.
@@ -114,16 +118,68 @@ FIELD_TYPES: dict[str, Callable[[Any], Any]] = {
 }
 
 
+def _moment(value: Any) -> Any:
+    """A ``TIMESTAMP`` from a moment with its zone (Avro's ``timestamp-millis`` and
+    ``timestamp-micros``, Protobuf's ``google.protobuf.Timestamp``), in UTC."""
+    if not isinstance(value, dt.datetime) or value.tzinfo is None:
+        raise ValueError
+    return value.astimezone(dt.UTC)
+
+
+def _date(value: Any) -> Any:
+    if not isinstance(value, dt.date) or isinstance(value, dt.datetime):
+        raise ValueError
+    return value
+
+
+def _decimal(precision: int, scale: int) -> Callable[[Any], Any]:
+    """A ``DECIMAL(precision, scale)`` from Avro's ``decimal`` (or an integer), refused where it
+    would lose a digit or not fit, as Spark refuses it."""
+    unit = decimal.Decimal(1).scaleb(-scale)
+
+    def parse(value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, (decimal.Decimal, int)):
+            raise ValueError
+        try:
+            exact = decimal.Decimal(value).quantize(unit, context=decimal.Context(prec=precision + 2))
+        except decimal.InvalidOperation:
+            raise ValueError from None
+        if exact != value or len(exact.as_tuple().digits) > precision:
+            raise ValueError
+        return exact
+    return parse
+
+
+#: The value field types a value in Confluent's wire format also fills, from the moments, days and
+#: decimals its schemas' logical types decode to (a ``DECIMAL`` of any precision and scale).
+WIRE_FIELD_TYPES: dict[str, Callable[[Any], Any]] = {**FIELD_TYPES, "timestamp": _moment, "date": _date}
+_DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
+
+
+def field_parser(type_name: str, wire: bool = False) -> Callable[[Any], Any] | None:
+    """How a value field of Spark's type ``type_name`` is parsed: from JSON (:data:`FIELD_TYPES`), or
+    with ``wire`` from Confluent's wire format (:data:`WIRE_FIELD_TYPES` and ``DECIMAL``); None
+    for a type it does not parse."""
+    if not wire:
+        return FIELD_TYPES.get(type_name)
+    matched = _DECIMAL.fullmatch(type_name)
+    if matched is not None:
+        return _decimal(int(matched[1]), int(matched[2]))
+    return WIRE_FIELD_TYPES.get(type_name)
+
+
 def check_fields(schema: StructType, parser: str = "a real-time stream",
-                 instead: str = ", or use micro-batches") -> tuple[tuple[str, str], ...]:
+                 instead: str = ", or use micro-batches", wire: bool = False) -> tuple[tuple[str, str], ...]:
     """The declared fields as ``(name, type)``, or an :class:`~segack.spark_adapter.OptionError`
-    naming the first field whose type ``parser`` (the part of segack that parses values in Python)
-    does not parse, and saying what to do ``instead`` beside declaring it ``STRING``."""
+    naming the first field whose type ``parser`` (the part of segack that parses values in Python,
+    from Confluent's wire format with ``wire``) does not parse, and saying what to do ``instead``
+    beside declaring it ``STRING``."""
     fields = tuple((field.name, field.dataType.simpleString()) for field in schema.fields)
     for name, type_name in fields:
-        if type_name not in FIELD_TYPES:
-            raise OptionError(f"{parser} parses value fields of the types "
-                              f"{', '.join(name.upper() for name in FIELD_TYPES)}; field {name!r} is "
+        if field_parser(type_name, wire) is None:
+            types = ", ".join(name.upper() for name in (WIRE_FIELD_TYPES if wire else FIELD_TYPES))
+            raise OptionError(f"{parser} parses value fields of the types {types}"
+                              f"{', DECIMAL(p,s)' if wire else ''}; field {name!r} is "
                               f"{type_name.upper()}: declare it STRING and parse it in the handler{instead}")
     return fields
 
@@ -138,7 +194,7 @@ class ValueFields:
     wire: WireFormat | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_parsers", tuple((name, FIELD_TYPES[type_name])
+        object.__setattr__(self, "_parsers", tuple((name, field_parser(type_name, self.wire is not None))
                                                    for name, type_name in self.fields))
 
     @property
@@ -203,6 +259,8 @@ class RecordEvents:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_values", ValueFields(self.fields, self.wire))
         object.__setattr__(self, "_zone", time_zone(self.time_zone))
+        moments = frozenset(name for name, kind in self.fields if kind == "timestamp")
+        object.__setattr__(self, "_moments", moments)
 
     def event(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
               timestamp_ms: int) -> dict[str, Any]:
@@ -221,14 +279,30 @@ class RecordEvents:
         if fields is None:
             event.update((name, None) for name in values.names)
         else:
-            event.update(fields)
+            moments: frozenset[str] = self._moments  # type: ignore[attr-defined]
+            event.update((name, item.astimezone(self._zone) if name in moments and item is not None  # type: ignore[attr-defined]
+                          else item) for name, item in fields)
         event[UNPARSED] = unparsed
         return event
 
 
-#: The Arrow type of each field type :data:`FIELD_TYPES` names, as Spark reads it back.
+#: The Arrow type of each field type :data:`WIRE_FIELD_TYPES` names, as Spark reads it back.
 ARROW_TYPES = {"string": "string", "bigint": "int64", "int": "int32", "smallint": "int16", "tinyint": "int8",
-               "double": "float64", "float": "float32", "boolean": "bool"}
+               "double": "float64", "float": "float32", "boolean": "bool", "timestamp": "timestamp",
+               "date": "date32"}
+
+
+def arrow_type(type_name: str) -> Any:
+    """The Arrow type of a value field of Spark's type ``type_name`` (one :func:`field_parser`
+    parses with ``wire``), as Spark reads it back."""
+    import pyarrow as pa
+
+    matched = _DECIMAL.fullmatch(type_name)
+    if matched is not None:
+        return pa.decimal128(int(matched[1]), int(matched[2]))
+    if type_name == "timestamp":
+        return pa.timestamp("us", tz="UTC")
+    return getattr(pa, ARROW_TYPES[type_name])()
 
 
 @dataclass(frozen=True)
@@ -244,7 +318,7 @@ class DecodedBatches:
         import pyarrow as pa
 
         names = self.values.names
-        types = [getattr(pa, ARROW_TYPES[type_name])() for _, type_name in self.values.fields]
+        types = [arrow_type(type_name) for _, type_name in self.values.fields]
         for batch in batches:
             topics = batch.column("topic").to_pylist()
             columns: list[list[Any]] = [[] for _ in names]

@@ -1,27 +1,37 @@
 """A Schema Registry's schemas, as records in Confluent's wire format name them by id.
 
 The registry is any server of Confluent's Schema Registry API (Confluent's own, Karapace, Apicurio
-in its Confluent mode). segack asks it two things, over HTTP(S) with the standard library:
+in its Confluent mode). segack asks it three things, over HTTP(S) with the standard library:
 
+- ``GET /schemas/types``: the formats it holds, once when a run starts, so that a registry that
+  does not answer, refuses segack's credentials or is not a registry at all is found before
+  anything runs.
 - ``GET /schemas/ids/{id}``: a writer's schema, once per id and process (executors share it
   between their tasks); a Protobuf schema in its serialized form (``?format=serialized``: a
   ``FileDescriptorProto`` in base64), which needs no ``.proto`` parser here.
-- ``GET /subjects/{subject}/versions/latest``: the reader's schema for a topic's values when a run
-  starts (the subject ``<topic>-value``, Confluent's default naming).
+- ``GET /subjects/{subject}/versions/latest``: the reader's schema for a topic's values (the
+  subject ``<topic>-value``, Confluent's default naming).
 
 Its settings are stream options, named as Confluent's serializers name them with the prefix
-``schema.registry.`` (:data:`SETTINGS`); ``schema.registry.url`` is ``--schema-registry``'s. A
-password or token among them is a secret: never printed, never recorded.
+``schema.registry.`` (:data:`SETTINGS`); ``schema.registry.url`` is ``--schema-registry``'s, one
+address or several separated by commas (asked in turn while one does not answer). A password or
+token among them is a secret: never printed, never recorded, never sent to another host (segack
+follows no redirect).
 
-A registry that does not answer (refused, timed out, a 5xx) is asked again three times, 0.5, 1 and
-2 s apart, before :class:`~segack.spark_adapter.SchemaRegistryError`; an id or subject it does not
-hold is :class:`UnknownSchemaError`, at once.
+A registry that does not answer (refused, timed out, cut off, a 5xx, a 408 or a 429) is asked
+again three times, 0.5, 1 and 2 s apart, before :class:`~segack.spark_adapter.SchemaRegistryError`;
+an id or subject it says it does not hold (its error codes 40401 to 40403) is
+:class:`UnknownSchemaError` at once, and an unknown id is not asked again for five minutes. Any
+other answer that is not a registry's (a 404 without those codes, a page that is not JSON, JSON
+without a schema) is a :class:`~segack.spark_adapter.SchemaRegistryError` at once, saying so.
 """
 
 from __future__ import annotations
 
 import base64
+import http.client
 import json
+import os
 import ssl
 import threading
 import time
@@ -36,7 +46,7 @@ from segack.errors import SegackError
 from segack.spark_adapter.errors import OptionError, SchemaRegistryError
 
 __all__ = ["PREFIX", "SETTINGS", "RegisteredSchema", "RegistrySettings", "SchemaRegistry",
-           "UnknownSchemaError", "registry_settings"]
+           "UnknownSchemaError", "registry_settings", "shown_url"]
 
 #: The prefix of every registry setting among a stream's options.
 PREFIX = "schema.registry."
@@ -46,10 +56,18 @@ PREFIX = "schema.registry."
 SETTINGS = ("url", "basic.auth.user.info", "bearer.auth.token", "ssl.ca.location")
 _RETRIES = (0.5, 1.0, 2.0)
 _ACCEPT = "application/vnd.schemaregistry.v1+json, application/json"
+#: The registry's error codes for a subject, a version and a schema id it does not hold.
+_NOT_HELD = {40401, 40402, 40403}
+#: The answers that mean "ask again later": a timeout, too many requests, a server's error.
+_TRANSIENT = {408, 429}
+#: How long an id the registry said it lacks is not asked again, and how many such ids are kept.
+_UNKNOWN_FOR = 300.0
+_UNKNOWN_KEPT = 4096
 
 
 class UnknownSchemaError(SegackError, LookupError):
-    """The registry holds no schema of that id, or no subject of that name (its 404)."""
+    """The registry holds no schema of that id, or no subject of that name (its 404 with an error
+    code of 40401 to 40403)."""
 
 
 @dataclass(frozen=True)
@@ -63,9 +81,23 @@ class RegisteredSchema:
     references: tuple[str, ...] = ()
 
 
+def shown_url(url: str) -> str:
+    """``url`` as a message may show it: without the credentials, query or fragment it may hold."""
+    text = url.split("#", 1)[0].split("?", 1)[0]
+    scheme, separator, rest = text.rpartition("://")
+    return f"{scheme}{separator}{rest.rpartition('@')[2]}"
+
+
 @dataclass(frozen=True)
 class RegistrySettings:
-    """Where the registry is and how to log in; its ``repr`` hides the secrets."""
+    """Where the registry is (one address, or several separated by commas) and how to log in; its
+    ``repr`` hides the secrets.
+
+    Raises :class:`~segack.spark_adapter.OptionError` for an address that is not ``http://`` or
+    ``https://``, holds credentials, a query or a fragment (never shown in the message), for
+    ``user_info`` that is not ``USER:PASSWORD``, for both a password and a token, and for a
+    ``ca_location`` that names no readable PEM file, or goes with an ``http://`` address.
+    """
 
     url: str
     user_info: str | None = field(default=None, repr=False)
@@ -73,18 +105,46 @@ class RegistrySettings:
     ca_location: str | None = None
 
     def __post_init__(self) -> None:
-        parsed = urllib.parse.urlsplit(self.url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise OptionError(f"schema.registry.url must be an http:// or https:// address, as "
-                              f"http://registry:8081, not {self.url!r}")
-        if parsed.username or parsed.password:
-            raise OptionError("schema.registry.url must not hold credentials, which it would show: give them "
-                              "as schema.registry.basic.auth.user.info=USER:PASSWORD")
+        for address in self.urls:
+            self._check(address)
         if self.user_info is not None and ":" not in self.user_info:
             raise OptionError("schema.registry.basic.auth.user.info must be USER:PASSWORD")
         if self.user_info is not None and self.bearer_token is not None:
             raise OptionError("schema.registry.basic.auth.user.info and schema.registry.bearer.auth.token "
                               "are two ways to log in: give one")
+        if self.ca_location is not None:
+            self._check_ca(self.ca_location)
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """The registry's addresses, in the order they are asked."""
+        return tuple(address.strip().rstrip("/") for address in self.url.split(","))
+
+    def _check(self, address: str) -> None:
+        if "@" in address or "?" in address or "#" in address:
+            raise OptionError(f"schema.registry.url must be the registry's address alone, as "
+                              f"{shown_url(address)}: credentials go in schema.registry.basic.auth.user.info "
+                              f"(or schema.registry.bearer.auth.token), never in the address, which is shown")
+        parsed = urllib.parse.urlsplit(address)
+        try:
+            parsed.port  # noqa: B018  (a port that is not a number raises here)
+        except ValueError:
+            parsed = parsed._replace(netloc="")
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise OptionError(f"schema.registry.url must be an http:// or https:// address, as "
+                              f"http://registry:8081, not {address!r}")
+
+    def _check_ca(self, path: str) -> None:
+        if not all(address.startswith("https:") for address in self.urls):
+            raise OptionError("schema.registry.ssl.ca.location is the CA of an https:// registry, and "
+                              "schema.registry.url is an http:// one: give https://, or leave the CA out")
+        if not os.path.isfile(path):
+            raise OptionError(f"schema.registry.ssl.ca.location names no file: {path}")
+        try:
+            ssl.create_default_context(cafile=path)
+        except (ssl.SSLError, OSError) as error:
+            raise OptionError(f"schema.registry.ssl.ca.location {path} is not a CA's certificate in PEM: "
+                              f"{getattr(error, 'reason', None) or error}") from None
 
 
 def registry_settings(options: Mapping[str, str]) -> tuple[RegistrySettings | None, dict[str, str]]:
@@ -92,7 +152,8 @@ def registry_settings(options: Mapping[str, str]) -> tuple[RegistrySettings | No
     other options, for Kafka.
 
     Raises :class:`~segack.spark_adapter.OptionError` for a ``schema.registry.`` setting that is not
-    one of :data:`SETTINGS`, and for settings without ``schema.registry.url``.
+    one of :data:`SETTINGS`, for settings without ``schema.registry.url``, and as
+    :class:`RegistrySettings` does.
     """
     mine = {name[len(PREFIX):]: value for name, value in options.items() if name.startswith(PREFIX)}
     rest = {name: value for name, value in options.items() if not name.startswith(PREFIX)}
@@ -105,12 +166,26 @@ def registry_settings(options: Mapping[str, str]) -> tuple[RegistrySettings | No
     if "url" not in mine:
         raise OptionError(f"registry settings without its address: give --schema-registry URL "
                           f"(or {PREFIX}url)")
-    return RegistrySettings(mine["url"].rstrip("/"), mine.get("basic.auth.user.info"),
+    return RegistrySettings(mine["url"].strip().rstrip("/"), mine.get("basic.auth.user.info"),
                             mine.get("bearer.auth.token"), mine.get("ssl.ca.location")), rest
 
 
-# What this process has read, by registry and id: a schema once registered never changes.
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Follows no redirect: it would carry the credentials to wherever the answer points."""
+
+    def redirect_request(self, *_: Any) -> None:
+        return None
+
+
+class _TransientError(SegackError):
+    """An answer worth asking again for; its text says what it was."""
+
+
+# What this process has read, by registry and id: a schema once registered never changes. The ids
+# a registry said it lacks, with when to ask again; a client per registry.
 _SCHEMAS: dict[tuple[str, int], RegisteredSchema] = {}
+_UNKNOWN: dict[tuple[str, int], float] = {}
+_CLIENTS: dict[RegistrySettings, SchemaRegistry] = {}
 _LOCK = threading.Lock()
 
 
@@ -120,66 +195,158 @@ class SchemaRegistry:
     def __init__(self, settings: RegistrySettings, timeout: float = 10.0) -> None:
         self.settings = settings
         self.timeout = timeout
-        self._context = ssl.create_default_context(cafile=settings.ca_location) if (
-            settings.url.startswith("https:")) else None
+        handlers: list[Any] = [_NoRedirect]
+        if any(address.startswith("https:") for address in settings.urls):
+            handlers.append(urllib.request.HTTPSHandler(
+                context=ssl.create_default_context(cafile=settings.ca_location)))
+        self._opener = urllib.request.build_opener(*handlers)
+
+    @classmethod
+    def of(cls, settings: RegistrySettings) -> SchemaRegistry:
+        """This process's client of the registry ``settings`` name, made the first time."""
+        with _LOCK:
+            client = _CLIENTS.get(settings)
+            if client is None:
+                client = _CLIENTS[settings] = cls(settings)
+        return client
+
+    def formats(self) -> tuple[str, ...]:
+        """The schema formats the registry holds (``AVRO``, ``PROTOBUF``, ``JSON``), asked now: what
+        a run asks first, so that a registry away, refusing or not a registry stops it at once."""
+        path = "/schemas/types"
+        body = self._get(path)
+        if not isinstance(body, list) or not all(isinstance(kind, str) for kind in body):
+            raise self._not_a_registry(path, "a list of formats")
+        return tuple(body)
 
     def schema(self, schema_id: int) -> RegisteredSchema:
         """The schema of ``schema_id``, from this process's cache after the first time.
 
-        Raises :class:`UnknownSchemaError` for an id the registry lacks, and
-        :class:`~segack.spark_adapter.SchemaRegistryError` when it does not answer.
+        Raises :class:`UnknownSchemaError` for an id the registry lacks (and, for five minutes,
+        without asking it again), and :class:`~segack.spark_adapter.SchemaRegistryError` when it
+        does not answer.
         """
         key = (self.settings.url, schema_id)
         with _LOCK:
             found = _SCHEMAS.get(key)
+            again = _UNKNOWN.get(key)
         if found is not None:
             return found
-        body = self._get(f"/schemas/ids/{schema_id}")
-        kind = body.get("schemaType") or "AVRO"
-        if kind == "PROTOBUF":  # the same schema, serialized: a descriptor Python's protobuf takes as is
-            body = self._get(f"/schemas/ids/{schema_id}?format=serialized")
-        found = RegisteredSchema(schema_id, kind, body["schema"], tuple(
-            reference.get("name", "") for reference in body.get("references") or ()))
+        if again is not None and time.monotonic() < again:
+            raise UnknownSchemaError(f"the registry at {shown_url(self.settings.url)} holds no schema "
+                                     f"of id {schema_id}")
+        path = f"/schemas/ids/{schema_id}"
+        try:
+            body = self._get(path)
+            kind = (body.get("schemaType") or "AVRO") if isinstance(body, dict) else None
+            if kind == "PROTOBUF":  # the same schema, serialized: a descriptor Python's protobuf takes as is
+                path = f"/schemas/ids/{schema_id}?format=serialized"
+                body = self._get(path)
+        except UnknownSchemaError:
+            with _LOCK:
+                if len(_UNKNOWN) >= _UNKNOWN_KEPT:
+                    _UNKNOWN.clear()
+                _UNKNOWN[key] = time.monotonic() + _UNKNOWN_FOR
+            raise
+        found = self._registered(path, body, schema_id, kind)
         with _LOCK:
             _SCHEMAS[key] = found
         return found
 
     def latest(self, subject: str) -> RegisteredSchema:
         """The latest version of ``subject``: :class:`UnknownSchemaError` when there is none."""
-        body = self._get(f"/subjects/{urllib.parse.quote(subject, safe='')}/versions/latest")
-        return RegisteredSchema(int(body["id"]), body.get("schemaType") or "AVRO", body["schema"], tuple(
-            reference.get("name", "") for reference in body.get("references") or ()))
+        path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions/latest"
+        body = self._get(path)
+        schema_id = body.get("id") if isinstance(body, dict) else None
+        if not isinstance(schema_id, int) or isinstance(schema_id, bool):
+            raise self._not_a_registry(path, "a schema and its id")
+        return self._registered(path, body, schema_id)
 
-    def _get(self, path: str) -> dict[str, Any]:
-        request = urllib.request.Request(self.settings.url + path, headers=self._headers())
+    def _registered(self, path: str, body: Any, schema_id: int, kind: str | None = None) -> RegisteredSchema:
+        if not isinstance(body, dict) or not isinstance(body.get("schema"), str):
+            raise self._not_a_registry(path, "a schema")
+        references = body.get("references") or []
+        if not isinstance(references, list) or not all(isinstance(item, dict) for item in references):
+            raise self._not_a_registry(path, "a list of references")
+        return RegisteredSchema(schema_id, kind or str(body.get("schemaType") or "AVRO"), body["schema"],
+                                tuple(str(reference.get("name", "")) for reference in references))
+
+    def _not_a_registry(self, path: str, expected: str) -> SchemaRegistryError:
+        return SchemaRegistryError(f"what answers at {shown_url(self.settings.url)} gave GET {path} an "
+                                   f"answer without {expected}: is it a Schema Registry?")
+
+    def _get(self, path: str) -> Any:
+        """The JSON the registry answers ``GET path`` with, asking each address in turn and all of
+        them again after each pause while none answers."""
+        reason = ""
         for attempt, pause in enumerate((*_RETRIES, None)):
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout, context=self._context) as answer:
-                    body: dict[str, Any] = json.loads(answer.read())
-                    return body
-            except urllib.error.HTTPError as error:
-                if error.code == 404:
-                    raise UnknownSchemaError(f"the registry at {self.settings.url} holds no {path}") from None
-                if error.code in (401, 403):
-                    raise SchemaRegistryError(f"the registry at {self.settings.url} refused segack's "
-                                              f"credentials ({error.code}): check "
-                                              f"schema.registry.basic.auth.user.info or "
-                                              f"schema.registry.bearer.auth.token") from None
-                reason = f"answered {error.code}"
-                if error.code < 500:
-                    raise SchemaRegistryError(f"the registry at {self.settings.url} {reason} to GET "
-                                              f"{path}") from None
-            except ssl.SSLError as error:
-                raise SchemaRegistryError(f"the registry at {self.settings.url} is not trusted: "
-                                          f"{error.reason or error}; give its CA's PEM file as "
-                                          f"schema.registry.ssl.ca.location") from None
-            except (urllib.error.URLError, OSError, ValueError) as error:
-                reason = f"did not answer ({getattr(error, 'reason', error)})"
+            for address in self.settings.urls:
+                try:
+                    return self._ask(address, path)
+                except _TransientError as error:
+                    reason = str(error)
             if pause is None:
-                raise SchemaRegistryError(f"the registry at {self.settings.url} {reason}, asked "
+                raise SchemaRegistryError(f"the registry at {shown_url(self.settings.url)} {reason}, asked "
                                           f"{attempt + 1} times for {path}")
             time.sleep(pause)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _ask(self, address: str, path: str) -> Any:
+        """One ``GET`` of ``address`` + ``path``; :class:`_TransientError` for what is worth asking again."""
+        shown = shown_url(address)
+        request = urllib.request.Request(address + path, headers=self._headers())
+        try:
+            with self._opener.open(request, timeout=self.timeout) as answer:
+                text = answer.read()
+        except urllib.error.HTTPError as error:
+            raise self._refusal(shown, path, error) from None
+        except (ssl.SSLError, urllib.error.URLError) as error:
+            cause = error.reason if isinstance(error, urllib.error.URLError) else error
+            if isinstance(cause, ssl.SSLError):
+                raise SchemaRegistryError(self._untrusted(shown, cause)) from None
+            raise _TransientError(f"did not answer ({cause})") from None
+        except (OSError, http.client.HTTPException) as error:  # reset, timed out, cut off mid-answer
+            raise _TransientError(f"did not answer ({type(error).__name__}: {error})") from None
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise SchemaRegistryError(f"what answers at {shown} gave GET {path} something that is not "
+                                      f"JSON: is it a Schema Registry?") from None
+
+    def _refusal(self, shown: str, path: str, error: urllib.error.HTTPError) -> Exception:
+        code = error.code
+        if 300 <= code < 400:
+            where = shown_url(error.headers.get("Location") or "elsewhere")
+            return SchemaRegistryError(f"the registry at {shown} answered GET {path} with a redirect "
+                                       f"({code}) to {where}: give that address as --schema-registry (segack "
+                                       f"follows no redirect, which would carry its credentials along)")
+        if code in (401, 403):
+            return SchemaRegistryError(f"the registry at {shown} refused segack's credentials ({code}): "
+                                       f"check schema.registry.basic.auth.user.info or "
+                                       f"schema.registry.bearer.auth.token")
+        if code in _TRANSIENT or code >= 500:
+            return _TransientError(f"answered {code}")
+        error_code = None
+        try:
+            body = json.loads(error.read())
+            error_code = body.get("error_code") if isinstance(body, dict) else None
+        except (ValueError, OSError, http.client.HTTPException):
+            pass  # a 4xx that is not a registry's JSON: told below as not a registry's answer
+        if code == 404 and error_code in _NOT_HELD:
+            return UnknownSchemaError(f"the registry at {shown} holds no {path}")
+        if code == 404:
+            return SchemaRegistryError(f"what answers at {shown} has no {path} (404 without a registry's "
+                                       f"error code): is it a Schema Registry?")
+        return SchemaRegistryError(f"the registry at {shown} answered {code} to GET {path}")
+
+    def _untrusted(self, shown: str, cause: ssl.SSLError) -> str:
+        why = getattr(cause, "verify_message", None) or cause.reason or cause
+        if self.settings.ca_location is None:
+            return (f"the registry at {shown} is not trusted ({why}): give the PEM file of the CA that "
+                    f"signed its certificate as schema.registry.ssl.ca.location")
+        return (f"the registry at {shown} is not trusted ({why}) by the CA in "
+                f"schema.registry.ssl.ca.location ({self.settings.ca_location}): give the CA that signed "
+                f"its certificate")
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": _ACCEPT}

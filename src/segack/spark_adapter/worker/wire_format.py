@@ -4,38 +4,50 @@ A value in the wire format is a magic byte ``0``, its writer schema's id in the 
 big-endian), then the payload:
 
 - **Avro**: the record in Avro's binary encoding, read with the writer's schema and resolved to
-  the reader's (the subject's latest when the run started, :class:`WireFormat` ``readers``), so a
-  field an older writer lacks takes its default and one a newer writer added is dropped; a topic
-  whose records hold several writer versions decodes in one batch, and a version registered while
-  the stream runs is read without a restart.
+  the reader's, so a field an older writer lacks takes its default and one a newer writer added is
+  dropped; a topic whose records hold several writer versions decodes in one batch, and a version
+  registered while the stream runs is read without a restart. The reader is the latest version of
+  the topic's subject ``<topic>-value``: asked by the driver when the run starts for the topics it
+  knows (:class:`WireFormat` ``readers``), else (a topic of ``subscribePattern``) once per process
+  the first time one of its records is read; a topic whose subject has no version is read by each
+  writer's own schema. Bytes after the record are an error, as they are to Confluent's reader.
 - **Protobuf**: the message indexes (a zigzag varint count, then that many zigzag varints, the
   path of the message type in the ``.proto`` file; a count of ``0`` means the first type), then the
-  message. Read with the writer's descriptor; a field of a message type is a dict, a repeated one a
-  list, an enum its name.
+  message. Read with the writer's descriptor; a field of a message type is a dict (a
+  ``google.protobuf.Timestamp`` a moment in UTC), a repeated one a list, an enum its name.
 - **JSON Schema**: the value as JSON text.
 
 Each writer's schema is asked of the registry once per process (executors share it between
 tasks) and parsed once. :meth:`WireFormat.decode` gives the value as a dict, the same one a JSON
 object gives, or raises :class:`UndecodableValueError` saying why: not in the wire format (the first byte is
 not ``0``, or there are fewer than five), an id the registry does not hold, a schema of another
-format, a payload the schema does not read. Bytes are given as base64 text.
+format, a schema segack cannot read (an Avro schema naming a type of another subject, a Protobuf one
+imported from another), a payload the schema does not read. Bytes are given as base64 text.
 """
 
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import io
 import json
 import struct
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from segack.errors import SegackValueError
-from segack.spark_adapter.worker.schema_registry import RegistrySettings, SchemaRegistry, UnknownSchemaError
+from segack.spark_adapter.worker.schema_registry import (
+    RegisteredSchema,
+    RegistrySettings,
+    SchemaRegistry,
+    UnknownSchemaError,
+    shown_url,
+)
 
-__all__ = ["REGISTRY_FORMATS", "UndecodableValueError", "WireFormat", "message_indexes"]
+__all__ = ["REGISTRY_FORMATS", "OtherFormatError", "UndecodableValueError", "WireFormat", "latest_reader",
+           "message_indexes"]
 
 #: The value formats whose values are in Confluent's wire format, and the registry's name for each.
 REGISTRY_FORMATS = {"avro": "AVRO", "protobuf": "PROTOBUF", "json-schema": "JSON"}
@@ -45,6 +57,7 @@ _HEADER = struct.Struct(">bI")
 # Parsed writers' schemas by (registry, id, and for Protobuf the message's path): what a process
 # parses once and every task of it reads.
 _PARSED: dict[tuple[Any, ...], Any] = {}
+_PARSED_KEPT = 4096
 _LOCK = threading.Lock()
 
 
@@ -52,12 +65,20 @@ class UndecodableValueError(SegackValueError):
     """A value the format does not decode; its message says why."""
 
 
+class OtherFormatError(UndecodableValueError):
+    """A value of a topic whose subject holds schemas of another format, ``schema_type``."""
+
+    def __init__(self, message: str, schema_type: str) -> None:
+        super().__init__(message)
+        self.schema_type = schema_type
+
+
 def _varint(data: bytes, at: int) -> tuple[int, int]:
     """The zigzag varint at ``at`` and the index after it."""
     shift = result = 0
     while True:
         if at >= len(data) or shift > 63:
-            raise UndecodableValueError("has Protobuf message indexes that end before they do")
+            raise UndecodableValueError("ends inside its Protobuf message indexes")
         byte = data[at]
         at += 1
         result |= (byte & 0x7F) << shift
@@ -111,6 +132,8 @@ def _field_value(descriptor: Any, value: Any) -> Any:
     from google.protobuf.descriptor import FieldDescriptor
 
     if descriptor.type == FieldDescriptor.TYPE_MESSAGE:
+        if descriptor.message_type.full_name == "google.protobuf.Timestamp":
+            return value.ToDatetime(tzinfo=dt.UTC)
         return _message_dict(value)
     if descriptor.type == FieldDescriptor.TYPE_ENUM:
         named = descriptor.enum_type.values_by_number.get(value)
@@ -131,8 +154,9 @@ def _avro_value(value: Any) -> Any:
     return value
 
 
-def _protobuf_class(schema_text: str, indexes: tuple[int, ...], references: tuple[str, ...]) -> Any:
-    """The message class at ``indexes`` of a serialized ``FileDescriptorProto``."""
+def _protobuf_class(schema: RegisteredSchema, indexes: tuple[int, ...]) -> Any:
+    """The message class at ``indexes`` of ``schema``'s serialized ``FileDescriptorProto``, or an
+    :class:`UndecodableValueError` saying why there is none."""
     # The well-known types a schema may import, in the default pool to be copied from it.
     from google.protobuf import (  # noqa: F401
         any_pb2,
@@ -140,45 +164,102 @@ def _protobuf_class(schema_text: str, indexes: tuple[int, ...], references: tupl
         descriptor_pool,
         duration_pb2,
         empty_pb2,
+        field_mask_pb2,
         message_factory,
         struct_pb2,
         timestamp_pb2,
         wrappers_pb2,
     )
+    from google.protobuf.message import DecodeError
 
-    proto = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(schema_text))
+    try:
+        proto = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(schema.text, validate=True))
+    except (ValueError, DecodeError):  # binascii.Error is a ValueError
+        raise UndecodableValueError(
+            f"names schema id {schema.schema_id}, which the registry gives as .proto text, not serialized "
+            f"(?format=serialized): segack reads Protobuf through a registry that serves it, as Confluent's "
+            f"since 5.5 and Karapace do") from None
     pool = descriptor_pool.DescriptorPool()
     known = descriptor_pool.Default()
     for dependency in proto.dependency:
         try:
             pool.AddSerializedFile(known.FindFileByName(dependency).serialized_pb)
         except KeyError:
-            raise UndecodableValueError(f"has a schema that imports {dependency!r} from the registry "
-                              f"(references {', '.join(references) or 'none'}), which segack does not "
-                              f"read yet: only Google's well-known types") from None
-    pool.Add(proto)
+            raise UndecodableValueError(
+                f"names schema id {schema.schema_id}, which imports {dependency!r} from the registry "
+                f"(references {', '.join(schema.references) or 'none'}), which segack does not read yet: "
+                f"only Google's well-known types") from None
+    try:
+        pool.Add(proto)
+    except (TypeError, ValueError) as error:
+        raise UndecodableValueError(f"names schema id {schema.schema_id}, a Protobuf file that does not "
+                                    f"build: {error}") from None
     types = proto.message_type
     names = []
     for index in indexes:
         if index >= len(types):
             raise UndecodableValueError(
-                f"has Protobuf message indexes {list(indexes)} that name no message of "
-                f"its schema")
+                f"has Protobuf message indexes {list(indexes)} that name no message of schema id "
+                f"{schema.schema_id}")
         names.append(types[index].name)
         types = types[index].nested_type
     full_name = ".".join(filter(None, (proto.package, *names)))
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(full_name))
+    try:
+        return message_factory.GetMessageClass(pool.FindMessageTypeByName(full_name))
+    except (KeyError, TypeError) as error:
+        raise UndecodableValueError(f"names schema id {schema.schema_id}, whose message {full_name} does not "
+                                    f"build: {error}") from None
+
+
+def _avro_schemas(writer: RegisteredSchema,
+                  reader_text: str | None) -> tuple[Any, Any, bool, tuple[str, ...]]:
+    """The parsed writer's schema, the reader's (None when it is the writer's), whether either
+    holds bytes to give as text, and the reader's fields of bytes the writer lacks (whose default
+    fastavro gives as text, each character a byte); an :class:`UndecodableValueError` for a schema
+    fastavro cannot read."""
+    import fastavro
+
+    try:
+        parsed_writer = fastavro.parse_schema(json.loads(writer.text))
+    except Exception as error:  # fastavro's own: UnknownType, SchemaParseException, and JSON's ValueError
+        reason = (f"names a type defined by another subject (references "
+                  f"{', '.join(writer.references)}), which segack does not read yet"
+                  if writer.references else f"{type(error).__name__}: {error}")
+        raise UndecodableValueError(
+            f"names schema id {writer.schema_id}, an Avro schema segack cannot read: {reason}") from None
+    parsed_reader = None
+    if reader_text is not None:
+        try:
+            parsed_reader = fastavro.parse_schema(json.loads(reader_text))
+        except Exception as error:  # as above: the subject's latest is unreadable
+            raise UndecodableValueError(f"is resolved to its subject's latest Avro schema, which segack "
+                                        f"cannot read: {type(error).__name__}: {error}") from None
+    texts = (writer.text, reader_text or "")
+    # A record without bytes has none to turn into text: no walk through it.
+    has_bytes = any(kind in text for text in texts for kind in ('"bytes"', '"fixed"'))
+    return (parsed_writer, None if parsed_reader == parsed_writer else parsed_reader, has_bytes,
+            _defaulted_bytes(parsed_writer, parsed_reader))
+
+
+def _defaulted_bytes(writer: Any, reader: Any) -> tuple[str, ...]:
+    """The top-level fields of ``reader`` of bytes (or null or bytes) that ``writer`` lacks."""
+    if not isinstance(reader, dict) or not isinstance(writer, dict):
+        return ()
+    written = {item.get("name") for item in writer.get("fields", ())}
+    return tuple(item["name"] for item in reader.get("fields", ()) if item.get("name") not in written and (
+        item.get("type") == "bytes" or (isinstance(item.get("type"), list) and "bytes" in item["type"])))
 
 
 @dataclass(frozen=True)
 class WireFormat:
     """Decodes values of ``value_format`` (a key of :data:`REGISTRY_FORMATS`) written through the
     registry ``registry``. ``readers`` holds, per topic, the Avro schema (JSON text) its values are
-    resolved to; a topic without one is read by each writer's own schema."""
+    resolved to, or None for a topic read by each writer's own schema; a topic it does not name has
+    its subject's latest version asked once per process."""
 
     value_format: str
     registry: RegistrySettings
-    readers: Mapping[str, str] = field(default_factory=dict)
+    readers: Mapping[str, str | None] = field(default_factory=dict)
 
     def decode(self, topic: str, value: bytes) -> dict[str, Any]:
         """The value of a record of ``topic`` as a dict, or :class:`UndecodableValueError`; a registry that
@@ -186,8 +267,8 @@ class WireFormat:
         if len(value) < _HEADER.size or value[0] != 0:
             first = f"0x{value[0]:02x}" if value else "nothing"
             raise UndecodableValueError(
-                f"is not in Confluent's wire format (it starts with {first}, not the magic "
-                f"byte 0x00 and a schema id)")
+                f"is not in Confluent's wire format (it starts with {first}, not the magic byte 0x00 and "
+                f"a schema id; a producer that puts the id in the record's headers is not read yet)")
         _, schema_id = _HEADER.unpack_from(value)
         payload = memoryview(value)[_HEADER.size:]
         if self.value_format == "avro":
@@ -196,12 +277,12 @@ class WireFormat:
             return self._protobuf(schema_id, bytes(payload))
         return self._json(schema_id, payload)
 
-    def _writer(self, schema_id: int) -> Any:
+    def _writer(self, schema_id: int) -> RegisteredSchema:
         try:
-            schema = SchemaRegistry(self.registry).schema(schema_id)
+            schema = SchemaRegistry.of(self.registry).schema(schema_id)
         except UnknownSchemaError:
             raise UndecodableValueError(
-                f"names schema id {schema_id}, which the registry at {self.registry.url} "
+                f"names schema id {schema_id}, which the registry at {shown_url(self.registry.url)} "
                 f"does not hold") from None
         expected = REGISTRY_FORMATS[self.value_format]
         if schema.schema_type != expected:
@@ -210,30 +291,59 @@ class WireFormat:
                 f"names schema id {schema_id}, whose schema is {found}, not {_NAMES[expected]}")
         return schema
 
-    def _avro(self, topic: str, schema_id: int, payload: memoryview) -> dict[str, Any]:
-        import fastavro
-
-        reader_text = self.readers.get(topic)
-        key = (self.registry.url, schema_id, reader_text)
+    def _parsed(self, key: tuple[Any, ...], schema_id: int | None,
+                make: Callable[[Any], Any]) -> Any:
+        """What ``make`` gives of schema ``schema_id``'s writer (:meth:`_writer`, None for no id), once
+        per process for ``key``. An :class:`UndecodableValueError` of ``make`` is kept and raised
+        again, so that an unreadable schema is not read again per record; the writer's own (an
+        unknown id, another format) is the registry client's to keep."""
         with _LOCK:
             parsed = _PARSED.get(key)
         if parsed is None:
-            writer = fastavro.parse_schema(json.loads(self._writer(schema_id).text))
-            reader = None if reader_text is None else fastavro.parse_schema(json.loads(reader_text))
-            # A writer without bytes gives a record with none to turn into text: no walk through it.
-            has_bytes = any(kind in self._writer(schema_id).text for kind in ('"bytes"', '"fixed"'))
-            parsed = (writer, None if reader == writer else reader, has_bytes)
+            writer = None if schema_id is None else self._writer(schema_id)
+            try:
+                parsed = make(writer)
+            except UndecodableValueError as error:
+                parsed = error
             with _LOCK:
+                if len(_PARSED) >= _PARSED_KEPT:  # ids and indexes garbage names: bounded, as a cache
+                    _PARSED.clear()
                 _PARSED[key] = parsed
+        if isinstance(parsed, UndecodableValueError):
+            raise UndecodableValueError(str(parsed))
+        return parsed
+
+    def _reader(self, topic: str) -> str | None:
+        """The Avro schema ``topic``'s values are resolved to (:attr:`readers`, else asked)."""
+        if topic in self.readers:
+            return self.readers[topic]
+        key = (self.registry.url, "reader", topic)
+        reader: str | None = self._parsed(key, None, lambda _: (latest_reader(self.registry, topic),))[0]
+        return reader
+
+    def _avro(self, topic: str, schema_id: int, payload: memoryview) -> dict[str, Any]:
+        import fastavro
+
+        reader_text = self._reader(topic)
+        writer, reader, has_bytes, defaulted = self._parsed(
+            (self.registry.url, schema_id, reader_text), schema_id,
+            lambda schema: _avro_schemas(schema, reader_text))
+        stream = io.BytesIO(payload)
         try:
-            record = fastavro.schemaless_reader(io.BytesIO(payload), parsed[0], parsed[1])
+            record = fastavro.schemaless_reader(stream, writer, reader)
         except Exception as error:  # fastavro raises what the bytes make it: EOFError, ValueError, ...
             raise UndecodableValueError(f"does not decode as Avro by schema id {schema_id}: "
-                              f"{type(error).__name__}: {error}") from None
+                                        f"{type(error).__name__}: {error}") from None
+        if stream.tell() != len(payload):
+            raise UndecodableValueError(f"has {len(payload) - stream.tell()} bytes after its Avro record "
+                                        f"(schema id {schema_id})")
         if not isinstance(record, dict):
             raise UndecodableValueError(
                 f"decodes by schema id {schema_id} as {type(record).__name__}, not a record")
-        return _avro_value(record) if parsed[2] else record
+        for name in defaulted:
+            if isinstance(record.get(name), str):
+                record[name] = record[name].encode("latin-1")
+        return _avro_value(record) if has_bytes else record
 
     def _protobuf(self, schema_id: int, payload: bytes) -> dict[str, Any]:
         from google.protobuf.message import DecodeError
@@ -243,14 +353,8 @@ class WireFormat:
         except UndecodableValueError:
             self._writer(schema_id)  # a schema of another format says so first
             raise
-        key = (self.registry.url, schema_id, indexes)
-        with _LOCK:
-            message_class = _PARSED.get(key)
-        if message_class is None:
-            schema = self._writer(schema_id)
-            message_class = _protobuf_class(schema.text, indexes, schema.references)
-            with _LOCK:
-                _PARSED[key] = message_class
+        message_class = self._parsed((self.registry.url, schema_id, indexes), schema_id,
+                                     lambda schema: _protobuf_class(schema, indexes))
         try:
             return _message_dict(message_class.FromString(payload[start:]))
         except DecodeError as error:
@@ -259,13 +363,7 @@ class WireFormat:
                 f"schema id {schema_id}: {error}") from None
 
     def _json(self, schema_id: int, payload: memoryview) -> dict[str, Any]:
-        key = (self.registry.url, schema_id, "json")
-        with _LOCK:
-            known = key in _PARSED
-        if not known:
-            self._writer(schema_id)
-            with _LOCK:
-                _PARSED[key] = True
+        self._parsed((self.registry.url, schema_id, "json"), schema_id, lambda schema: True)
         try:
             value = json.loads(bytes(payload))
         except (ValueError, RecursionError) as error:
@@ -275,3 +373,21 @@ class WireFormat:
             raise UndecodableValueError(
                 f"is JSON {type(value).__name__}, not an object (schema id {schema_id})")
         return value
+
+
+def latest_reader(registry: RegistrySettings, topic: str) -> str | None:
+    """The Avro schema ``topic``'s values are resolved to: the latest version of its subject
+    ``<topic>-value`` (asked now), or None when the subject has none.
+
+    Raises :class:`OtherFormatError` for a subject of another format, and
+    :class:`~segack.spark_adapter.SchemaRegistryError` when the registry does not answer.
+    """
+    try:
+        latest = SchemaRegistry.of(registry).latest(f"{topic}-value")
+    except UnknownSchemaError:
+        return None
+    if latest.schema_type != "AVRO":
+        found = _NAMES.get(latest.schema_type, latest.schema_type)
+        raise OtherFormatError(f"is of topic {topic}, whose subject {topic}-value holds {found} schemas, "
+                               f"not Avro", latest.schema_type)
+    return latest.text
