@@ -147,11 +147,10 @@ def test_a_json_schema_value_is_its_json_after_the_header(schema_registry):
                                                              SerializationContext(topic, MessageField.VALUE))
     assert WireFormat("json-schema", RegistrySettings(schema_registry)).decode(topic, value) == {
         "user": "u1", "seq": 9}
-    # An Avro stream given this value's id is told it is not Avro: by its subject, or by its id.
-    with pytest.raises(UndecodableValueError, match="holds JSON Schema schemas, not Avro"):
-        WireFormat("avro", RegistrySettings(schema_registry)).decode(topic, value)
+    # An Avro stream given this value's id is told it is not Avro (its topic's subject, asked for a
+    # reader, holds JSON Schema too: no reader, and the writer says what it is).
     with pytest.raises(UndecodableValueError, match="whose schema is JSON Schema, not Avro"):
-        WireFormat("avro", RegistrySettings(schema_registry), {topic: None}).decode(topic, value)
+        WireFormat("avro", RegistrySettings(schema_registry)).decode(topic, value)
 
 
 def test_what_is_not_in_the_wire_format_or_names_an_unknown_id_is_undecodable_and_unparsed(schema_registry):

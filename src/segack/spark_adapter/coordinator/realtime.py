@@ -410,7 +410,7 @@ def stream_real_time(
     kafka_options, topic, starting, settings = real_time_options(kafka_options)
     check_metrics_address(metrics_port)
     schema = value_schema(spark, value_schema_ddl)
-    fields = check_fields(schema, wire=value_format != "json")
+    fields = check_fields(schema, value_format=value_format)
     wire, _ = wire_format(kafka_options, value_format, [topic])
     partitions = _partitions(settings, topic)
     check_session(spark)

@@ -125,7 +125,7 @@ def kafka_events(records: DataFrame, schema: StructType, value_format: str = "js
     from pyspark.sql.types import StringType, StructField, StructType
 
     if wire is not None:
-        values = ValueFields(check_fields(schema, f"a value in {value_format}", "", wire=True), wire)
+        values = ValueFields(check_fields(schema, f"a value in {value_format}", "", value_format), wire)
         kept = records.select(F.col("key").cast("string").alias("key"), "topic", "partition", "offset",
                               "timestamp", "value")
         decoded = StructType([*kept.schema.fields[:5], *schema.fields, StructField(UNPARSED, StringType())])
@@ -203,8 +203,8 @@ class _UndecodedCheck:
             why = self._why(self.wire.decode(str(event.get("topic")), base64.b64decode(text)))
         except UndecodableValueError as error:
             why = str(error)
-        except SchemaRegistryError:
-            why = "did not decode (and the registry does not answer to say why)"
+        except SchemaRegistryError as error:
+            why = f"did not decode, and the registry does not answer to say why ({error})"
         raise UnparsedValueError(f"the value of the record at offset {event.get('offset')} of "
                                  f"{event.get('topic')}/{event.get('partition')} {why}")
 
@@ -213,7 +213,7 @@ class _UndecodedCheck:
         if lacking:
             return f"lacks {', '.join(map(repr, lacking))}"
         for name, type_name in self.fields:
-            parse = field_parser(type_name, wire=True)
+            parse = field_parser(type_name, self.wire.value_format)
             try:
                 if decoded[name] is not None and parse is not None:
                     parse(decoded[name])
@@ -326,7 +326,7 @@ def kafka_stream(spark: SparkSession, options: Mapping[str, str], value_schema_d
                           "told: leave it out, and a stream that finds records gone stops, saying which; to "
                           "go on past them, start a new checkpoint")
     if value_format in REGISTRY_FORMATS:
-        check_fields(schema, f"a value in {value_format}", "", wire=True)
+        check_fields(schema, f"a value in {value_format}", "", value_format)
     wire, options = wire_format(options, value_format, known_topics(options))
     options = java_options(options)
     bounded = {"maxOffsetsPerTrigger": str(DEFAULT_MAX_OFFSETS_PER_TRIGGER), **options}

@@ -13,10 +13,12 @@ The declared types are the scalar ones (:data:`FIELD_TYPES`): each takes what Sp
 takes for it (a ``STRING`` field takes any JSON value, a non-string one as its JSON text; an
 integer field an integral number within its range; a fractional one any number, or ``"NaN"``,
 ``"Infinity"``, ``"-Infinity"`` quoted, a ``FLOAT`` rounded to 32 bits; ``BOOLEAN`` true or
-false). A value in Confluent's wire format also fills ``TIMESTAMP`` from a moment with its zone,
-``DATE`` from a day and ``DECIMAL(p,s)`` from a decimal that fits it (:data:`WIRE_FIELD_TYPES`,
-:func:`field_parser`): Avro's logical types, Protobuf's ``google.protobuf.Timestamp``; in real
-time a ``TIMESTAMP`` is given in the session's time zone, as the record's own ``timestamp``. A
+false). A value in Confluent's wire format also fills, from its format's logical types
+(:data:`LOGICAL_TYPES`, :func:`field_parser`), ``TIMESTAMP`` from a moment with its zone (Avro's
+``timestamp-*``, Protobuf's ``google.protobuf.Timestamp``), ``TIMESTAMP_NTZ`` from one without
+(Avro's ``local-timestamp-*``), ``DATE`` from a day and ``DECIMAL(p,s)`` from a decimal that fits
+it; in real time a ``TIMESTAMP`` is given in the session's time zone, as the record's own
+``timestamp``. A
 schema with another type is refused on the driver, before anything runs
 (:func:`~segack.spark_adapter.worker.kafka_records.check_fields`).
 """
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
 
     from segack.spark_adapter.worker.wire_format import WireFormat
 
-__all__ = ["ARROW_TYPES", "FIELD_TYPES", "UNPARSED", "WIRE_FIELD_TYPES", "DecodedBatches", "RecordEvents",
+__all__ = ["ARROW_TYPES", "FIELD_TYPES", "LOGICAL_TYPES", "UNPARSED", "DecodedBatches", "RecordEvents",
            "ValueFields", "arrow_type", "check_fields", "field_parser", "time_zone"]
 
 #: The column that holds a value that did not parse (:mod:`~segack.spark_adapter.sources.kafka`'s
@@ -126,6 +128,14 @@ def _moment(value: Any) -> Any:
     return value.astimezone(dt.UTC)
 
 
+def _local_moment(value: Any) -> Any:
+    """A ``TIMESTAMP_NTZ`` from a moment without a zone (Avro's ``local-timestamp-millis`` and
+    ``local-timestamp-micros``)."""
+    if not isinstance(value, dt.datetime) or value.tzinfo is not None:
+        raise ValueError
+    return value
+
+
 def _date(value: Any) -> Any:
     if not isinstance(value, dt.date) or isinstance(value, dt.datetime):
         raise ValueError
@@ -150,36 +160,41 @@ def _decimal(precision: int, scale: int) -> Callable[[Any], Any]:
     return parse
 
 
-#: The value field types a value in Confluent's wire format also fills, from the moments, days and
-#: decimals its schemas' logical types decode to (a ``DECIMAL`` of any precision and scale).
-WIRE_FIELD_TYPES: dict[str, Callable[[Any], Any]] = {**FIELD_TYPES, "timestamp": _moment, "date": _date}
+#: The further value field types a value in Confluent's wire format fills, by format, from the
+#: moments, days and decimals its schemas' logical types decode to (``decimal`` is ``DECIMAL`` of
+#: any precision and scale). JSON Schema's values are JSON, which has none.
+LOGICAL_TYPES: dict[str, tuple[str, ...]] = {
+    "avro": ("timestamp", "timestamp_ntz", "date", "decimal"), "protobuf": ("timestamp",)}
+_LOGICAL_PARSERS: dict[str, Callable[[Any], Any]] = {
+    "timestamp": _moment, "timestamp_ntz": _local_moment, "date": _date}
 _DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
 
 
-def field_parser(type_name: str, wire: bool = False) -> Callable[[Any], Any] | None:
-    """How a value field of Spark's type ``type_name`` is parsed: from JSON (:data:`FIELD_TYPES`), or
-    with ``wire`` from Confluent's wire format (:data:`WIRE_FIELD_TYPES` and ``DECIMAL``); None
-    for a type it does not parse."""
-    if not wire:
-        return FIELD_TYPES.get(type_name)
+def field_parser(type_name: str, value_format: str = "json") -> Callable[[Any], Any] | None:
+    """How a value field of Spark's type ``type_name`` is parsed from a value of ``value_format``:
+    the scalar types of :data:`FIELD_TYPES`, and the :data:`LOGICAL_TYPES` of the format; None for a
+    type it does not parse."""
+    logical = LOGICAL_TYPES.get(value_format, ())
     matched = _DECIMAL.fullmatch(type_name)
     if matched is not None:
-        return _decimal(int(matched[1]), int(matched[2]))
-    return WIRE_FIELD_TYPES.get(type_name)
+        return _decimal(int(matched[1]), int(matched[2])) if "decimal" in logical else None
+    if type_name in logical:
+        return _LOGICAL_PARSERS[type_name]
+    return FIELD_TYPES.get(type_name)
 
 
 def check_fields(schema: StructType, parser: str = "a real-time stream",
-                 instead: str = ", or use micro-batches", wire: bool = False) -> tuple[tuple[str, str], ...]:
+                 instead: str = ", or use micro-batches",
+                 value_format: str = "json") -> tuple[tuple[str, str], ...]:
     """The declared fields as ``(name, type)``, or an :class:`~segack.spark_adapter.OptionError`
-    naming the first field whose type ``parser`` (the part of segack that parses values in Python,
-    from Confluent's wire format with ``wire``) does not parse, and saying what to do ``instead``
-    beside declaring it ``STRING``."""
+    naming the first field whose type ``parser`` (the part of segack that parses values of
+    ``value_format`` in Python, :func:`field_parser`) does not parse, and saying what to do
+    ``instead`` beside declaring it ``STRING``."""
     fields = tuple((field.name, field.dataType.simpleString()) for field in schema.fields)
     for name, type_name in fields:
-        if field_parser(type_name, wire) is None:
-            types = ", ".join(name.upper() for name in (WIRE_FIELD_TYPES if wire else FIELD_TYPES))
-            raise OptionError(f"{parser} parses value fields of the types {types}"
-                              f"{', DECIMAL(p,s)' if wire else ''}; field {name!r} is "
+        if field_parser(type_name, value_format) is None:
+            types = ", ".join(kind.upper() for kind in (*FIELD_TYPES, *LOGICAL_TYPES.get(value_format, ())))
+            raise OptionError(f"{parser} parses value fields of the types {types}; field {name!r} is "
                               f"{type_name.upper()}: declare it STRING and parse it in the handler{instead}")
     return fields
 
@@ -194,7 +209,8 @@ class ValueFields:
     wire: WireFormat | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_parsers", tuple((name, field_parser(type_name, self.wire is not None))
+        value_format = "json" if self.wire is None else self.wire.value_format
+        object.__setattr__(self, "_parsers", tuple((name, field_parser(type_name, value_format))
                                                    for name, type_name in self.fields))
 
     @property
@@ -286,15 +302,14 @@ class RecordEvents:
         return event
 
 
-#: The Arrow type of each field type :data:`WIRE_FIELD_TYPES` names, as Spark reads it back.
+#: The Arrow type of each field type :data:`FIELD_TYPES` and ``DATE``, as Spark reads it back.
 ARROW_TYPES = {"string": "string", "bigint": "int64", "int": "int32", "smallint": "int16", "tinyint": "int8",
-               "double": "float64", "float": "float32", "boolean": "bool", "timestamp": "timestamp",
-               "date": "date32"}
+               "double": "float64", "float": "float32", "boolean": "bool", "date": "date32"}
 
 
 def arrow_type(type_name: str) -> Any:
     """The Arrow type of a value field of Spark's type ``type_name`` (one :func:`field_parser`
-    parses with ``wire``), as Spark reads it back."""
+    parses), as Spark reads it back."""
     import pyarrow as pa
 
     matched = _DECIMAL.fullmatch(type_name)
@@ -302,6 +317,8 @@ def arrow_type(type_name: str) -> Any:
         return pa.decimal128(int(matched[1]), int(matched[2]))
     if type_name == "timestamp":
         return pa.timestamp("us", tz="UTC")
+    if type_name == "timestamp_ntz":
+        return pa.timestamp("us")
     return getattr(pa, ARROW_TYPES[type_name])()
 
 

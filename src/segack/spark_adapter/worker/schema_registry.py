@@ -82,10 +82,17 @@ class RegisteredSchema:
 
 
 def shown_url(url: str) -> str:
-    """``url`` as a message may show it: without the credentials, query or fragment it may hold."""
-    text = url.split("#", 1)[0].split("?", 1)[0]
-    scheme, separator, rest = text.rpartition("://")
-    return f"{scheme}{separator}{rest.rpartition('@')[2]}"
+    """``url`` as a message may show it: without the credentials, query or fragment it may hold
+    (a password may hold any of ``/?#,:``, so all before the last ``@`` goes)."""
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        scheme, rest = "", url
+    rest = rest.rpartition("@")[2]
+    return f"{scheme}{separator}{rest.split('#', 1)[0].split('?', 1)[0]}"
+
+
+def _is_https(address: str) -> bool:
+    return urllib.parse.urlsplit(address).scheme == "https"
 
 
 @dataclass(frozen=True)
@@ -105,8 +112,19 @@ class RegistrySettings:
     ca_location: str | None = None
 
     def __post_init__(self) -> None:
+        if "@" in self.url or "?" in self.url or "#" in self.url:
+            raise OptionError(f"schema.registry.url must be the registry's address alone, as "
+                              f"{shown_url(self.url)}: credentials go in "
+                              f"schema.registry.basic.auth.user.info (or schema.registry.bearer.auth.token), "
+                              f"never in the address, which is shown")
         for address in self.urls:
             self._check(address)
+        for name, secret in (("basic.auth.user.info", self.user_info),
+                             ("bearer.auth.token", self.bearer_token)):
+            if secret is not None and (not secret or any(ord(char) < 32 or ord(char) == 127
+                                                         for char in secret)):
+                raise OptionError(f"schema.registry.{name} is empty or holds a line break or another "
+                                  f"control character (not shown): give it without")
         if self.user_info is not None and ":" not in self.user_info:
             raise OptionError("schema.registry.basic.auth.user.info must be USER:PASSWORD")
         if self.user_info is not None and self.bearer_token is not None:
@@ -121,10 +139,6 @@ class RegistrySettings:
         return tuple(address.strip().rstrip("/") for address in self.url.split(","))
 
     def _check(self, address: str) -> None:
-        if "@" in address or "?" in address or "#" in address:
-            raise OptionError(f"schema.registry.url must be the registry's address alone, as "
-                              f"{shown_url(address)}: credentials go in schema.registry.basic.auth.user.info "
-                              f"(or schema.registry.bearer.auth.token), never in the address, which is shown")
         parsed = urllib.parse.urlsplit(address)
         try:
             parsed.port  # noqa: B018  (a port that is not a number raises here)
@@ -135,7 +149,7 @@ class RegistrySettings:
                               f"http://registry:8081, not {address!r}")
 
     def _check_ca(self, path: str) -> None:
-        if not all(address.startswith("https:") for address in self.urls):
+        if not all(_is_https(address) for address in self.urls):
             raise OptionError("schema.registry.ssl.ca.location is the CA of an https:// registry, and "
                               "schema.registry.url is an http:// one: give https://, or leave the CA out")
         if not os.path.isfile(path):
@@ -177,14 +191,18 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
+class _NoSuchPathError(SchemaRegistryError):
+    """A 404 without the registry's error code: a path the server does not have."""
+
+
 class _TransientError(SegackError):
     """An answer worth asking again for; its text says what it was."""
 
 
 # What this process has read, by registry and id: a schema once registered never changes. The ids
 # a registry said it lacks, with when to ask again; a client per registry.
-_SCHEMAS: dict[tuple[str, int], RegisteredSchema] = {}
-_UNKNOWN: dict[tuple[str, int], float] = {}
+_SCHEMAS: dict[tuple[RegistrySettings, int], RegisteredSchema] = {}
+_UNKNOWN: dict[tuple[RegistrySettings, int], float] = {}
 _CLIENTS: dict[RegistrySettings, SchemaRegistry] = {}
 _LOCK = threading.Lock()
 
@@ -196,9 +214,15 @@ class SchemaRegistry:
         self.settings = settings
         self.timeout = timeout
         handlers: list[Any] = [_NoRedirect]
-        if any(address.startswith("https:") for address in settings.urls):
-            handlers.append(urllib.request.HTTPSHandler(
-                context=ssl.create_default_context(cafile=settings.ca_location)))
+        if any(_is_https(address) for address in settings.urls):
+            try:
+                context = ssl.create_default_context(cafile=settings.ca_location)
+            except (ssl.SSLError, OSError) as error:  # checked on the driver; an executor may lack it
+                raise SchemaRegistryError(
+                    f"schema.registry.ssl.ca.location {settings.ca_location} cannot be read on this host "
+                    f"({getattr(error, 'strerror', None) or error}): every executor reads it at the same "
+                    f"path (ship it with --files, or bake it into the image)") from None
+            handlers.append(urllib.request.HTTPSHandler(context=context))
         self._opener = urllib.request.build_opener(*handlers)
 
     @classmethod
@@ -214,7 +238,13 @@ class SchemaRegistry:
         """The schema formats the registry holds (``AVRO``, ``PROTOBUF``, ``JSON``), asked now: what
         a run asks first, so that a registry away, refusing or not a registry stops it at once."""
         path = "/schemas/types"
-        body = self._get(path)
+        try:
+            body = self._get(path)
+        except _NoSuchPathError:  # Confluent's before 5.5, which holds Avro alone, has no such path
+            config = self._get("/config")
+            if not isinstance(config, dict) or "compatibilityLevel" not in config:
+                raise self._not_a_registry("/config", "a compatibility level") from None
+            return ("AVRO",)
         if not isinstance(body, list) or not all(isinstance(kind, str) for kind in body):
             raise self._not_a_registry(path, "a list of formats")
         return tuple(body)
@@ -226,7 +256,7 @@ class SchemaRegistry:
         without asking it again), and :class:`~segack.spark_adapter.SchemaRegistryError` when it
         does not answer.
         """
-        key = (self.settings.url, schema_id)
+        key = (self.settings, schema_id)  # by credentials too: one user's 40403 is not another's
         with _LOCK:
             found = _SCHEMAS.get(key)
             again = _UNKNOWN.get(key)
@@ -299,14 +329,21 @@ class SchemaRegistry:
             with self._opener.open(request, timeout=self.timeout) as answer:
                 text = answer.read()
         except urllib.error.HTTPError as error:
-            raise self._refusal(shown, path, error) from None
+            with error:
+                raise self._refusal(shown, path, error) from None
         except (ssl.SSLError, urllib.error.URLError) as error:
             cause = error.reason if isinstance(error, urllib.error.URLError) else error
-            if isinstance(cause, ssl.SSLError):
+            if isinstance(cause, ssl.SSLCertVerificationError):
                 raise SchemaRegistryError(self._untrusted(shown, cause)) from None
+            if isinstance(cause, ssl.SSLError) and "WRONG_VERSION_NUMBER" in str(cause):
+                raise SchemaRegistryError(f"the registry at {shown} does not speak TLS: is its address "
+                                          f"http://?") from None
             raise _TransientError(f"did not answer ({cause})") from None
         except (OSError, http.client.HTTPException) as error:  # reset, timed out, cut off mid-answer
             raise _TransientError(f"did not answer ({type(error).__name__}: {error})") from None
+        except ValueError:  # http.client's refusal of a header: its text would show the credentials
+            raise SchemaRegistryError(f"the request to the registry at {shown} could not be sent: a header "
+                                      f"segack was given (not shown) is not one HTTP takes") from None
         try:
             return json.loads(text)
         except ValueError:
@@ -328,19 +365,26 @@ class SchemaRegistry:
             return _TransientError(f"answered {code}")
         error_code = None
         try:
-            body = json.loads(error.read())
+            text = error.read()
+        except (OSError, http.client.HTTPException):  # cut off: the next ask may get it whole
+            return _TransientError(f"answered {code}, cut off")
+        try:
+            body = json.loads(text)
             error_code = body.get("error_code") if isinstance(body, dict) else None
-        except (ValueError, OSError, http.client.HTTPException):
+        except ValueError:
             pass  # a 4xx that is not a registry's JSON: told below as not a registry's answer
         if code == 404 and error_code in _NOT_HELD:
             return UnknownSchemaError(f"the registry at {shown} holds no {path}")
         if code == 404:
-            return SchemaRegistryError(f"what answers at {shown} has no {path} (404 without a registry's "
+            return _NoSuchPathError(f"what answers at {shown} has no {path} (404 without a registry's "
                                        f"error code): is it a Schema Registry?")
         return SchemaRegistryError(f"the registry at {shown} answered {code} to GET {path}")
 
-    def _untrusted(self, shown: str, cause: ssl.SSLError) -> str:
-        why = getattr(cause, "verify_message", None) or cause.reason or cause
+    def _untrusted(self, shown: str, cause: ssl.SSLCertVerificationError) -> str:
+        why = cause.verify_message or cause.reason or cause
+        if "hostname" in str(why).lower() or "ip address mismatch" in str(why).lower():
+            return (f"the registry at {shown} shows a certificate that is not for its address ({why}): "
+                    f"give the address its certificate names")
         if self.settings.ca_location is None:
             return (f"the registry at {shown} is not trusted ({why}): give the PEM file of the CA that "
                     f"signed its certificate as schema.registry.ssl.ca.location")

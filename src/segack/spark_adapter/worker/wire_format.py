@@ -52,12 +52,14 @@ __all__ = ["REGISTRY_FORMATS", "OtherFormatError", "UndecodableValueError", "Wir
 #: The value formats whose values are in Confluent's wire format, and the registry's name for each.
 REGISTRY_FORMATS = {"avro": "AVRO", "protobuf": "PROTOBUF", "json-schema": "JSON"}
 _NAMES = {"AVRO": "Avro", "PROTOBUF": "Protobuf", "JSON": "JSON Schema"}
-_HEADER = struct.Struct(">bI")
+_HEADER = struct.Struct(">bi")  # the id is a signed 32-bit integer, as Confluent's Java clients write it
 
-# Parsed writers' schemas by (registry, id, and for Protobuf the message's path): what a process
-# parses once and every task of it reads.
+# Parsed writers' schemas by (registry, id, and the reader or the Protobuf message's path): what a
+# process parses once and every task of it reads; bounded, as garbage ids and indexes make keys.
+# The reader schemas asked for topics the run did not know, by (registry, topic).
 _PARSED: dict[tuple[Any, ...], Any] = {}
 _PARSED_KEPT = 4096
+_READERS: dict[tuple[RegistrySettings, str], str | None] = {}
 _LOCK = threading.Lock()
 
 
@@ -154,9 +156,9 @@ def _avro_value(value: Any) -> Any:
     return value
 
 
-def _protobuf_class(schema: RegisteredSchema, indexes: tuple[int, ...]) -> Any:
-    """The message class at ``indexes`` of ``schema``'s serialized ``FileDescriptorProto``, or an
-    :class:`UndecodableValueError` saying why there is none."""
+def _protobuf_file(schema: RegisteredSchema) -> tuple[Any, Any]:
+    """The pool holding ``schema``'s serialized ``FileDescriptorProto``, and the file; or an
+    :class:`UndecodableValueError` saying why it does not build."""
     # The well-known types a schema may import, in the default pool to be copied from it.
     from google.protobuf import (  # noqa: F401
         any_pb2,
@@ -165,7 +167,6 @@ def _protobuf_class(schema: RegisteredSchema, indexes: tuple[int, ...]) -> Any:
         duration_pb2,
         empty_pb2,
         field_mask_pb2,
-        message_factory,
         struct_pb2,
         timestamp_pb2,
         wrappers_pb2,
@@ -194,6 +195,15 @@ def _protobuf_class(schema: RegisteredSchema, indexes: tuple[int, ...]) -> Any:
     except (TypeError, ValueError) as error:
         raise UndecodableValueError(f"names schema id {schema.schema_id}, a Protobuf file that does not "
                                     f"build: {error}") from None
+    return pool, proto
+
+
+def _message_class(schema: RegisteredSchema, file: tuple[Any, Any], indexes: tuple[int, ...]) -> Any:
+    """The message class at ``indexes`` of ``file`` (:func:`_protobuf_file`), or an
+    :class:`UndecodableValueError` saying why there is none."""
+    from google.protobuf import message_factory
+
+    pool, proto = file
     types = proto.message_type
     names = []
     for index in indexes:
@@ -211,12 +221,9 @@ def _protobuf_class(schema: RegisteredSchema, indexes: tuple[int, ...]) -> Any:
                                     f"build: {error}") from None
 
 
-def _avro_schemas(writer: RegisteredSchema,
-                  reader_text: str | None) -> tuple[Any, Any, bool, tuple[str, ...]]:
-    """The parsed writer's schema, the reader's (None when it is the writer's), whether either
-    holds bytes to give as text, and the reader's fields of bytes the writer lacks (whose default
-    fastavro gives as text, each character a byte); an :class:`UndecodableValueError` for a schema
-    fastavro cannot read."""
+def _avro_schemas(writer: RegisteredSchema, reader_text: str | None) -> tuple[Any, Any, bool]:
+    """The parsed writer's schema, the reader's (None when it is the writer's), and whether either
+    holds bytes to give as text; an :class:`UndecodableValueError` for a schema fastavro cannot read."""
     import fastavro
 
     try:
@@ -234,20 +241,10 @@ def _avro_schemas(writer: RegisteredSchema,
         except Exception as error:  # as above: the subject's latest is unreadable
             raise UndecodableValueError(f"is resolved to its subject's latest Avro schema, which segack "
                                         f"cannot read: {type(error).__name__}: {error}") from None
-    texts = (writer.text, reader_text or "")
     # A record without bytes has none to turn into text: no walk through it.
-    has_bytes = any(kind in text for text in texts for kind in ('"bytes"', '"fixed"'))
-    return (parsed_writer, None if parsed_reader == parsed_writer else parsed_reader, has_bytes,
-            _defaulted_bytes(parsed_writer, parsed_reader))
-
-
-def _defaulted_bytes(writer: Any, reader: Any) -> tuple[str, ...]:
-    """The top-level fields of ``reader`` of bytes (or null or bytes) that ``writer`` lacks."""
-    if not isinstance(reader, dict) or not isinstance(writer, dict):
-        return ()
-    written = {item.get("name") for item in writer.get("fields", ())}
-    return tuple(item["name"] for item in reader.get("fields", ()) if item.get("name") not in written and (
-        item.get("type") == "bytes" or (isinstance(item.get("type"), list) and "bytes" in item["type"])))
+    has_bytes = any(kind in text for text in (writer.text, reader_text or "")
+                    for kind in ('"bytes"', '"fixed"'))
+    return parsed_writer, None if parsed_reader == parsed_writer else parsed_reader, has_bytes
 
 
 @dataclass(frozen=True)
@@ -270,6 +267,8 @@ class WireFormat:
                 f"is not in Confluent's wire format (it starts with {first}, not the magic byte 0x00 and "
                 f"a schema id; a producer that puts the id in the record's headers is not read yet)")
         _, schema_id = _HEADER.unpack_from(value)
+        if schema_id < 0:
+            raise UndecodableValueError(f"names schema id {schema_id}, which no registry holds")
         payload = memoryview(value)[_HEADER.size:]
         if self.value_format == "avro":
             return self._avro(topic, schema_id, payload)
@@ -291,16 +290,16 @@ class WireFormat:
                 f"names schema id {schema_id}, whose schema is {found}, not {_NAMES[expected]}")
         return schema
 
-    def _parsed(self, key: tuple[Any, ...], schema_id: int | None,
-                make: Callable[[Any], Any]) -> Any:
-        """What ``make`` gives of schema ``schema_id``'s writer (:meth:`_writer`, None for no id), once
-        per process for ``key``. An :class:`UndecodableValueError` of ``make`` is kept and raised
-        again, so that an unreadable schema is not read again per record; the writer's own (an
-        unknown id, another format) is the registry client's to keep."""
+    def _parsed(self, key: tuple[Any, ...], schema_id: int, make: Callable[[Any], Any]) -> Any:
+        """What ``make`` gives of schema ``schema_id``'s writer (:meth:`_writer`), once per process
+        for ``key`` (after the registry's settings). An :class:`UndecodableValueError` of ``make`` is
+        kept and raised again, so that an unreadable schema is not read again per record; the
+        writer's own (an unknown id, another format) is the registry client's to keep."""
+        key = (self.registry, *key)
         with _LOCK:
             parsed = _PARSED.get(key)
         if parsed is None:
-            writer = None if schema_id is None else self._writer(schema_id)
+            writer = self._writer(schema_id)
             try:
                 parsed = make(writer)
             except UndecodableValueError as error:
@@ -317,17 +316,24 @@ class WireFormat:
         """The Avro schema ``topic``'s values are resolved to (:attr:`readers`, else asked)."""
         if topic in self.readers:
             return self.readers[topic]
-        key = (self.registry.url, "reader", topic)
-        reader: str | None = self._parsed(key, None, lambda _: (latest_reader(self.registry, topic),))[0]
+        key = (self.registry, topic)
+        with _LOCK:
+            if key in _READERS:
+                return _READERS[key]
+        try:
+            reader = latest_reader(self.registry, topic)
+        except OtherFormatError:
+            reader = None  # each value then names its own writer, whose format is what it says
+        with _LOCK:
+            _READERS[key] = reader
         return reader
 
     def _avro(self, topic: str, schema_id: int, payload: memoryview) -> dict[str, Any]:
         import fastavro
 
         reader_text = self._reader(topic)
-        writer, reader, has_bytes, defaulted = self._parsed(
-            (self.registry.url, schema_id, reader_text), schema_id,
-            lambda schema: _avro_schemas(schema, reader_text))
+        writer, reader, has_bytes = self._parsed((schema_id, reader_text), schema_id,
+                                                 lambda schema: _avro_schemas(schema, reader_text))
         stream = io.BytesIO(payload)
         try:
             record = fastavro.schemaless_reader(stream, writer, reader)
@@ -340,9 +346,6 @@ class WireFormat:
         if not isinstance(record, dict):
             raise UndecodableValueError(
                 f"decodes by schema id {schema_id} as {type(record).__name__}, not a record")
-        for name in defaulted:
-            if isinstance(record.get(name), str):
-                record[name] = record[name].encode("latin-1")
         return _avro_value(record) if has_bytes else record
 
     def _protobuf(self, schema_id: int, payload: bytes) -> dict[str, Any]:
@@ -353,17 +356,18 @@ class WireFormat:
         except UndecodableValueError:
             self._writer(schema_id)  # a schema of another format says so first
             raise
-        message_class = self._parsed((self.registry.url, schema_id, indexes), schema_id,
-                                     lambda schema: _protobuf_class(schema, indexes))
+        file = self._parsed((schema_id,), schema_id, _protobuf_file)
+        message_class = self._parsed((schema_id, indexes), schema_id,
+                                     lambda schema: _message_class(schema, file, indexes))
         try:
             return _message_dict(message_class.FromString(payload[start:]))
-        except DecodeError as error:
+        except (DecodeError, ValueError, OverflowError) as error:  # a Timestamp past year 9999, say
             raise UndecodableValueError(
                 f"does not decode as Protobuf message {message_class.DESCRIPTOR.full_name} of "
                 f"schema id {schema_id}: {error}") from None
 
     def _json(self, schema_id: int, payload: memoryview) -> dict[str, Any]:
-        self._parsed((self.registry.url, schema_id, "json"), schema_id, lambda schema: True)
+        self._parsed((schema_id, "json"), schema_id, lambda schema: True)
         try:
             value = json.loads(bytes(payload))
         except (ValueError, RecursionError) as error:
