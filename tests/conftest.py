@@ -67,6 +67,7 @@ AREAS = {
     "test_kafka.py": ("streams",),
     "test_schema_registry.py": ("streams",),
     "test_schema_registry_faults.py": ("streams",),
+    "test_registry_values.py": ("sinks",),
     "test_kafka_sink.py": ("sinks",),
     "test_realtime.py": ("streams",),
     "test_realtime_simulation.py": ("streams", "simulation"),

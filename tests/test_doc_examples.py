@@ -306,10 +306,27 @@ def run_secured_kafka_sink(sandbox: Sandbox, code: str, request: Any) -> None:
     _sink_writes_each_once(sandbox, sandbox.run(code)["sink"], broker.bootstrap, "secured-ledger")
 
 
-def _sink_writes_each_once(sandbox: Sandbox, sink: Any, plaintext: str, topic: str) -> None:
+def run_avro_kafka_sink(sandbox: Sandbox, code: str, request: Any) -> None:
+    """In the connectors session: the guide's sink of Avro values, through the tests' registry, its
+    records read back by segack's own decoder."""
+    from segack.spark_adapter.worker.schema_registry import RegistrySettings
+    from segack.spark_adapter.worker.wire_format import WireFormat
+    from tests.kafka import committed_messages
+
+    broker, registry = request.getfixturevalue("kafka_broker"), request.getfixturevalue("schema_registry")
+    topic = f"avro-ledger-{uuid.uuid4().hex[:8]}"
+    code = (code.replace("broker-1:9092", broker.bootstrap).replace("http://registry:8081", registry)
+            .replace('"ledger"', repr(topic)))
+    wire = WireFormat("avro", RegistrySettings(registry), {topic: None})
+    _sink_writes_each_once(sandbox, sandbox.run(code)["sink"], broker.bootstrap, topic, lambda: [
+        wire.decode(topic, message.value()) for message in committed_messages(broker.bootstrap, topic)])
+
+
+def _sink_writes_each_once(sandbox: Sandbox, sink: Any, plaintext: str, topic: str,
+                           written: Callable[[], list[dict]] | None = None) -> None:
     """``sink``, prepared by a run and called by a task as ``segack stream`` does, its records read
-    back (over the broker's ``plaintext`` listener) once by a ``read_committed`` consumer, and again
-    none when a resume hands the events over again."""
+    back (over the broker's ``plaintext`` listener, by ``written`` if given) once by a
+    ``read_committed`` consumer, and again none when a resume hands the events over again."""
     import pickle
 
     from pyspark import cloudpickle
@@ -330,8 +347,8 @@ def _sink_writes_each_once(sandbox: Sandbox, sink: Any, plaintext: str, topic: s
         task = pickle.loads(cloudpickle.dumps(sink))  # as Spark sends it to a task
         task(events, identities)
         task.close()
-    written = committed_records(plaintext, topic)
-    assert sorted(record["seq"] for record in written) == list(range(EVENTS))
+    records = committed_records(plaintext, topic) if written is None else written()
+    assert sorted(record["seq"] for record in records) == list(range(EVENTS))
 
 
 #: Each example by a line of its own, and what runs it.
@@ -348,6 +365,7 @@ RUNNERS: dict[str, Callable[[Sandbox, str, Any], None]] = {
     "records = kafka_stream(spark,": run_kafka_stream,
     'sink = KafkaSink({"bootstrap.servers": "broker-1:9092"}, apply, topics=["ledger"])': run_kafka_sink,
     'sink = KafkaSink({"linger.ms": 5}, apply, topics=["ledger"], cluster=CLUSTER)': run_secured_kafka_sink,
+    'values=RegistryValues("avro", {"schema.registry.url": "http://registry:8081"},': run_avro_kafka_sink,
     "changes = delta_change_feed(spark,": run_delta_change_feed,
     "def add_once(event):": run_idempotent_handler,
     "sys.exit(0 if result.complete else 3 if result.dead_letters_left else 1)": run_cluster_driver,

@@ -10,14 +10,16 @@ assumption: the effects and that record commit together.
   through ``sqlite3``, others through their ``paramstyle``): the record is a table.
 - :class:`KafkaSink` does it for Kafka topics: the record is a compacted topic, written in the
   same Kafka transaction as the output records, and a run that takes a checkpoint over fences
-  every transactional id the earlier runs used.
+  every transactional id the earlier runs used; its values may be Avro, Protobuf or JSON Schema
+  through a Schema Registry (:class:`RegistryValues`).
 
 For a service that takes idempotency keys, subclass :class:`~segack.spark_adapter.Sink` and send
 each event's :attr:`~segack.spark_adapter.EventIdentity.idempotency_key`.
 """
 
 from segack.sinks.kafka import KafkaClients, KafkaOutput, KafkaSink
+from segack.sinks.registry_values import RegistryValues
 from segack.sinks.sql import SESSION_PREFIX, SqlSink
 from segack.spark_adapter.handlers import Sink
 
-__all__ = ["SESSION_PREFIX", "KafkaClients", "KafkaOutput", "KafkaSink", "Sink", "SqlSink"]
+__all__ = ["SESSION_PREFIX", "KafkaClients", "KafkaOutput", "KafkaSink", "RegistryValues", "Sink", "SqlSink"]

@@ -35,6 +35,7 @@ from segack.sinks.kafka_transactions import (
     task_name,
 )
 from segack.sinks.key_text import key_text
+from segack.sinks.registry_values import RegistryValues
 from segack.spark_adapter.errors import OptionError, SinkError, one_line
 from segack.spark_adapter.handlers import EventIdentity, RunContext, Sink
 from segack.spark_adapter.sources.kafka_settings import librdkafka_client
@@ -100,12 +101,17 @@ class KafkaSink(Sink):
         client's spelling (``kafka.sasl.jaas.config``, ``kafka.ssl.truststore.location``) or
         librdkafka's (:doc:`/connecting`); other options (a stream's ``subscribe``, say) are not
         read. Give a stream's options, and the sink reaches its cluster as the stream does.
+    values : RegistryValues, optional
+        Values in Avro, Protobuf or JSON Schema through a Schema Registry
+        (:class:`~segack.sinks.registry_values.RegistryValues`): ``apply`` gives dicts or messages,
+        the sink sends them in Confluent's wire format; its schemas are registered when the run
+        starts.
 
     Raises
     ------
     SegackTypeError
         ``apply`` or ``apply_many`` not callable, ``producer_config`` not a mapping, ``clients``
-        without the methods of a :class:`KafkaClients`.
+        without the methods of a :class:`KafkaClients`, ``values`` not a ``RegistryValues``.
     SegackValueError
         Both or neither of ``apply`` and ``apply_many``; ``cluster`` settings librdkafka cannot
         take (a JKS store, AWS MSK's IAM login module: :doc:`/connecting`); no
@@ -147,7 +153,8 @@ class KafkaSink(Sink):
                  apply_many: Callable[[KafkaOutput, list[dict[str, Any]]], Any] | None = None,
                  topics: Iterable[str], positions_topic: str | None = None, positions_partitions: int = 32,
                  preferred_batch_size: int | None = 5000, clients: KafkaClients | None = None,
-                 cluster: Mapping[str, str] | None = None, positions_replication: int | None = None) -> None:
+                 cluster: Mapping[str, str] | None = None, positions_replication: int | None = None,
+                 values: RegistryValues | None = None) -> None:
         for name, given in (("producer_config", producer_config), ("cluster", cluster)):
             if given is not None and not isinstance(given, Mapping):
                 raise SegackTypeError(f"KafkaSink: {name} must be a mapping of settings, not "
@@ -192,6 +199,12 @@ class KafkaSink(Sink):
         self.positions_replication = positions_replication
         self.preferred_batch_size = preferred_batch_size
         self.clients = clients or KafkaClients()
+        if values is not None:
+            if not isinstance(values, RegistryValues):
+                raise SegackTypeError(f"KafkaSink: values must be a RegistryValues, not "
+                                      f"{type(values).__name__}")
+            values.check_topics(self.topics)
+        self.values = values
         #: What the driver learnt in :meth:`prepare`: the run's checkpoint, its id and claim, and the
         #: positions topic's name and partitions.
         self._run: RunContext | None = None
@@ -262,6 +275,8 @@ class KafkaSink(Sink):
             raise SinkError(f"KafkaSink: output topic{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
                             f"{'do' if len(missing) > 1 else 'does'} not exist (or cannot be described); "
                             f"create {'them' if len(missing) > 1 else 'it'} first")
+        if self.values is not None:
+            self.values.prepare()
         # Transactions allowed, before anything is made: a producer that never begins one.
         close_producer(self._start(f"{ID_PREFIX}{run.checkpoint_id}-{run.claim}-probe"))
         name = self.positions_topic_for(run.checkpoint_id)
@@ -497,7 +512,7 @@ class KafkaSink(Sink):
                 newest.setdefault(partition, {})[key] = identity.position
         if not fresh:
             return
-        output = KafkaOutput(self.topics)
+        output = KafkaOutput(self.topics, self.values)
         self._apply(output, fresh)
         with self._lock:
             self._commit(output, newest)

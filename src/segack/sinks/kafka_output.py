@@ -3,9 +3,12 @@ Kafka clients the sink makes (:class:`KafkaClients`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from segack.errors import SegackTypeError, SegackValueError
+
+if TYPE_CHECKING:
+    from segack.sinks.registry_values import RegistryValues
 
 __all__ = ["KafkaClients", "KafkaOutput"]
 
@@ -17,14 +20,15 @@ class KafkaOutput:
     ``confluent_kafka.Producer``: the records go to Kafka after ``apply`` returns, in the call's
     transaction, with the positions of the call's keys."""
 
-    __slots__ = ("_topics", "records")
+    __slots__ = ("_topics", "_values", "records")
 
-    def __init__(self, topics: frozenset[str]) -> None:
+    def __init__(self, topics: frozenset[str], values: RegistryValues | None = None) -> None:
         self._topics = topics
+        self._values = values
         #: ``(topic, value, key, partition, headers, timestamp)`` of each record, in order.
         self.records: list[tuple[str, Any, Any, int, Any, int]] = []
 
-    def produce(self, topic: str, value: str | bytes | None = None, key: str | bytes | None = None,
+    def produce(self, topic: str, value: Any = None, key: str | bytes | None = None,
                 partition: int = -1, *, headers: Any = None, timestamp: int = 0) -> None:
         """Add a record to the call's transaction.
 
@@ -33,7 +37,9 @@ class KafkaOutput:
         topic : str
             One of the sink's ``topics``.
         value, key : str, bytes or None
-            As ``confluent_kafka.Producer.produce`` takes them (a str is sent as UTF-8).
+            As ``confluent_kafka.Producer.produce`` takes them (a str is sent as UTF-8). With the
+            sink's ``values`` (:class:`~segack.sinks.registry_values.RegistryValues`), a value may
+            also be a dict or a Protobuf message, sent in Confluent's wire format.
         partition : int, default ``-1``
             The partition; ``-1`` lets the producer's partitioner choose from the key.
         headers, timestamp
@@ -44,11 +50,15 @@ class KafkaOutput:
         SegackValueError
             ``topic`` is not one of the sink's ``topics`` (the run checked only those).
         SegackTypeError
-            ``value`` or ``key`` is not a str, bytes or None.
+            ``value`` or ``key`` is not a str, bytes or None (nor, with ``values``, what it takes).
+        ~segack.spark_adapter.SchemaRegistryError
+            With ``values``: the registry does not answer.
         """
         if topic not in self._topics:
             raise SegackValueError(f"KafkaOutput: topic {topic!r} is not one of the sink's topics "
                                    f"({', '.join(sorted(self._topics))}); name it in KafkaSink(topics=...)")
+        if self._values is not None and not isinstance(value, _PAYLOAD_TYPES):
+            value = self._values.serialize(topic, value)
         if not isinstance(value, _PAYLOAD_TYPES) or not isinstance(key, _PAYLOAD_TYPES):
             raise SegackTypeError(f"KafkaOutput: a record's value and key must be str, bytes or None, not "
                                   f"{type(value).__name__} and {type(key).__name__}")
