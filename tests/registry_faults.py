@@ -34,7 +34,8 @@ class Fault:
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
     cut: bool = False
-    #: Only a request whose path holds this is answered with the fault (any, when empty).
+    #: Only a request whose method and path (``"GET /schemas/ids/1"``) hold this is answered with
+    #: the fault (any, when empty).
     path_holds: str = ""
 
 
@@ -63,9 +64,10 @@ class FaultyFront:
         with self._lock:
             self.faults.extend(faults)
 
-    def paths(self) -> list[str]:
+    def paths(self, method: str = "GET") -> list[str]:
+        """The paths of the requests of ``method``, in order."""
         with self._lock:
-            return [path for path, _ in self.requests]
+            return [path.partition(" ")[2] for path, _ in self.requests if path.startswith(f"{method} ")]
 
     def close(self) -> None:
         self._server.shutdown()
@@ -86,12 +88,20 @@ class FaultyFront:
                 pass
 
             def do_GET(self) -> None:
-                fault = front._next_fault(self.path, dict(self.headers))
+                self._pass_on(None)
+
+            def do_POST(self) -> None:
+                self._pass_on(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+
+            def _pass_on(self, body: bytes | None) -> None:
+                fault = front._next_fault(f"{self.command} {self.path}", dict(self.headers))
                 if fault is not None:
                     self._answer(fault)
                     return
-                request = urllib.request.Request(front.upstream + self.path,
-                                                 headers={"Accept": self.headers.get("Accept", "*/*")})
+                headers = {"Accept": self.headers.get("Accept", "*/*")}
+                if body is not None:
+                    headers["Content-Type"] = self.headers.get("Content-Type", "application/json")
+                request = urllib.request.Request(front.upstream + self.path, data=body, headers=headers)
                 try:
                     with urllib.request.urlopen(request, timeout=30) as answer:
                         status, body, kind = answer.status, answer.read(), answer.headers.get("Content-Type")

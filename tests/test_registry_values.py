@@ -12,14 +12,16 @@ import pytest
 
 from segack.errors import SegackTypeError, SegackValueError
 from segack.sinks import KafkaSink, RegistryValues
-from segack.spark_adapter.errors import SinkError
+from segack.spark_adapter.errors import SchemaRegistryError, SinkError
 from segack.spark_adapter.worker.schema_registry import RegistrySettings, SchemaRegistry
 from segack.spark_adapter.worker.wire_format import WireFormat
 from tests.kafka import committed_messages
 from tests.ports import free_port
+from tests.protobuf_messages import Order
+from tests.registry_faults import Fault, faulty_front
 from tests.test_kafka import account_events, make_topic
 from tests.test_kafka_sink import _events, _run, _task
-from tests.test_schema_registry import ACCOUNT_V1, payment_class
+from tests.test_schema_registry import ACCOUNT_V1
 
 pytestmark = [pytest.mark.kafka]
 
@@ -37,25 +39,31 @@ class AvroAccounts:
                        key=event["user"])
 
 
-class ProtobufPayments:
-    """``apply``: each account event as a ``shop.Payment`` message, to ``topic``."""
+class ProtobufOrders:
+    """``apply``: each account event as a ``segacktests.Order`` message (``tests/protobuf_messages.py``,
+    a class the tasks import), to ``topic``."""
 
     def __init__(self, topic: str) -> None:
         self.topic = topic
 
     def __call__(self, output, event) -> None:
-        message = payment_class_once()(user=event["user"], seq=event["seq"], amount=event["amount"])
+        message = Order(user=event["user"], seq=event["seq"], amount=event["amount"])
         output.produce(self.topic, value=message, key=event["user"])
 
 
-_PAYMENT = []
+class JsonAccounts:
+    """``apply``: each account event as a dict of a JSON Schema, to ``topic``."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+
+    def __call__(self, output, event) -> None:
+        output.produce(self.topic, value={"user": event["user"], "seq": event["seq"]}, key=event["user"])
 
 
-def payment_class_once():
-    """One ``shop.Payment`` class for the process: a serializer is made per message type."""
-    if not _PAYMENT:
-        _PAYMENT.append(payment_class())
-    return _PAYMENT[0]
+ACCOUNT_JSON = json.dumps({"type": "object", "properties": {"user": {"type": "string"},
+                                                            "seq": {"type": "integer"}},
+                           "required": ["user", "seq"]})
 
 
 def _registry(url: str) -> dict[str, str]:
@@ -75,7 +83,13 @@ def _sink(bootstrap: str, topic: str, values: RegistryValues, apply) -> KafkaSin
      SegackValueError, "bearer.auth.token is not taken for writing"),
     (("avro", {"schema.registry.url": "http://me:s3cret@r:8081"}), SegackValueError,
      "registry's address alone"),
-    (("protobuf", _registry("http://r:8081"), {"out": "{}"}), SegackValueError, "Protobuf takes no schemas"),
+    (("protobuf", _registry("http://r:8081"), {"out": "{}"}), SegackTypeError,
+     "must be its Protobuf message"),
+    (("avro", _registry("http://r:8081"), {"out": '"string"'}), SegackValueError, "give a record's schema"),
+    (("json-schema", _registry("http://r:8081"), {"out": '{"type": 5}'}), SegackValueError,
+     "is not json-schema's: SchemaError"),
+    (("json-schema", _registry("http://r:8081"), {"out": '{"type": "array"}'}), SegackValueError,
+     'give a schema of "type": "object"'),
     (("avro", _registry("http://r:8081"), {"out": "not json"}), SegackValueError, "is not avro's"),
     (("avro", _registry("http://r:8081"), {"out": '{"type": "recrod", "name": "A"}'}), SegackValueError,
      "is not avro's"),
@@ -103,15 +117,19 @@ def test_avro_values_are_registered_once_and_each_events_sent_once_in_the_wire_f
     make_topic(kafka_broker.bootstrap, topic, 2)
     records = account_events(200, users=10, seed=3)
     events, identities = _events(records, tmp_path)
-    sink = _sink(kafka_broker.bootstrap, topic, RegistryValues("avro", _registry(schema_registry),
-                                                               {topic: ACCOUNT_V1}), AvroAccounts(topic))
-    sink.prepare(_run(tmp_path, 1))
-    registered = SchemaRegistry(RegistrySettings(schema_registry)).latest(f"{topic}-value")
-    assert json.loads(registered.text)["name"] == "Account"
-    task = _task(sink)
-    task(events[:120], identities[:120])
-    _task(sink)(events, identities)  # another attempt from the start: the first 120 are not sent again
-    task.close()
+    with faulty_front(schema_registry) as front:
+        sink = _sink(kafka_broker.bootstrap, topic, RegistryValues("avro", _registry(front.url),
+                                                                   {topic: ACCOUNT_V1}), AvroAccounts(topic))
+        sink.prepare(_run(tmp_path, 1))
+        registered = SchemaRegistry(RegistrySettings(schema_registry)).latest(f"{topic}-value")
+        assert json.loads(registered.text)["name"] == "Account"
+        task = _task(sink)
+        task(events[:120], identities[:120])
+        _task(sink)(events, identities)  # another attempt from the start: the first 120 are not sent again
+        task.close()
+        # Registered once for the process, by the driver's check: the tasks' serializers share it.
+        posted = [path.partition("?")[0] for path in front.paths("POST")]
+        assert posted == [f"/subjects/{topic}-value/versions"]
     wire = WireFormat("avro", RegistrySettings(schema_registry), {topic: None})
     sent = [(message.value()[1:5], wire.decode(topic, message.value()))
             for message in committed_messages(kafka_broker.bootstrap, topic)]
@@ -125,15 +143,49 @@ def test_protobuf_messages_are_sent_by_their_own_descriptor(tmp_path, kafka_brok
     topic = f"out-protobuf-{uuid.uuid4().hex[:8]}"
     make_topic(kafka_broker.bootstrap, topic, 1)
     events, identities = _events(account_events(30, users=3, seed=5), tmp_path)
-    sink = _sink(kafka_broker.bootstrap, topic, RegistryValues("protobuf", _registry(schema_registry)),
-                 ProtobufPayments(topic))
+    sink = _sink(kafka_broker.bootstrap, topic, RegistryValues("protobuf", _registry(schema_registry),
+                                                               {topic: Order}), ProtobufOrders(topic))
     sink.prepare(_run(tmp_path, 1))
+    registered = SchemaRegistry(RegistrySettings(schema_registry)).latest(f"{topic}-value")
+    assert registered.schema_type == "PROTOBUF"  # by the driver, before any event
     _task(sink)(events, identities)
     wire = WireFormat("protobuf", RegistrySettings(schema_registry))
-    decoded = [wire.decode(topic, message.value())
-               for message in committed_messages(kafka_broker.bootstrap, topic)]
+    sent = list(committed_messages(kafka_broker.bootstrap, topic))
+    assert {message.value()[1:5] for message in sent} == {registered.schema_id.to_bytes(4, "big")}
+    decoded = [wire.decode(topic, message.value()) for message in sent]
     assert sorted((value["user"], value["seq"], value["amount"]) for value in decoded) == sorted(
         (event["user"], event["seq"], event["amount"]) for event in events)
+
+
+@pytest.mark.spark
+def test_json_schema_values_are_sent_in_the_wire_format(tmp_path, kafka_broker, schema_registry):
+    topic = f"out-json-{uuid.uuid4().hex[:8]}"
+    make_topic(kafka_broker.bootstrap, topic, 1)
+    events, identities = _events(account_events(20, users=2, seed=9), tmp_path)
+    sink = _sink(kafka_broker.bootstrap, topic, RegistryValues("json-schema", _registry(schema_registry),
+                                                               {topic: ACCOUNT_JSON}), JsonAccounts(topic))
+    sink.prepare(_run(tmp_path, 1))
+    _task(sink)(events, identities)
+    wire = WireFormat("json-schema", RegistrySettings(schema_registry))
+    decoded = [wire.decode(topic, message.value())
+               for message in committed_messages(kafka_broker.bootstrap, topic)]
+    assert sorted((value["user"], value["seq"]) for value in decoded) == sorted(
+        (event["user"], event["seq"]) for event in events)
+
+
+def test_a_registry_failing_mid_run_is_the_registrys_failure_not_the_values(schema_registry):
+    with faulty_front(schema_registry) as front:
+        logged_in = {**_registry(front.url), "schema.registry.basic.auth.user.info": "me:s3cret"}
+        values = RegistryValues("avro", logged_in, {"out-mid-run": ACCOUNT_V1})
+        front.inject(*[Fault(503, b"<html>down for maintenance</html>")] * 8)
+        with pytest.raises(SchemaRegistryError, match=r"answered 503") as failed:
+            values.serialize("out-mid-run", {"user": "u1", "seq": 0, "amount": 1})
+        assert "s3cret" not in str(failed.value) and "maintenance" not in str(failed.value)
+        front.faults.clear()
+        front.inject(Fault(401, b'{"error_code": 40101, "message": "Unauthorized"}'))
+        with pytest.raises(SinkError, match="refused segack's credentials") as refused:
+            values.prepare()
+        assert "s3cret" not in str(refused.value)
 
 
 @pytest.mark.spark

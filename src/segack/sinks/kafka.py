@@ -275,8 +275,6 @@ class KafkaSink(Sink):
             raise SinkError(f"KafkaSink: output topic{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
                             f"{'do' if len(missing) > 1 else 'does'} not exist (or cannot be described); "
                             f"create {'them' if len(missing) > 1 else 'it'} first")
-        if self.values is not None:
-            self.values.prepare()
         # Transactions allowed, before anything is made: a producer that never begins one.
         close_producer(self._start(f"{ID_PREFIX}{run.checkpoint_id}-{run.claim}-probe"))
         name = self.positions_topic_for(run.checkpoint_id)
@@ -285,6 +283,8 @@ class KafkaSink(Sink):
         made = self._positions_topic(admin, name, topics.get(name), len(metadata.brokers))
         topic_id = described_topic_id(admin, name, METADATA_SECONDS)
         partitions = keep_to_recorded(files, recorded, name, made, topic_id)
+        if self.values is not None:  # last: a run refused by the checks above registers nothing
+            self.values.prepare()
         self._fence_older(run)
         self._run, self._positions = run, (name, partitions)
         log.info("KafkaSink records positions in topic %s (%d partitions, topic id %s)", name, partitions,

@@ -7,32 +7,52 @@ what confluent-kafka's own serializer of that format writes (the magic byte, the
 Protobuf the message indexes, then the payload), in the call's transaction like any other record.
 A str or bytes value is sent as it is.
 
-1. **When the run starts** (:meth:`~segack.sinks.RegistryValues.prepare`, on the driver), each
-   topic's schema is registered under the subject ``<topic>-value`` (Confluent's default naming), or, with
-   ``auto_register=False``, looked up there, so that a registry away, refusing the credentials,
-   refusing the schema as incompatible, or lacking it, stops the run in one line before any event.
-2. **In each task**, the serializers are made once per process and topic (once per message type
-   for Protobuf); each learns its schema's id from the registry once.
+1. **When the run starts** (:meth:`~segack.sinks.RegistryValues.prepare`, on the driver, after
+   the sink's own checks), each topic's schema (for Protobuf, its message type's) is registered
+   under the subject ``<topic>-value`` (the topic naming strategy, pinned), or, with
+   ``auto_register=False``, looked up there, so that a registry away (10 s per request), refusing
+   the credentials, refusing the schema as incompatible, or lacking it, stops the run in one line
+   before any event.
+2. **In each executor process**, the client and the serializers are made once per settings and
+   topic, shared by every task and micro-batch; each learns its schema's id from the registry once.
 3. **Per record**, a value its schema does not take fails the call, naming the topic and why: the
    run retries it or sets its event aside as ``retries`` and ``on_error`` say; nothing of the call
-   is sent.
+   is sent. A registry that fails mid-run (one that was asked already is not asked again) fails
+   the call the same way, as :class:`~segack.spark_adapter.SchemaRegistryError`: under
+   ``--on-error dead-letter`` its events are set aside, to be retried once it answers
+   (``--retry-dead-letters``).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import ssl
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 from segack.errors import SegackTypeError, SegackValueError
 from segack.spark_adapter.errors import OptionError, SchemaRegistryError, SinkError
-from segack.spark_adapter.worker.schema_registry import PREFIX, RegistrySettings, registry_settings, shown_url
+from segack.spark_adapter.worker.schema_registry import (
+    PREFIX,
+    RegistrySettings,
+    SchemaRegistry,
+    registry_settings,
+    shown_url,
+)
 
 __all__ = ["FORMATS", "RegistryValues"]
 
 #: The formats :class:`RegistryValues` writes, and what ``apply`` gives for each.
 FORMATS = {"avro": "a dict", "json-schema": "a dict", "protobuf": "a Protobuf message"}
+_KINDS = {"avro": "AVRO", "json-schema": "JSON", "protobuf": "PROTOBUF"}
+#: Seconds a request to the registry may take (confluent-kafka's client waits forever unless told).
+TIMEOUT = 10
+# What each executor process made, by what it was made of: the client, and the serializers by topic
+# (and message type). A sink is unpickled afresh for every task: the registry is asked once a process.
+_MADE: dict[Any, tuple[Any, dict[Any, Any]]] = {}
+_LOCK = threading.Lock()
 
 
 class RegistryValues:
@@ -49,8 +69,9 @@ class RegistryValues:
         stream's options, and the sink reaches the registry the stream reads through. Other
         options are not read.
     schemas : mapping, optional
-        Avro and JSON Schema: each topic's schema (its JSON text). A topic without one takes str or
-        bytes values only. Protobuf: not given, each message's own descriptor is its schema.
+        Each topic's schema: for Avro a record's, for JSON Schema an object's (JSON text); for
+        Protobuf the message type (the generated class) its values are. A topic without one takes
+        str or bytes values only.
     auto_register : bool, default ``True``
         Register a schema the subject lacks (as confluent-kafka's serializers do by default);
         ``False`` for a registry where producers may not register: each schema must be there.
@@ -60,10 +81,11 @@ class RegistryValues:
     SegackValueError
         A format not in :data:`~segack.sinks.registry_values.FORMATS`; registry settings a stream
         would refuse, or none; a bearer token (confluent-kafka's client takes one only with
-        Confluent Cloud's cluster ids: give ``USER:PASSWORD``); ``schemas`` for Protobuf, or a
-        schema that is not its format's JSON.
+        Confluent Cloud's cluster ids: give ``USER:PASSWORD``); an Avro schema that is not a
+        record's, a JSON Schema that is not an object's or not a valid schema.
     SegackTypeError
-        ``registry`` or ``schemas`` not a mapping, or a schema not text.
+        ``registry`` or ``schemas`` not a mapping; an Avro or JSON schema not text, a Protobuf one
+        not a message class.
     """
 
     def __init__(self, value_format: str, registry: Mapping[str, str],
@@ -87,21 +109,7 @@ class RegistryValues:
         self.value_format, self.settings, self.auto_register = value_format, settings, bool(auto_register)
         self.schemas = {str(topic): _checked_schema(value_format, topic, text)
                         for topic, text in (schemas or {}).items()}
-        self._opened()
 
-    def _opened(self) -> None:
-        self._lock = threading.Lock()
-        self._client: Any = None
-        self._serializers: dict[Any, Any] = {}
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Clients stay where they were made: each task's process makes its own.
-        return {name: value for name, value in self.__dict__.items()
-                if name not in ("_lock", "_client", "_serializers")}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._opened()
 
     def check_topics(self, topics: frozenset[str]) -> None:
         """Refuse ``schemas`` of a topic the sink does not write (a ``SegackValueError``)."""
@@ -111,24 +119,38 @@ class RegistryValues:
                                    f"sink's topics ({', '.join(sorted(topics))})")
 
     def prepare(self) -> None:
-        """Step 1: each topic's schema registered (or, without ``auto_register``, found) under
-        ``<topic>-value``, on the driver; a :class:`~segack.spark_adapter.SinkError` in one line
-        when the registry is away, refuses, or lacks or rejects a schema."""
-        from confluent_kafka.schema_registry import Schema
-
-        kind = {"avro": "AVRO", "json-schema": "JSON", "protobuf": "PROTOBUF"}[self.value_format]
-        client = self._registry_client()
+        """Step 1: the registry asked whether it answers and holds the format, then each topic's
+        schema registered (or, without ``auto_register``, found) under ``<topic>-value``, on the
+        driver; a :class:`~segack.spark_adapter.SinkError` in one line when the registry is away,
+        refuses, or lacks or rejects a schema."""
         where = shown_url(self.settings.url)
         try:
-            client.get_subjects()  # answers, and takes the credentials, whatever the format
-            for topic, text in self.schemas.items():
-                schema = Schema(text, kind)
-                if self.auto_register:
-                    client.register_schema(f"{topic}-value", schema)
-                else:
-                    client.lookup_schema(f"{topic}-value", schema)
+            formats = SchemaRegistry.of(self.settings).formats()
+        except SchemaRegistryError as error:
+            raise SinkError(f"KafkaSink: {error}") from None
+        if _KINDS[self.value_format] not in formats:
+            raise SinkError(f"KafkaSink: the Schema Registry at {where} holds no {self.value_format} schemas")
+        for topic, schema in self.schemas.items():
+            try:
+                self._register(topic, schema)
+            except (SchemaRegistryError, SegackValueError) as error:
+                raise SinkError(f"KafkaSink: {error}") from None
+
+    def _register(self, topic: str, schema: Any) -> None:
+        from confluent_kafka.schema_registry import Schema
+
+        subject = f"{topic}-value"
+        client = self._made()[0]
+        try:
+            if self.value_format == "protobuf":  # the serializer registers the file and its imports
+                self._serializer(topic)(schema(), _context(topic))
+            elif self.auto_register:
+                client.register_schema(subject, Schema(schema, _KINDS[self.value_format]))
+            else:
+                client.lookup_schema(subject, Schema(schema, _KINDS[self.value_format]))
         except Exception as error:  # confluent-kafka's SchemaRegistryError, or its HTTP client's
-            raise SinkError(f"KafkaSink: the Schema Registry at {where} {_why(error)}") from None
+            raise SchemaRegistryError(f"the Schema Registry at {shown_url(self.settings.url)} {_why(error)}, "
+                                      f"for subject {subject}") from None
 
     def serialize(self, topic: str, value: Any) -> bytes:
         """Steps 2 and 3: ``value`` for ``topic`` in the wire format.
@@ -142,90 +164,130 @@ class RegistryValues:
         ~segack.spark_adapter.SchemaRegistryError
             The registry does not answer, or refuses.
         """
-        from confluent_kafka.serialization import MessageField, SerializationContext
-
-        if self.value_format == "protobuf":
-            from google.protobuf.message import Message
-
-            if not isinstance(value, Message):
-                raise SegackTypeError(f"KafkaOutput: a value for {topic} must be a Protobuf message, str or "
-                                      f"bytes, not {type(value).__name__}")
-            serializer = self._serializer((topic, type(value)))
-        else:
-            if not isinstance(value, Mapping):
-                raise SegackTypeError(f"KafkaOutput: a value for {topic} must be a dict, str or bytes, not "
-                                      f"{type(value).__name__}")
-            if topic not in self.schemas:
-                raise SegackValueError(f"KafkaOutput: topic {topic} has no schema in the sink's values: give "
-                                       f"RegistryValues(schemas={{{topic!r}: ...}}), or a str or bytes value")
-            serializer = self._serializer(topic)
+        if topic not in self.schemas:
+            raise SegackValueError(f"KafkaOutput: topic {topic} has no schema in the sink's values: give "
+                                   f"RegistryValues(schemas={{{topic!r}: ...}}), or a str or bytes value")
+        expected = self.schemas[topic] if self.value_format == "protobuf" else Mapping
+        if not isinstance(value, expected):
+            kind = "" if expected is Mapping else f" of {expected.__name__}"
+            raise SegackTypeError(f"KafkaOutput: a value for {topic} must be {FORMATS[self.value_format]}"
+                                  f"{kind}, str or bytes, not {type(value).__name__}")
+        serializer = self._serializer(topic)
         try:
-            written: bytes = serializer(value, SerializationContext(topic, MessageField.VALUE))
+            written: bytes = serializer(value, _context(topic))
         except Exception as error:  # the schema's refusal of the value, or the registry's
             if _is_registry_failure(error):
                 raise SchemaRegistryError(f"the Schema Registry at {shown_url(self.settings.url)} "
                                           f"{_why(error)}") from None
-            raise SegackValueError(f"KafkaOutput: a value for {topic} does not fit its "
-                                   f"{self.value_format} schema: {type(error).__name__}: {error}") from None
+            raise SegackValueError(f"KafkaOutput: a value for {topic} does not fit its {self.value_format} "
+                                   f"schema: {type(error).__name__}: {_bounded(str(error))}") from None
         return written
 
-    def _serializer(self, key: Any) -> Any:
-        with self._lock:
-            found = self._serializers.get(key)
+    def _made(self) -> tuple[Any, dict[Any, Any]]:
+        """This process's client of the registry and its serializers (step 2); a
+        :class:`~segack.spark_adapter.SchemaRegistryError` for a CA this host lacks."""
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        key = (self.settings, self.value_format, self.auto_register)
+        with _LOCK:
+            made = _MADE.get(key)
+            if made is None:
+                try:
+                    made = _MADE[key] = (SchemaRegistryClient(_client_config(self.settings)), {})
+                except (OSError, ssl.SSLError) as error:
+                    raise SchemaRegistryError(
+                        f"{PREFIX}ssl.ca.location {self.settings.ca_location} cannot be read on this host "
+                        f"({getattr(error, 'strerror', None) or error}): every executor reads it at the "
+                        f"same path (ship it with --files, or bake it into the image)") from None
+        return made
+
+    def _serializer(self, topic: str) -> Any:
+        client, serializers = self._made()
+        key = (topic, self.schemas[topic])
+        with _LOCK:
+            found = serializers.get(key)
             if found is None:
-                found = self._serializers[key] = self._make_serializer(key)
+                found = serializers[key] = self._make_serializer(client, self.schemas[topic])
         return found
 
-    def _make_serializer(self, key: Any) -> Any:
-        config = {"auto.register.schemas": self.auto_register}
+    def _make_serializer(self, client: Any, schema: Any) -> Any:
+        from confluent_kafka.schema_registry import topic_subject_name_strategy
+
+        # <topic>-value, as prepare() registered: newer clients first ask the registry for an
+        # "associated" subject, which would write elsewhere than was checked.
+        config = {"auto.register.schemas": self.auto_register,
+                  "subject.name.strategy": topic_subject_name_strategy}
         if self.value_format == "avro":
             from confluent_kafka.schema_registry.avro import AvroSerializer
 
-            return AvroSerializer(self._registry_client(), self.schemas[key], conf=config)
+            return AvroSerializer(client, schema, conf=config)
         if self.value_format == "json-schema":
             from confluent_kafka.schema_registry.json_schema import JSONSerializer
 
-            return JSONSerializer(self.schemas[key], self._registry_client(), conf=config)
+            return JSONSerializer(schema, client, conf=config)
         from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 
-        return ProtobufSerializer(key[1], self._registry_client(), {**config, "use.deprecated.format": False})
+        return ProtobufSerializer(schema, client, {**config, "use.deprecated.format": False})
 
-    def _registry_client(self) -> Any:
-        from confluent_kafka.schema_registry import SchemaRegistryClient
 
-        if self._client is None:
-            self._client = SchemaRegistryClient(_client_config(self.settings))
-        return self._client
+def _context(topic: str) -> Any:
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    return SerializationContext(topic, MessageField.VALUE)
 
 
 def _client_config(settings: RegistrySettings) -> dict[str, Any]:
     """confluent-kafka's ``SchemaRegistryClient`` settings of ``settings``."""
-    config: dict[str, Any] = {"url": settings.url}
+    config: dict[str, Any] = {"url": settings.url, "timeout": TIMEOUT}
     if settings.user_info is not None:
         config["basic.auth.user.info"] = settings.user_info
-    if settings.ca_location is not None:
-        config["ssl.ca.location"] = settings.ca_location
+    # The system's CAs where none is given, as the stream's reader trusts (not certifi's bundle).
+    ca = settings.ca_location or ssl.get_default_verify_paths().cafile
+    if ca is not None and os.path.isfile(ca):
+        config["ssl.ca.location"] = ca
     return config
 
 
-def _checked_schema(value_format: str, topic: Any, text: Any) -> str:
-    """``text``, once it is ``value_format``'s schema; a :class:`SegackValueError` saying why not."""
+def _checked_schema(value_format: str, topic: Any, schema: Any) -> Any:
+    """``schema``, once it is ``value_format``'s (:class:`RegistryValues` ``schemas``); a
+    :class:`SegackValueError` or :class:`SegackTypeError` saying why not."""
     if value_format == "protobuf":
-        raise SegackValueError("RegistryValues: Protobuf takes no schemas: each message's own descriptor is "
-                               "its schema")
-    if not isinstance(text, str):
+        from google.protobuf.message import Message
+
+        if not (isinstance(schema, type) and issubclass(schema, Message)):
+            raise SegackTypeError(f"RegistryValues: the schema of {topic} must be its Protobuf message "
+                                  f"class, not {type(schema).__name__}")
+        return schema
+    if not isinstance(schema, str):
         raise SegackTypeError(f"RegistryValues: the schema of {topic} must be its JSON text, not "
-                              f"{type(text).__name__}")
+                              f"{type(schema).__name__}")
     try:
-        parsed = json.loads(text)
+        parsed = json.loads(schema)
         if value_format == "avro":
             import fastavro
 
-            fastavro.parse_schema(parsed)
-    except Exception as error:  # JSON's ValueError, fastavro's SchemaParseException and UnknownType
+            named = fastavro.parse_schema(parsed)
+        else:
+            from jsonschema.validators import validator_for
+
+            validator_for(parsed).check_schema(parsed)
+            named = parsed
+    except Exception as error:  # JSON's ValueError, fastavro's and jsonschema's own
         raise SegackValueError(f"RegistryValues: the schema of {topic} is not {value_format}'s: "
-                               f"{type(error).__name__}: {error}") from None
-    return text
+                               f"{type(error).__name__}: {_bounded(str(error))}") from None
+    wanted, what = ("record", "a record's schema") if value_format == "avro" else (
+        "object", 'a schema of "type": "object"')
+    if not isinstance(named, dict) or named.get("type") != wanted:
+        raise SegackValueError(f"RegistryValues: the schema of {topic} is not {value_format}'s for a sink, "
+                               f"which writes dicts: give {what}")
+    return schema
+
+
+def _bounded(text: str) -> str:
+    """``text`` on one line, at most 300 characters: a registry's or a library's message may be a
+    whole page."""
+    line = " ".join(text.split())
+    return line if len(line) <= 300 else line[:297] + "..."
 
 
 def _is_registry_failure(error: BaseException) -> bool:
@@ -234,8 +296,8 @@ def _is_registry_failure(error: BaseException) -> bool:
 
     cause: BaseException | None = error
     while cause is not None:
-        if isinstance(cause, (RegistryAnswer, ConnectionError, OSError)) or type(cause).__module__.startswith(
-                ("httpx", "httpcore")):
+        if isinstance(cause, (RegistryAnswer, ConnectionError, OSError, json.JSONDecodeError)) or type(
+                cause).__module__.startswith(("httpx", "httpcore")):
             return True
         cause = cause.__cause__ or cause.__context__
     return False
@@ -246,5 +308,8 @@ def _why(error: BaseException) -> str:
     from confluent_kafka.schema_registry.error import SchemaRegistryError as RegistryAnswer
 
     if isinstance(error, RegistryAnswer):
-        return f"answered {error.http_status_code} (error code {error.error_code}): {error.error_message}"
-    return f"did not answer ({type(error).__name__})"
+        said = "" if str(error.error_message).startswith("Unknown Schema Registry Error") else (
+            f": {_bounded(str(error.error_message))}")  # a page that is not the registry's: not shown
+        return f"answered {error.http_status_code} (error code {error.error_code}){said}"
+    reason = error.__cause__ or error.__context__ or error
+    return f"did not answer ({type(error).__name__}: {_bounded(str(reason))})"
