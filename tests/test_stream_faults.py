@@ -234,6 +234,30 @@ def test_ctrl_c_stops_a_stream_at_the_end_of_its_micro_batch_and_twice_at_once(t
 
 @pytest.mark.faults
 @pytest.mark.command
+@pytest.mark.parametrize("master", ["local[2]", "local-cluster[1,1,1024]"])
+def test_sigterm_to_the_process_group_stops_a_stream_without_a_traceback_and_it_resumes(tmp_path, master):
+    """SIGTERM to the command's process group (``kill -TERM -PGID``, systemd's default
+    ``KillMode=control-group``) reaches the driver's JVM too, which stops at once: the command
+    says so in lines of its own, never a traceback, and the next run loses nothing."""
+    source = tmp_path / "source"
+    _write_files(source, [_events({f"u{n}": range(100 * batch, 100 * batch + 100) for n in range(40)},
+                                  10_000 * batch) for batch in range(3)])
+    command = ["stream", str(source), "--key", "user", "--order", "ts", "--handler",
+               "tests.spark_handlers:record_slowly", "--checkpoint", str(tmp_path / "checkpoint"),
+               "--segments", "2", "--option", "maxFilesPerTrigger=1", "--trigger", "1s", "--master", master]
+    process = _start(tmp_path, command)
+    _wait_for_events(tmp_path, process, 500)
+    os.killpg(process.pid, signal.SIGTERM)
+    _, err = process.communicate(timeout=180)
+    assert "Traceback" not in err and process.returncode in (ExitCode.OK, ExitCode.FAILED), err
+    rest = _stream(tmp_path, source, "tests.spark_handlers:record_slowly", "--option", "maxFilesPerTrigger=1")
+    assert rest.returncode == ExitCode.OK, rest.stderr
+    assert {(event["user"], event["seq"]) for event in read_log(str(tmp_path / "log.jsonl"))} == {
+        (f"u{n}", seq) for n in range(40) for seq in range(300)}
+
+
+@pytest.mark.faults
+@pytest.mark.command
 def test_ctrl_c_stops_a_replay_at_once_and_it_resumes(tmp_path):
     pq.write_table(_events({f"u{n}": range(300) for n in range(40)}, 0), tmp_path / "events.parquet")
     command = ["replay", str(tmp_path / "events.parquet"), "--key", "user", "--order", "ts", "--handler",

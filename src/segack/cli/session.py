@@ -53,8 +53,14 @@ def stop_session(spark: Any, args: argparse.Namespace) -> None:
     # local-cluster's own master and workers would otherwise log errors racing the exit, and
     # a Connect session is released on the server.
     master = spark_master(args)
-    if spark is not None and not (master is not None and _is_embedded_local(master)):
+    if spark is None or (master is not None and _is_embedded_local(master)):
+        return
+    from py4j.protocol import Py4JError
+
+    try:
         spark.stop()
+    except (ConnectionError, Py4JError) as error:  # its JVM gone already: a signal to the process group
+        log.warning("the Spark session's JVM was gone before the command stopped it (%s)", error)
 
 
 @contextlib.contextmanager

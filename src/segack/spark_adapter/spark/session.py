@@ -125,6 +125,8 @@ def spark_session(
     for key, value in settings.items():
         builder = builder.config(key, value)
     try:
+        if remote is None:
+            _own_session_gateway(master or "local[2]", app_name, settings)
         return builder.getOrCreate()
     except Exception as error:
         if "JAVA_GATEWAY_EXITED" not in str(error):
@@ -133,6 +135,22 @@ def spark_session(
         why = (f"a --conf spark.jars.packages it could not resolve ({packages})?" if packages
                else "--verbose shows its output")
         raise SessionError(f"Spark's JVM exited as it started: {why}") from None
+
+
+def _own_session_gateway(master: str, app_name: str, settings: Mapping[str, str]) -> None:
+    """Start the driver's JVM, unless this process has one, in a session of its own, with the
+    settings the builder would start it with: a signal to this process's group (``kill -TERM
+    -PGID``, systemd's ``KillMode=control-group``) is then this process's to handle, as Ctrl-C
+    already is, not the JVM's to die of mid-batch. It still ends with this process: PySpark's JVM
+    exits when its standard input, this process's pipe, closes."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None:
+        return
+    conf = SparkConf(loadDefaults=False).setMaster(master).setAppName(app_name).setAll(list(settings.items()))
+    gateway = launch_gateway(conf, popen_kwargs={"start_new_session": True})  # type: ignore[no-untyped-call]
+    SparkContext._ensure_initialized(gateway=gateway)
 
 
 def local_session(app_name: str = "segack", master: str = "local[2]", *, quiet: bool = True,
