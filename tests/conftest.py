@@ -274,6 +274,15 @@ def s3(s3_endpoint, monkeypatch, request):
 
 
 
+@pytest.fixture
+def quick_registry_retries(monkeypatch):
+    """The registry client's pauses between its four asks cut to a tenth: for the tests that need a
+    registry away, not the length of its wait (which one test keeps whole)."""
+    from segack.spark_adapter.worker import schema_registry
+
+    monkeypatch.setattr(schema_registry, "_RETRIES", tuple(pause / 10 for pause in schema_registry._RETRIES))
+
+
 @pytest.fixture(scope="session")
 def schema_registry(kafka_broker, tmp_path_factory):
     """A real Schema Registry (Karapace, ``tests/schema_registry.py``) over the tests' broker, for

@@ -203,7 +203,8 @@ def test_a_value_its_schema_refuses_fails_its_call_and_sends_nothing(tmp_path, k
 
 
 @pytest.mark.spark
-def test_a_run_is_refused_in_one_line_when_its_schema_cannot_be_had(tmp_path, kafka_broker, schema_registry):
+def test_a_run_is_refused_in_one_line_when_its_schema_cannot_be_had(tmp_path, kafka_broker, schema_registry,
+                                                                   quick_registry_retries):
     topic = f"out-unregistered-{uuid.uuid4().hex[:8]}"
     make_topic(kafka_broker.bootstrap, topic, 1)
     # A registry where producers may not register, lacking the schema.

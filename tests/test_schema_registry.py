@@ -320,7 +320,7 @@ def test_registry_flags_that_do_not_go_together_are_refused_before_spark_starts(
     assert not (tmp_path / "checkpoint").exists()
 
 
-def test_a_registry_away_when_the_run_starts_is_refused_as_input():
+def test_a_registry_away_when_the_run_starts_is_refused_as_input(quick_registry_retries):
     from segack.spark_adapter import InputError
     from segack.spark_adapter.sources.value_formats import wire_format
 

@@ -74,7 +74,7 @@ def test_a_redirect_is_refused_and_the_credentials_go_nowhere_else(schema_regist
         assert front.requests[0][1]["Authorization"].startswith("Basic ")
 
 
-def test_every_format_has_the_registry_asked_when_a_run_starts(schema_registry):
+def test_every_format_has_the_registry_asked_when_a_run_starts(schema_registry, quick_registry_retries):
     away = f"http://127.0.0.1:{free_port()}"
     for value_format in ("protobuf", "json-schema"):
         with pytest.raises(InputError, match=r"did not answer .* asked 4 times for /schemas/types"):
@@ -270,7 +270,7 @@ def test_an_unknown_id_is_asked_once_and_a_client_is_made_once(schema_registry):
 @pytest.mark.parametrize("faults", [
     [Fault(429, b"slow down"), Fault(408)], [Fault(503)], [Fault(200, b'{"schema": "x"', cut=True)],
     [Fault(404, b'{"error_code"', cut=True)]])
-def test_what_is_worth_asking_again_is_asked_again(schema_registry, faults):
+def test_what_is_worth_asking_again_is_asked_again(schema_registry, faults, quick_registry_retries):
     topic = _topic("retried")
     value = avro_values(schema_registry, topic, ACCOUNT_V1, [{"user": "u1", "seq": 0, "amount": 5}])[0]
     with faulty_front(schema_registry) as front:
