@@ -40,8 +40,9 @@ SHOWN = 10
 
 
 def read_report(path: Path) -> tuple[float, dict[str, float]]:
-    """The run's seconds in all, and each test's (setup, call and teardown), by ``MODULE::NAME`` as
-    the report names them (``tests.test_claims::test_x[local]``)."""
+    """The run's seconds in all, and each test's, by ``MODULE::NAME`` as the report names them
+    (``tests.test_claims::test_x[local]``): the call's alone where the report was written with
+    ``-o junit_duration_report=call``, as :func:`run_pytest` in the noxfile writes it."""
     root = ElementTree.parse(path).getroot()
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     total = sum(float(suite.get("time", 0)) for suite in suites)
