@@ -21,7 +21,8 @@ real broker the tests start, with the real client, and compares):
   fetch from it (the real end); asked, it learns the end anew, and a ``read_committed`` consumer is
   told, as the end, where the oldest open transaction starts.
 - **Commits** store a group's offset per partition; a commit can fail before it is applied, or
-  after (a request that timed out once the broker had it): :attr:`ModelBroker.commit_faults`.
+  after (a request that timed out once the broker had it): :attr:`ModelBroker.commit_faults`; a
+  read of what a group holds can find no coordinator yet: :attr:`ModelBroker.read_faults`.
 - **A topic deleted and made again** starts its partitions over at offset 0.
 """
 
@@ -92,6 +93,10 @@ class ModelBroker:
         #: What the next commits do: ``"fail"`` (not applied), ``"timeout"`` (applied, then an error).
         self.commit_faults: list[str] = []
         self.commits = 0
+        #: Reads of a group's offsets that fail next, as a broker just started answers them (its
+        #: coordinator still loading the offsets topic: NOT_COORDINATOR, which librdkafka does not call
+        #: retriable).
+        self.read_faults = 0
         self._transactions = itertools.count(1)
         self._clock = itertools.count(1_700_000_000_000)
 
@@ -316,6 +321,10 @@ class ModelConsumer:
 
     def committed(self, partitions: list[TopicPartition], timeout: float | None = None
                   ) -> list[TopicPartition]:
+        if self.broker.read_faults:
+            self.broker.read_faults -= 1
+            raise KafkaException(KafkaError(KafkaError.NOT_COORDINATOR, "Failed to get committed offsets: "
+                                            "Broker: Not coordinator"))
         found = []
         for where in partitions:
             offset = self.broker.committed(self.group, where.topic, where.partition)

@@ -279,30 +279,36 @@ def test_executors_without_segack_are_refused_at_once_then_run_from_a_packed_env
             for python in pythons} == {"environment/bin/python"}, pythons
 
 
+_CONNECT_SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
 @pytest.fixture
 def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Spark Connect server (``sbin/start-connect-server.sh`` of pyspark), stopped at the end."""
+    """A Spark Connect server, stopped at the end: pyspark's ``sbin/spark-daemon.sh`` submits its class,
+    as ``start-connect-server.sh`` does (which PySpark 4.1's package lacks)."""
     logs = tmp_path_factory.mktemp("connect")
     environment = _environment()
-    environment.update(SPARK_LOG_DIR=str(logs), SPARK_PID_DIR=str(logs), SPARK_IDENT_STRING="segack-test")
+    environment.update(SPARK_LOG_DIR=str(logs), SPARK_PID_DIR=str(logs), SPARK_IDENT_STRING="segack-test",
+                       SPARK_CONNECT_MODE="0")
     port = free_port()
-    sbin = os.path.join(_spark_home(), "sbin")
-    subprocess.run([os.path.join(sbin, "start-connect-server.sh"), "--master", "local[2]",
-                    "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.ui.enabled=false",
-                    "--conf", "spark.sql.shuffle.partitions=3"],
+    daemon = [os.path.join(_spark_home(), "sbin", "spark-daemon.sh")]
+    subprocess.run([*daemon, "submit", _CONNECT_SERVER, "1", "--name", "Spark Connect server",
+                    "--master", "local[2]", "--conf", f"spark.connect.grpc.binding.port={port}",
+                    "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=3"],
                    env=environment, check=True, capture_output=True, timeout=120)
     try:
         log = next(iter(logs.glob("*.out")), logs / "missing.out")
         _wait_for_port(port, None, log)
         yield f"sc://127.0.0.1:{port}"
     finally:
-        subprocess.run([os.path.join(sbin, "stop-connect-server.sh")], env=environment, capture_output=True,
+        subprocess.run([*daemon, "stop", _CONNECT_SERVER, "1"], env=environment, capture_output=True,
                        timeout=120)
         for pid_file in logs.glob("*.pid"):
             with contextlib.suppress(ValueError, ProcessLookupError):
                 os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
 
 
+@pytest.mark.versions
 def test_spark_connect_replays_through_remote(workdir, connect_server):
     done = _replay(workdir, "record", "ck", "--remote", connect_server)
     assert done.returncode == 0, done.stderr
@@ -313,3 +319,11 @@ def test_spark_connect_replays_through_remote(workdir, connect_server):
     failed = _replay(workdir, "refuse", "ck-refuse", "--remote", connect_server)
     assert failed.returncode == ExitCode.HANDLER_FAILED
     assert "LookupError: part 3 of user-" in failed.stderr
+    # A real-time stream's tasks: as many as the server's slots (its local[2]), which a Connect
+    # client cannot read from the server's settings.
+    slots = ("import sys; from pyspark.sql import SparkSession; "
+             "from segack.spark_adapter.coordinator.realtime import _slots; "
+             "print(_slots(SparkSession.builder.remote(sys.argv[1]).getOrCreate()))")
+    probe = subprocess.run([sys.executable, "-c", slots, connect_server], env=_environment(),
+                           capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0 and probe.stdout.split()[-1] == "2", probe.stderr

@@ -192,7 +192,7 @@ class RealTimeSimulation(RuleBasedStateMachine):
         store.files, store.partitions = self.files, PartitionStates(self.files, self.files.root)
         group = GroupCommits(self.settings, TOPIC, GROUP, consumer=self._consumer)
         partitions = list(range(self.partitions))
-        committed = group.read(partitions)
+        committed = group.read(partitions, sleep=lambda seconds: None)
         starts = realtime._starts(self._consumer({}), TOPIC, partitions, self.starting, committed)
         handler = self._handler_of_run(number)
         try:
@@ -373,12 +373,15 @@ class RealTimeSimulation(RuleBasedStateMachine):
         if (partition, offset) not in self.handled:  # what a consumer read before compaction stays read
             self.broker.compact(TOPIC, partition, offset)
 
-    @rule(fault=st.sampled_from(["commit fails", "commit times out", "write", "create", "delete", "list",
-                                 "read", "write:landed", "create:landed", "delete:landed"]))
+    @rule(fault=st.sampled_from(["commit fails", "commit times out", "no coordinator", "write", "create",
+                                 "delete", "list", "read", "write:landed", "create:landed",
+                                 "delete:landed"]))
     def a_fault(self, fault: str) -> None:
-        """The next group commit fails (before or after it is applied), or the store's next
-        operation of a kind."""
-        if fault.startswith("commit"):
+        """The next group commit fails (before or after it is applied), the next reads of what the
+        group holds find no coordinator yet, or the store's next operation of a kind."""
+        if fault == "no coordinator":
+            self.broker.read_faults += 2
+        elif fault.startswith("commit"):
             self.broker.commit_faults.append("fail" if fault == "commit fails" else "timeout")
         else:
             self.files.failing.append(fault)
@@ -476,7 +479,7 @@ class RealTimeSimulation(RuleBasedStateMachine):
         aside, and the group holds what the checkpoint does."""
         if not self.runs:
             return
-        self.files.failing, self.broker.commit_faults = [], []
+        self.files.failing, self.broker.commit_faults, self.broker.read_faults = [], [], 0
         for partition, transaction in self.open_transactions:
             self.broker.end(TOPIC, partition, transaction, True)
         self.attempts.clear()  # the older attempts are gone for good now
@@ -592,6 +595,20 @@ def test_a_failed_group_commit_is_made_again_while_the_partition_is_idle_and_by_
     machine.a_disruption("new run", 0)
     machine._work(("look", 0, 0))
     assert machine.broker.committed(GROUP, TOPIC, 0) == 4
+
+
+def test_a_run_started_while_the_groups_coordinator_is_not_ready_asks_again_and_goes_on():
+    """A broker just started answers the read of what a group holds with NOT_COORDINATOR (seen on
+    Python 3.13 and PySpark 4.1.1, the broker a few seconds old): a run asks again, it does not stop."""
+    machine = _simulation(backlog=2)
+    _settle(machine, looks=1)
+    machine.attempts.clear()
+    machine.broker.read_faults = 3
+    machine.a_disruption("new run", 0)
+    assert machine.broker.read_faults == 0 and len(machine.runs) == 2
+    machine._produce(0, "a")
+    _settle(machine, looks=1)
+    assert machine.broker.committed(GROUP, TOPIC, 0) == 3
 
 
 def test_an_attempt_paused_before_its_save_writes_nothing_that_counts_once_taken_over():

@@ -31,6 +31,11 @@ log = logging.getLogger(__name__)
 STOP_SECONDS = 30.0
 #: Seconds a commit, or the read of what the group holds, may take.
 _REQUEST_SECONDS = 10.0
+#: The errors of a read of what the group holds that pass: its coordinator not known, moving or still
+#: loading the group's offsets (a broker just started, or its leader changed), which librdkafka does not
+#: call retriable.
+_COORDINATOR_PASSING = ("NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE", "COORDINATOR_LOAD_IN_PROGRESS",
+                        "_TIMED_OUT", "_TRANSPORT", "_WAIT_COORD")
 
 
 class GroupCommits:
@@ -49,13 +54,26 @@ class GroupCommits:
         self.committed: dict[int, int] = {}
         self._failing = False
 
-    def read(self, partitions: list[int]) -> dict[int, int]:
+    def read(self, partitions: list[int], sleep: Callable[[float], Any] = time.sleep) -> dict[int, int]:
         """What the group holds now of ``partitions`` (those it has an offset for), kept as
-        :attr:`committed`."""
-        from confluent_kafka import TopicPartition
+        :attr:`committed`. Asked again while the group's coordinator is not ready (not known, moving,
+        or loading the group's offsets), for up to 10 seconds."""
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-        found = self._consumer.committed([TopicPartition(self.topic, partition) for partition in partitions],
-                                         timeout=_REQUEST_SECONDS)
+        passing = {getattr(KafkaError, name) for name in _COORDINATOR_PASSING}
+        wanted = [TopicPartition(self.topic, partition) for partition in partitions]
+        deadline = time.monotonic() + _REQUEST_SECONDS
+        while True:
+            try:
+                found = self._consumer.committed(wanted, timeout=max(1.0, deadline - time.monotonic()))
+                break
+            except KafkaException as error:
+                reason = error.args[0] if error.args else None
+                if not isinstance(reason, KafkaError) or time.monotonic() >= deadline or not (
+                        reason.retriable() or reason.code() in passing):
+                    raise
+                log.info("group %s's coordinator is not ready (asked again): %s", self.group, one_line(error))
+                sleep(0.2)
         self.committed = {where.partition: where.offset for where in found if where.offset >= 0}
         return dict(self.committed)
 

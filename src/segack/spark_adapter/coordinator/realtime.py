@@ -78,7 +78,7 @@ from segack.spark_adapter.sources.kafka_settings import ClientLog, librdkafka_cl
 from segack.spark_adapter.sources.reader_options import spelled
 from segack.spark_adapter.sources.value_formats import wire_format
 from segack.spark_adapter.spark.executors import check_executors
-from segack.spark_adapter.spark.session import is_connect, setting
+from segack.spark_adapter.spark.session import is_connect, server_parallelism, setting
 from segack.spark_adapter.store.checkpoint import (
     DEAD_ATTEMPTS,
     DEAD_ERROR,
@@ -243,9 +243,9 @@ def _run_options(options: dict[str, Any], handler: Callable[..., Any], commit_in
 
 
 def _slots(spark: SparkSession) -> int:
-    """The tasks the session runs at once."""
+    """The tasks the session runs at once (a Connect server's as it sets them, else as it cuts a range)."""
     if is_connect(spark):
-        return max(1, int(setting(spark, "spark.default.parallelism", "0")) or 1)
+        return max(1, int(setting(spark, "spark.default.parallelism", "0")) or server_parallelism(spark))
     return max(1, spark.sparkContext.defaultParallelism)
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "default_segment_count",
     "executors_share_local_disk",
     "is_connect",
+    "server_parallelism",
     "setting",
     "local_session",
     "ship_module",
@@ -222,6 +223,19 @@ def executors_share_local_disk(spark: SparkSession) -> bool:
 def default_segment_count(spark: SparkSession) -> int:
     """The session's shuffle parallelism (``spark.sql.shuffle.partitions``), which Connect exposes too."""
     return max(1, int(setting(spark, "spark.sql.shuffle.partitions", "200")))
+
+
+def server_parallelism(spark: SparkSession) -> int:
+    """The tasks a Spark Connect server runs at once, for a session that cannot read its
+    ``defaultParallelism`` (a Connect client has no ``sparkContext``, and the server need not set
+    ``spark.default.parallelism``): a range with no number of partitions is cut into the server's
+    default parallelism, so one small job counts them."""
+    from pyspark.sql import functions as F
+
+    # The partition's id in a projection: Spark refuses it inside an aggregate (not deterministic).
+    ids = spark.range(0, 1 << 12).select(F.spark_partition_id().alias("partition"))
+    [row] = ids.agg(F.max("partition").alias("last")).collect()
+    return int(row["last"]) + 1
 
 
 def _installed_roots() -> list[str]:
