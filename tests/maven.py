@@ -83,17 +83,26 @@ def delta() -> list[Path]:
     return _beside_spark(resolve(f"io.delta:delta-spark_2.13:{DELTA_VERSION}"))
 
 
-def connector_conf() -> dict[str, str]:
-    """A session's settings for Kafka and Delta: both connectors' jars, and Delta's SQL (``UPDATE``,
-    ``MERGE``, tables in the session's catalog)."""
-    return {"spark.jars": ",".join(map(str, [*spark_kafka(), *delta()])),
-            "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-            "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-            # The tests' tables are small: a snapshot of their log in 50 tasks costs more than it reads.
-            "spark.databricks.delta.snapshotPartitions": "2"}
+def connector_conf(kafka: bool = True, with_delta: bool = True) -> dict[str, str]:
+    """A session's settings for Kafka and for Delta: the connectors' jars, and with Delta its SQL
+    (``UPDATE``, ``MERGE``, tables in the session's catalog). Delta's only where asked: delta-spark is
+    built for one Spark (:data:`DELTA_VERSION`), and its extension fails a session of another."""
+    jars = [*(spark_kafka() if kafka else []), *(delta() if with_delta else [])]
+    conf = {"spark.jars": ",".join(map(str, jars))} if jars else {}
+    if with_delta:
+        conf.update({"spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+                     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+                     # The tests' tables are small: a snapshot of their log in 50 tasks costs more than
+                     # it reads.
+                     "spark.databricks.delta.snapshotPartitions": "2"})
+    return conf
 
+
+#: What ``python -m tests.maven [NAME...]`` resolves: every set, or those named.
+SETS = {"broker": kafka_broker, "kafka": spark_kafka, "delta": delta}
 
 if __name__ == "__main__":
-    for name, jars in (("the Kafka broker", kafka_broker), ("Spark's Kafka connector", spark_kafka),
-                       ("delta-spark", delta)):
-        print(f"{name}: {len(jars())} jars", file=sys.stderr)
+    for name in sys.argv[1:] or SETS:
+        if name not in SETS:
+            sys.exit(f"tests.maven: no set {name!r} (of {', '.join(SETS)})")
+        print(f"{name}: {len(SETS[name]())} jars", file=sys.stderr)

@@ -162,6 +162,7 @@ def assert_each_key_in_offset_order(handled: list[dict], records: list[tuple[str
     assert seen == expected
 
 
+@pytest.mark.versions
 def test_a_topic_is_handled_in_offset_order_per_key_and_the_group_sees_every_partition_done(
         tmp_path, kafka_broker, capsys):
     topic = "accounts-drained"

@@ -50,6 +50,7 @@ def _stopped(process: subprocess.Popen[str]) -> tuple[str, str]:
     return out, err
 
 
+@pytest.mark.versions
 def test_records_are_handled_as_they_arrive_in_key_order_and_a_resume_repeats_nothing(tmp_path, kafka_broker):
     bootstrap, topic, group = kafka_broker.bootstrap, "real-time-accounts", "segack-real-time"
     make_topic(bootstrap, topic, 4)

@@ -137,6 +137,7 @@ def assert_each_key_in_order(handled, events):
     assert {(e["user"], e["seq"]) for e in handled} == expected
 
 
+@pytest.mark.versions
 def test_replay_handles_every_event_once_in_order_and_reruns_handle_nothing(spark, tmp_path):
     table = generate_events(3000, seed=3)
     frame = spark.createDataFrame(table)
