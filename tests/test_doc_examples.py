@@ -138,13 +138,6 @@ def run_readme_sink(sandbox: Sandbox, code: str, request: Any) -> None:
     assert [block for block in _blocks("python") if "SqlSink(" in block] == [code]
 
 
-def run_readme_segments(sandbox: Sandbox, code: str, request: Any) -> None:
-    import segack
-
-    scope = sandbox.run(code)
-    assert scope["segments"] == segack.SegmentSet.balanced(6) and len(scope["owners"]) == 3
-
-
 def run_handler_shape(sandbox: Sandbox, code: str, request: Any) -> None:
     scope = sandbox.run(code)
     assert scope["handle"]({"account_id": "a"}) is None
@@ -354,7 +347,6 @@ def _sink_writes_each_once(sandbox: Sandbox, sink: Any, plaintext: str, topic: s
 #: Each example by a line of its own, and what runs it.
 RUNNERS: dict[str, Callable[[Sandbox, str, Any], None]] = {
     "psycopg.connect(\"dbname=bank\"), apply_many=apply_many)": run_readme_sink,
-    "segments = segack.SegmentSet.balanced(6)": run_readme_segments,
     "def handle(event: dict) -> None:": run_handler_shape,
     "spark = local_session()                       # or your own session": run_first_replay,
     "print(result.peak_pending)": run_concurrent_replay,

@@ -205,3 +205,72 @@ def test_the_connectors_pyspark_is_one_version_in_the_hint_the_extras_and_the_no
     assert f"install PySpark {CONNECTORS_SPARK} (pip install 'segack[kafka]')" in newer
     assert missing_connector("4.1.1").endswith("spark-sql-kafka-0-10_2.13:4.1.1 (or its jars with --conf "
                                                 "spark.jars=...)")
+
+
+def _noxfile_constants() -> dict[str, object]:
+    """The noxfile's plain constants (names to literal values, tuples of them and of each other), read
+    without importing nox."""
+    tree = ast.parse((SOURCE.parents[1] / "noxfile.py").read_text())
+    found: dict[str, object] = {}
+
+    def value(node: ast.expr) -> object:
+        if isinstance(node, ast.Name):
+            return found[node.id]
+        if isinstance(node, ast.Tuple):
+            return tuple(value(item) for item in node.elts)
+        if isinstance(node, ast.Subscript):
+            return value(node.value)[value(node.slice)]  # type: ignore[index]
+        return ast.literal_eval(node)
+
+    for statement in tree.body:
+        if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
+                and isinstance(statement.targets[0], ast.Name) and statement.targets[0].id.isupper():
+            try:
+                found[statement.targets[0].id] = value(statement.value)
+            except (ValueError, KeyError, TypeError):
+                continue
+    return found
+
+
+def _readme_versions() -> list[list[str]]:
+    text = (SOURCE.parents[1] / "README.md").read_text()
+    table = text.split("## Supported versions\n\n", 1)[1].split("\n\n", 1)[0]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()]
+    return [row for row in rows[2:] if row]
+
+
+def _docs_versions() -> list[list[str]]:
+    text = (SOURCE.parents[1] / "docs" / "getting-started.rst").read_text()
+    table = text.split(".. list-table::", 1)[1].split("\n\n", 2)[1]
+    rows: list[list[str]] = []
+    for line in table.splitlines():
+        if line.startswith("   * - "):
+            rows.append([line.removeprefix("   * - ")])
+        elif line.startswith("     - "):
+            rows[-1].append(line.removeprefix("     - "))
+    return rows[1:]
+
+
+def test_the_supported_versions_tables_are_the_versions_ci_runs():
+    import tomllib
+
+    nox = _noxfile_constants()
+    pythons, pysparks, kafka = nox["PYTHONS"], nox["PYSPARKS"], nox["KAFKA_PYSPARKS"]
+    default_python, default_pyspark = nox["DEFAULT_PAIR"]
+    assert isinstance(pythons, tuple) and isinstance(pysparks, tuple) and isinstance(kafka, tuple)
+    readme, docs = _readme_versions(), _docs_versions()
+    assert readme == docs
+    assert [row[0] for row in readme] == list(pysparks)
+    for pyspark, python, streams, delta, ci in readme:
+        assert python == ", ".join(pythons), pyspark
+        assert (streams == "yes") == (pyspark in kafka), pyspark
+        assert (delta == "yes") == (pyspark == nox["CONNECTORS_SPARK"]), pyspark
+        everything = f"everything on {default_python}, the smoke tier on the others"
+        assert ci == (everything if pyspark == default_pyspark else "the smoke tier"), pyspark
+    project = tomllib.loads((SOURCE.parents[1] / "pyproject.toml").read_text())["project"]
+    assert project["requires-python"] == f">={pythons[0]}"
+    declared = [name.rsplit(" ", 1)[1] for name in project["classifiers"]
+                if name.startswith("Programming Language :: Python :: 3.")]
+    assert declared == list(pythons)
+    major, minor, _ = pysparks[0].split(".")
+    assert f"pyspark>={major}.{minor},<5" in project["optional-dependencies"]["spark"]
