@@ -72,6 +72,9 @@ def _select_pyenv_pythons() -> None:
 
 
 _select_pyenv_pythons()
+#: The Python of the sessions that run the whole suite: the default pair's where the machine has it,
+#: else the one running nox (the README's test command runs on any supported Python).
+SUITE_PYTHON = DEFAULT_PAIR[0] if shutil.which(f"python{DEFAULT_PAIR[0]}") else None
 
 
 def _source_digest() -> str:
@@ -144,15 +147,16 @@ def run_pytest(session: nox.Session, whole: tuple[str, ...]) -> None:
     session.run("python", "-m", "tests.durations_check", str(report), session.name)
 
 
-@nox.session(python=DEFAULT_PAIR[0])
+@nox.session(python=SUITE_PYTHON)
 def tests(session: nox.Session) -> None:
-    """Install segack (not editable) with its test extras on :data:`DEFAULT_PAIR` and run pytest:
+    """Install segack (not editable) with its test extras on :data:`DEFAULT_PAIR` (its Python where the
+    machine has it: :data:`SUITE_PYTHON`) and run pytest:
     everything but the connectors' tests (``nox -s connectors``)."""
     install_segack(session, "test", DEFAULT_PYSPARK)
     run_pytest(session, ("-m", "not kafka and not delta and not faults"))
 
 
-@nox.session(python=DEFAULT_PAIR[0])
+@nox.session(python=SUITE_PYTHON)
 def connectors(session: nox.Session) -> None:
     """The Kafka and Delta tests, on the newest PySpark their connectors are released for: a real
     Kafka broker from Maven Central's jars, Spark's Kafka connector and delta-spark's jars resolved
@@ -162,7 +166,7 @@ def connectors(session: nox.Session) -> None:
     run_pytest(session, ("-m", "(kafka or delta) and not faults"))
 
 
-@nox.session(python=DEFAULT_PAIR[0])
+@nox.session(python=SUITE_PYTHON)
 def faults(session: nox.Session) -> None:
     """The fault tier: runs killed, paused, interrupted or failed on purpose, then resumed; above all
     the fault campaign (``tests/test_faults.py``), a Kafka stream into PostgreSQL killed at each
