@@ -75,6 +75,12 @@ _select_pyenv_pythons()
 #: The Python of the sessions that run the whole suite: the default pair's where the machine has it,
 #: else the one running nox (the README's test command runs on any supported Python).
 SUITE_PYTHON = DEFAULT_PAIR[0] if shutil.which(f"python{DEFAULT_PAIR[0]}") else None
+#: The supported Pythons this machine has: the sessions of one it lacks are left out, saying so (a
+#: missing interpreter would otherwise fail the whole of ``.ci/run``).
+FOUND_PYTHONS = tuple(version for version in PYTHONS if shutil.which(f"python{version}"))
+if FOUND_PYTHONS != PYTHONS:
+    print(f"noxfile: no {', '.join(sorted(set(PYTHONS) - set(FOUND_PYTHONS)))} on this machine: their wheel "
+          f"and versions sessions are left out", file=sys.stderr)
 
 
 def _source_digest() -> str:
@@ -182,7 +188,7 @@ def _other_pairs() -> list[nox.param]:
     """Every pair but the default; those of :data:`CI_PAIRS` tagged ``ci-versions``."""
     return [nox.param(python, pyspark, id=f"{python}-pyspark{pyspark}",
                       tags=["ci-versions"] if (python, pyspark) in CI_PAIRS else [])
-            for python in PYTHONS for pyspark in PYSPARKS if (python, pyspark) != DEFAULT_PAIR]
+            for python in FOUND_PYTHONS for pyspark in PYSPARKS if (python, pyspark) != DEFAULT_PAIR]
 
 
 @nox.session
@@ -202,7 +208,7 @@ def versions(session: nox.Session, pyspark: str) -> None:
     session.run("pytest", "-q", "-m", tier, *WORKERS, *session.posargs)
 
 
-@nox.session(python=PYTHONS)
+@nox.session(python=FOUND_PYTHONS)
 def wheel(session: nox.Session) -> None:
     """Repair the binary wheel of each of :data:`PYTHONS` and check it with auditwheel (a manylinux
     tag, no library from outside the wheel), install it into a fresh venv with no compiler on the
