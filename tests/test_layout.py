@@ -185,6 +185,7 @@ def test_the_adapters_imports_go_down_its_roles():
 def test_the_connectors_pyspark_is_one_version_in_the_hint_the_extras_and_the_noxfile():
     import tomllib
 
+    from segack.extras import install_hint
     from segack.spark_adapter.sources.kafka import CONNECTORS_SPARK, missing_connector
 
     root = SOURCE.parents[1]
@@ -202,7 +203,7 @@ def test_the_connectors_pyspark_is_one_version_in_the_hint_the_extras_and_the_no
     newer = missing_connector(f"{major}.{int(minor) + 1}.0")
     assert newer.startswith(f"this Spark session has no Kafka connector, and Spark {major}.{int(minor) + 1}"
                             f".0 is newer than the newest whose connector segack was tested with")
-    assert f"install PySpark {CONNECTORS_SPARK} (pip install 'segack[kafka]')" in newer
+    assert f"install PySpark {CONNECTORS_SPARK} ({install_hint('kafka')})" in newer
     assert missing_connector("4.1.1").endswith("spark-sql-kafka-0-10_2.13:4.1.1 (or its jars with --conf "
                                                 "spark.jars=...)")
 
@@ -274,3 +275,18 @@ def test_the_supported_versions_tables_are_the_versions_ci_runs():
     assert declared == list(pythons)
     major, minor, _ = pysparks[0].split(".")
     assert f"pyspark>={major}.{minor},<5" in project["optional-dependencies"]["spark"]
+
+
+@pytest.mark.parametrize(("origin", "hint"), [
+    ({"url": "file:///home/me/src/segack", "dir_info": {"editable": True}},
+     "pip install '/home/me/src/segack[ui]'"),
+    ({"url": "file:///tmp/a%20b/segack", "dir_info": {}}, "pip install '/tmp/a b/segack[ui]'"),
+    ({"url": "file:///w/segack-0.2.0-cp311-cp311-linux_x86_64.whl", "archive_info": {}},
+     "pip install 'segack[ui] @ file:///w/segack-0.2.0-cp311-cp311-linux_x86_64.whl'"),
+    ({"url": "https://example.org/segack.tar.gz", "archive_info": {}}, "pip install 'segack[ui]'"),
+    ({}, "pip install 'segack[ui]'"),
+], ids=["checkout", "quoted", "wheel", "remote", "index"])
+def test_a_missing_extra_is_hinted_as_segack_was_installed(origin, hint):
+    from segack.extras import install_hint
+
+    assert install_hint("ui", origin) == hint

@@ -41,7 +41,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         from segack.spark_adapter.console.page import serve_page
     except ImportError as error:
-        print(f"segack ui: needs Flask ({error}): pip install 'segack[ui]'", file=sys.stderr)
+        from segack.extras import install_hint
+
+        print(f"segack ui: needs Flask ({error}): {install_hint('ui')}", file=sys.stderr)
         return ExitCode.USAGE
     from segack.spark_adapter.errors import OptionError
     from segack.spark_adapter.store.checkpoint import CheckpointError, CheckpointStore

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from segack.extras import install_hint
 from segack.spark_adapter.errors import (
     InputError,
     OptionError,
@@ -255,7 +256,7 @@ def missing_connector(spark_version: str) -> str:
         return f"this Spark session has no Kafka connector: {add} (or its jars with --conf spark.jars=...)"
     return (f"this Spark session has no Kafka connector, and Spark {spark_version} is newer than the newest "
             f"whose connector segack was tested with ({CONNECTORS_SPARK}), which Maven Central may not have "
-            f"yet: install PySpark {CONNECTORS_SPARK} (pip install 'segack[kafka]') and add "
+            f"yet: install PySpark {CONNECTORS_SPARK} ({install_hint('kafka')}) and add "
             f"{connector_package(CONNECTORS_SPARK)}, or {add} if it is published")
 
 
