@@ -24,7 +24,7 @@ FUZZ_TARGETS = ("acker_restore", "checkpoint_bytes")
 #: The PySpark of ``nox -s tests``, ``connectors`` and ``faults``: the newest that Spark's Kafka connector
 #: and delta-spark are on Maven Central for.
 CONNECTORS_SPARK = "4.2.0"
-#: The Pythons and PySparks segack supports (the README's table of them, which ``tests/test_readme.py``
+#: The Pythons and PySparks segack supports (the README's table of them, which ``tests/test_layout.py``
 #: checks against these). The whole suite runs on :data:`DEFAULT_PAIR`; ``nox -s versions`` runs the
 #: smoke tier on every other pair.
 PYTHONS = ("3.11", "3.12", "3.13")
@@ -59,10 +59,10 @@ def _select_pyenv_pythons() -> None:
     root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
     if "PYENV_VERSION" in os.environ or not root.is_dir():
         return
-    newest = {}
     def release_order(path: Path) -> list[int]:
         return [int(part) for part in re.findall(r"\d+", path.name)]
 
+    newest = {}
     for folder in sorted(root.iterdir(), key=release_order):
         release = re.fullmatch(r"(3\.\d+)\.\d+", folder.name)
         if release and release.group(1) in PYTHONS:
@@ -156,8 +156,8 @@ def run_pytest(session: nox.Session, whole: tuple[str, ...]) -> None:
 @nox.session(python=SUITE_PYTHON)
 def tests(session: nox.Session) -> None:
     """Install segack (not editable) with its test extras on :data:`DEFAULT_PAIR` (its Python where the
-    machine has it: :data:`SUITE_PYTHON`) and run pytest:
-    everything but the connectors' tests (``nox -s connectors``)."""
+    machine has it: :data:`SUITE_PYTHON`) and run pytest: everything but the connectors' tests
+    (``nox -s connectors``)."""
     install_segack(session, "test", DEFAULT_PYSPARK)
     run_pytest(session, ("-m", "not kafka and not delta and not faults"))
 
