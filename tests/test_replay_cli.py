@@ -539,7 +539,7 @@ def test_stream_reads_new_files_each_time_and_status_says_what_it_did(tmp_path, 
     assert_each_key_in_order(handled, table)
     assert main(["status", str(tmp_path / "checkpoint")]) == ExitCode.OK
     status = capsys.readouterr().out
-    assert "up to date: every event of its micro-batches handled" in status
+    assert "stopped between micro-batches: every event of its micro-batches handled" in status
     assert "3,000 in its complete micro-batches" in status and "micro-batch 1 the last complete" in status
 
 

@@ -109,6 +109,97 @@ def test_the_state_the_page_draws_is_the_checkpoints(tmp_path):
     assert sample_value(samples, "segack_segments") == 3
 
 
+def _recorded(store, **settings: Any):
+    """``store``'s checkpoint with ``settings`` recorded in it, as the end of a run records them."""
+    state = store.load()
+    state.settings.update(settings)
+    store.save(state)
+    return store
+
+
+#: How a run's end is recorded, what the page and the metrics call it, and what ``segack status``
+#: says of it: the same condition in the three.
+ENDINGS = {
+    "replay killed": ({"status": "running"}, "interrupted",
+                      "stopped before its end (killed, or its machine lost); the next run resumes it"),
+    "replay asked to stop": ({"status": "incomplete"}, "stopped",
+                             "stopped before its end, its progress saved (asked to stop"),
+    "replay failed": ({"status": "failed"}, "failed", "stopped: its last run failed"),
+    "replay read to its end": ({"status": "complete"}, "complete", "complete: every event handled"),
+    "stream stopped between micro-batches": (
+        {"status": "complete", "stream": {"completed_batch": 3, "events": 48}}, "stopped",
+        "stopped between micro-batches: every event of its micro-batches handled; the next run reads on"),
+    "stream killed in a micro-batch": ({"status": "running", "stream": {"completed_batch": 3, "events": 48}},
+                                       "interrupted", "stopped before its end (killed"),
+    "real-time stopped": ({"status": "stopped", "mode": "real-time", "topic": "accounts"}, "stopped",
+                          "stopped when asked, its progress saved; the next run resumes it"),
+    "real-time killed": ({"status": "running", "mode": "real-time", "topic": "accounts"}, "interrupted",
+                         "stopped before its end (killed"),
+}
+
+
+@pytest.mark.parametrize("ending", list(ENDINGS))
+def test_how_a_run_ended_is_said_alike_by_the_page_its_metrics_and_status(tmp_path, capsys, ending):
+    """A stream stopped cleanly is not called killed, nor one stopped with lag complete."""
+    recorded, condition, said = ENDINGS[ending]
+    store = _recorded(_checkpoint(tmp_path / "ckpt", SegmentSet.balanced(2), bits=4, counts=[3] * 16),
+                      **recorded)
+    assert page_state(store)["state"] == condition
+    with serve_page(store, port=0, token=TOKEN) as server:
+        [(labels, _)] = scrape(server.port, TOKEN)["segack_run_info"]
+    assert labels["state"] == condition
+    assert main(["status", store.location]) == ExitCode.OK
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("status ")]
+    assert line.split(None, 1)[1].startswith(said), line
+    # Claimed by a live run, each is running.
+    acquire(store, "run-2", 60)
+    assert page_state(store)["state"] == "running"
+
+
+def test_the_page_has_words_for_every_condition():
+    script = (ROOT / "src/segack/spark_adapter/console/static/page.js").read_text()
+    states = re.search(r"const STATES = \{(.*?)\};", script, re.S).group(1)
+    worded = set(re.findall(r"(\w+): \"", states))
+    assert worded == {condition for _, condition, _ in ENDINGS.values()} | {"running", "dead_letters_left"}
+
+
+def _real_time_pending(path: Path, pending: list[int]):
+    """A real-time stream's checkpoint whose partitions each hold ``pending`` records read, not done."""
+    from segack.spark_adapter.store.checkpoint import Checkpoint, CheckpointStore
+
+    store = CheckpointStore(str(path))
+    store.save(Checkpoint({"mode": "real-time", "topic": "accounts", "key": "key", "order": "offset",
+                           "updated_at": 1.0, "status": "running"}), 1)
+    for partition, records in enumerate(pending):
+        lease, _ = store.partitions.take_over(partition, {"run": "r", "claim": 1, "attempt": "a"}, {})
+        store.partitions.save(lease, {"next": 1_000, "read": 1_000 + records, "end": 1_000 + records,
+                                      "pending": records, "done": [], "handled_total": 1_000, "claim": 1})
+    return store
+
+
+@pytest.mark.parametrize(("pending", "behind"), [
+    ([2, 1, 0], None),  # a few records in calls at a hundred a second: nobody is behind
+    ([5_000, 12, 40], 0),
+    ([30, 4_000, 1_900], 1),  # twice the next
+    ([3_000, 2_000, 0], None),  # two far behind: neither is behind the others
+    ([150], 0),
+    ([], None),
+])
+def test_a_partition_holds_the_run_back_only_while_a_run_is_live_and_far_behind_the_others(
+        tmp_path, capsys, pending, behind):
+    store = _real_time_pending(tmp_path / "ckpt", pending)
+    marked = [partition["partition"] for partition in page_state(store)["stream"]["partitions"]
+              if partition["holds_back"]]
+    assert marked == []  # no live run: nothing is held back
+    acquire(store, "run-2", 60)
+    marked = [partition["partition"] for partition in page_state(store)["stream"]["partitions"]
+              if partition["holds_back"]]
+    assert marked == ([] if behind is None else [behind])
+    assert main(["status", store.location]) == ExitCode.OK
+    said = [line.split()[0] for line in capsys.readouterr().out.splitlines() if "holds the run back" in line]
+    assert said == ([] if behind is None else [f"accounts/{behind}"])
+
+
 def test_requests_from_elsewhere_or_without_the_token_are_refused_and_change_nothing(tmp_path):
     store = _checkpoint(tmp_path)
     before = _checksums(tmp_path / "checkpoint")
@@ -497,7 +588,8 @@ def _headers_sent_elsewhere(context) -> dict[str, str]:
 def test_the_page_in_a_browser_follows_a_split_without_a_reload(tmp_path):
     from playwright.sync_api import sync_playwright
 
-    store = _checkpoint(tmp_path, SegmentSet.balanced(2), bits=4, counts=[3] * 16)
+    killed = _checkpoint(tmp_path, SegmentSet.balanced(2), bits=4, counts=[3] * 16)
+    store = _recorded(killed, status="running")
     with serve_page(store, port=0) as server, sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"])
@@ -515,7 +607,8 @@ def test_the_page_in_a_browser_follows_a_split_without_a_reload(tmp_path):
             assert page.title() == f"segack · {store.location}"
             assert page.inner_text("#metrics") == (
                 "Prometheus metrics at /metrics, with the token as a bearer token")
-            assert page.inner_text("#state") == "replay: stopped before its end: the next run resumes it"
+            assert page.inner_text("#state") == (
+                "replay: stopped before its end (killed, or its machine lost): the next run resumes it")
             assert "0 of 48 done" in page.inner_text("#events")
             page.evaluate("window.loads = (window.loads || 0) + 1")
             assert main(["split", store.location, "0"]) == ExitCode.OK  # a real command changes it

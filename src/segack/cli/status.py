@@ -39,7 +39,7 @@ def _status(args: argparse.Namespace) -> int:
     print(f"{'status':<15} {_status_line(settings.get('status', '?'), claim, letters, 'stream' in settings)}")
     _print_stream(stream_now(store.files, settings.get("stream")))
     if settings.get("mode") == REAL_TIME_MODE:
-        _print_partitions(settings, store.partitions.reports())
+        _print_partitions(settings, store.partitions.reports(), claim is not None and claim.live(time.time()))
     if tokens is not None:
         if "stream" in settings:  # the tokens count the last micro-batch's events
             aside = f", {counted(letters, 'event')} of them set aside as dead letters" if letters else ""
@@ -113,21 +113,23 @@ def _print_stream(stream: dict[str, Any] | None) -> None:
         print(f"  {topic}/{partition:<5} next offset {end:,} ({state}){lag}")
 
 
-def _print_partitions(settings: dict[str, Any], reports: tuple[PartitionReport, ...]) -> None:
-    """A real-time stream's partitions, as their tasks last saved them, and the one that holds the run
-    back (the most records read and not yet committed)."""
+def _print_partitions(settings: dict[str, Any], reports: tuple[PartitionReport, ...], live: bool) -> None:
+    """A real-time stream's partitions, as their tasks last saved them, and while a run is live the one
+    that holds it back (:func:`~segack.spark_adapter.results.holding_back`)."""
     group = settings.get("commit_offsets_to")
     told = f"committed to consumer group {group}" if group else "not committed to Kafka"
     handled = sum(report.handled_total for report in reports)
     print(f"{'real-time':<15} topic {settings.get('topic')}, {counted(len(reports), 'partition')} with "
           f"progress, saved every {settings.get('commit_interval', 1.0):g} s, {told}; {handled:,} events "
           f"handled")
-    busiest = max(reports, key=lambda report: report.pending, default=None)
+    from segack.spark_adapter.results import holding_back
+
+    busiest = holding_back(reports) if live else None
     for report in reports:
         lag = "" if report.lag is None else f", end {report.end:,}, lag {report.lag:,}"
         above = (f", {counted(report.done_intervals, 'interval')} done above it" if report.done_intervals
                  else "")
-        back = "  <- holds the run back" if report is busiest and report.pending else ""
+        back = "  <- holds the run back" if report is busiest else ""
         print(f"  {settings.get('topic')}/{report.partition:<5} next offset {report.next_offset:,} (read "
               f"{report.read:,}, {report.pending:,} pending{above}){lag}{back}")
 
@@ -136,16 +138,23 @@ def _status_line(status: str, claim: Claim | None, letters: int, streams: bool =
     """What a checkpoint's recorded status and claim mean, and what to do next."""
     if claim is not None and claim.live(time.time()):
         return f"running: {claim.owner()} holds it"
-    if status in ("running", "incomplete"):
+    if status == "running":
         return "stopped before its end (killed, or its machine lost); the next run resumes it"
     if status == "failed":
         return "stopped: its last run failed (the handler, or a Spark task); the next run resumes it"
+    if status == "complete" and streams:
+        return ("stopped between micro-batches: every event of its micro-batches handled; the next run "
+                "reads on")
     if status == "complete" and letters:
         return (f"not complete: {counted(letters, 'dead letter')} left (read to the end; "
                 f"--retry-dead-letters handles them)")
     if status == "complete":
-        return "up to date: every event of its micro-batches handled" if streams else (
-            "complete: every event handled")
+        return "complete: every event handled"
+    if status == "stopped":  # a real-time stream's
+        return "stopped when asked, its progress saved; the next run resumes it"
+    if status == "incomplete":
+        return ("stopped before its end, its progress saved (asked to stop, or a task's end lost with its "
+                "executor); the next run resumes it")
     return status
 
 

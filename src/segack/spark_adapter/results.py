@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["STARTUP", "BatchReport", "PartitionReport", "Progress", "RealTimeReport", "RealTimeResult",
-           "ReplayResult", "StreamResult"]
+__all__ = ["HOLDING_BACK_FLOOR", "STARTUP", "BatchReport", "PartitionReport", "Progress", "RealTimeReport",
+           "RealTimeResult", "ReplayResult", "StreamResult", "holding_back"]
 
 #: A run's start-up phases, one INFO record each as it begins (reading the input, checking its
 #: order values, planning, claiming, checking the events done, the first job): what a run does
@@ -183,10 +184,28 @@ class RealTimeReport:
 
     @property
     def holding_back(self) -> PartitionReport | None:
-        """The partition with the most records pending (read, not yet committed): the one that
-        holds the run back, ``None`` when none has any."""
-        busiest = max(self.partitions, key=lambda partition: partition.pending, default=None)
-        return busiest if busiest is not None and busiest.pending > 0 else None
+        """The partition that holds the run back
+        (:func:`~segack.spark_adapter.results.holding_back`), ``None`` when none does."""
+        return holding_back(self.partitions)
+
+
+#: Records pending under which no partition is said to hold the run back: a partition read at a
+#: hundred records a second always has a few in calls.
+HOLDING_BACK_FLOOR = 100
+
+
+def holding_back(partitions: Sequence[PartitionReport]) -> PartitionReport | None:
+    """The partition that holds a real-time stream back: the one with the most records pending (read,
+    not yet committed), when it has at least :data:`HOLDING_BACK_FLOOR` of them and at least twice as
+    many as any other partition; ``None`` when no partition is that far behind the others.
+
+    ``segack status``, the page, the metrics' help and the command's progress lines all name this one.
+    """
+    ranked = sorted(partitions, key=lambda partition: partition.pending, reverse=True)
+    if not ranked or ranked[0].pending < HOLDING_BACK_FLOOR:
+        return None
+    runner_up = ranked[1].pending if len(ranked) > 1 else 0
+    return ranked[0] if ranked[0].pending >= 2 * runner_up else None
 
 
 @dataclass(frozen=True)

@@ -183,8 +183,8 @@ class CheckpointCollector(Collector):
         lags = GaugeMetricFamily("segack_kafka_lag_records", "Records of each topic-partition written but "
                                  "not done yet: its end offset less its next offset.", labels=labels)
         pending = GaugeMetricFamily("segack_kafka_pending_records", "Records of each topic-partition read "
-                                    "and not yet done by the live run (a real-time stream): the partition "
-                                    "with the most holds the run back.", labels=labels)
+                                    "and not yet done by the live run (a real-time stream): one far behind "
+                                    "the others holds the run back.", labels=labels)
         for partition in snapshot.partitions:
             names = [str(settings.get("topic")), str(partition.partition)]
             offsets.add_metric(names, partition.next_offset)

@@ -44,6 +44,7 @@ from segack.spark_adapter.console.controls import controls, same_secret
 from segack.spark_adapter.console.metrics import CheckpointCollector
 from segack.spark_adapter.console.snapshot import SegmentView, Snapshot, dead_letter_keys
 from segack.spark_adapter.errors import OptionError
+from segack.spark_adapter.results import holding_back
 from segack.spark_adapter.store import rescale
 from segack.spark_adapter.store.checkpoint import CheckpointError, CheckpointStore
 
@@ -130,17 +131,18 @@ def _requested(store: CheckpointStore) -> dict[str, Any] | None:
 
 def _real_time(snapshot: Snapshot) -> dict[str, Any]:
     """A real-time stream's partitions as the page draws a stream's, each with its records pending,
-    and the one with the most marked: it holds the run back."""
+    and while a run is live the one that holds it back
+    (:func:`~segack.spark_adapter.results.holding_back`) marked."""
     settings = snapshot.state.settings
     group = settings.get("commit_offsets_to")
-    busiest = max(snapshot.partitions, key=lambda partition: partition.pending, default=None)
+    busiest = holding_back(snapshot.partitions) if snapshot.live else None
     return {"real_time": True, "commit_interval": settings.get("commit_interval"), "group": group,
             "completed_batch": -1, "last_batch": None, "in_progress": None, "ends_at": None,
             "partitions": [{"topic": settings.get("topic"), "partition": partition.partition,
                             "next_offset": partition.next_offset,
                             "committed": partition.next_offset if group else None,
                             "end_offset": partition.end, "lag": partition.lag, "pending": partition.pending,
-                            "holds_back": partition is busiest and partition.pending > 0}
+                            "holds_back": partition is busiest}
                            for partition in snapshot.partitions]}
 
 

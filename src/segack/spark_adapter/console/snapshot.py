@@ -158,13 +158,25 @@ class Snapshot:
 
     @property
     def condition(self) -> str:
-        """``running``, ``stopped``, ``failed``, ``dead_letters_left`` or ``complete``."""
+        """What the checkpoint's runs came to, from its recorded status and its claim:
+
+        - ``running``: a run holds the checkpoint now;
+        - ``interrupted``: its last run ended without saying so (killed, or its machine lost);
+        - ``failed``: its last run failed (the handler, or a Spark task);
+        - ``stopped``: its last run stopped with its progress saved: a stream at any time (a stream
+          has no end), a replay before its end (asked to, or a task's end lost with its executor);
+        - ``dead_letters_left`` or ``complete``: a replay read to its end, with or without dead
+          letters left.
+
+        Each run records ``running`` as it starts, and how it ended as it ends."""
         status = self.state.settings.get("status")
         if self.live:
             return "running"
+        if status == "running":
+            return "interrupted"
         if status == "failed":
             return "failed"
-        if status == "complete":
+        if status == "complete" and not (self.stream or self.real_time):
             return "dead_letters_left" if self.dead_letters else "complete"
         return "stopped"
 

@@ -74,7 +74,8 @@ function rate(pick) {
 }
 
 const STATES = {
-  running: "running", stopped: "stopped before its end: the next run resumes it",
+  running: "running", interrupted: "stopped before its end (killed, or its machine lost): the next run resumes it",
+  stopped: "stopped, its progress saved: the next run resumes it",
   failed: "stopped: its last run failed; the next run resumes it",
   dead_letters_left: "not complete: dead letters left", complete: "complete",
 };
