@@ -584,6 +584,59 @@ def _headers_sent_elsewhere(context) -> dict[str, str]:
     return sent[0]
 
 
+@contextlib.contextmanager
+def _browser_page(store) -> Iterator[Any]:
+    """A headless Chromium tab on ``store``'s page, its state drawn once."""
+    from playwright.sync_api import sync_playwright
+
+    with serve_page(store, port=0) as server, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(bypass_csp=True)  # Playwright evaluates strings
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.goto(server.url)
+            page.wait_for_function("document.querySelector('#updated').textContent.startsWith('read ')")
+            yield page
+            assert errors == []
+        finally:
+            browser.close()
+
+
+def _shown(page, selector: str) -> bool:
+    return page.evaluate(f"getComputedStyle(document.querySelector({selector!r})).display") != "none"
+
+
+@pytest.mark.browser
+def test_the_page_draws_a_micro_batch_stream_as_one_with_no_end_and_times_as_status_does(tmp_path):
+    store = _recorded(_checkpoint(tmp_path, SegmentSet.balanced(2), bits=4, counts=[3] * 16),
+                      status="complete", stream={"completed_batch": 3, "events": 48, "commit_offsets_to": "g",
+                                                 "partitions": [["accounts", 0, 40, 52]],
+                                                 "last_batch": {"id": 3, "at": 1.0, "seconds": 1.5}})
+    with _browser_page(store) as page:
+        assert page.inner_text("#state") == "stream: stopped, its progress saved: the next run resumes it"
+        assert not _shown(page, "#events-section .bar")  # a stream has no end to fill a bar to
+        assert page.inner_text("#segments-scope") == "events and done: micro-batch 3's, the last complete"
+        assert not _shown(page, "#pending-head")
+        cells = page.eval_on_selector_all("#partitions tbody tr", "rows => rows.map(r => r.cells.length)")
+        assert cells == [6]
+        assert re.fullmatch(r"read \d\d:\d\d:\d\d", page.inner_text("#updated"))
+        [entry] = page.eval_on_selector_all("#history li",
+                                            "items => items.map(i => i.firstChild.textContent)")
+        assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d: 2 segments, start of run r1", entry), entry
+
+
+@pytest.mark.browser
+def test_the_page_draws_a_real_time_streams_pending_records_and_the_partition_behind(tmp_path):
+    store = _real_time_pending(tmp_path / "ckpt", [5_000, 10])
+    acquire(store, "run-2", 60)
+    with _browser_page(store) as page:
+        assert _shown(page, "#pending-head") and not _shown(page, "#segments-scope")
+        pending = page.eval_on_selector_all("#partitions tbody tr",
+                                            "rows => rows.map(r => r.cells[6].textContent)")
+        assert pending == ["5,000 (holds the run back)", "10"]
+
+
 @pytest.mark.browser
 def test_the_page_in_a_browser_follows_a_split_without_a_reload(tmp_path):
     from playwright.sync_api import sync_playwright

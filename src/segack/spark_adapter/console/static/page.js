@@ -9,6 +9,9 @@
 const REFRESH_MS = 2000;
 // Seconds of samples a rate is measured over.
 const RATE_WINDOW = 15;
+// Seconds the samples of a rate must span: reads a moment apart (a headless browser's virtual time
+// runs the page's timer in milliseconds) would show a rate of nothing at all.
+const RATE_SPAN = 1.5;
 const samples = [];
 const CONTROLS = document.querySelector('meta[name="segack-controls"]') !== null;
 // Given with the state (a read-only page has none).
@@ -47,7 +50,13 @@ const $ = (id) => document.getElementById(id);
 
 const number = (value) => value == null ? "?" : value.toLocaleString("en-US");
 const counted = (value, noun) => `${number(value)} ${noun}${value === 1 ? "" : "s"}`;
-const when = (seconds) => seconds == null ? "?" : new Date(seconds * 1000).toLocaleString();
+// A time as `segack status` prints it, whatever the browser's locale: local, to the second.
+function when(seconds) {
+  if (seconds == null) return "?";
+  const at = new Date(seconds * 1000), two = (n) => String(n).padStart(2, "0");
+  return `${at.getFullYear()}-${two(at.getMonth() + 1)}-${two(at.getDate())} ` +
+    `${two(at.getHours())}:${two(at.getMinutes())}:${two(at.getSeconds())}`;
+}
 
 function duration(seconds) {
   if (seconds == null || !isFinite(seconds)) return "?";
@@ -69,7 +78,7 @@ function rate(pick) {
   if (recent.length < 2) return null;
   const first = recent[0], last = recent[recent.length - 1];
   const before = pick(first.state), now = pick(last.state);
-  if (before == null || now == null || now < before || last.at === first.at) return null;
+  if (before == null || now == null || now < before || last.at - first.at < RATE_SPAN) return null;
   return (now - before) / (last.at - first.at);
 }
 
@@ -136,6 +145,8 @@ function drawHeader(state) {
 
 function drawEvents(state) {
   const events = state.events, total = events.total;
+  // A stream has no end, so no bar; a replay's is empty until its total is counted.
+  $("done-bar").parentElement.hidden = state.kind !== "replay";
   $("done-bar").style.width = total ? `${Math.min(100, 100 * events.done / total)}%` : "0";
   const aside = events.dead_letters ? `, ${number(events.dead_letters)} set aside as dead letters` : "";
   $("events").textContent = total != null
@@ -172,6 +183,8 @@ function drawStream(state) {
   const body = $("partitions").tBodies[0];
   body.replaceChildren();
   $("partitions").hidden = !stream.partitions.length;
+  // Records pending are a real-time task's; a micro-batch has none between batches.
+  $("pending-head").hidden = !stream.real_time;
   for (const where of stream.partitions) {
     const row = body.insertRow();
     cell(row, where.topic);
@@ -180,13 +193,22 @@ function drawStream(state) {
     cell(row, number(where.committed), "number");
     cell(row, number(where.end_offset), "number");
     cell(row, number(where.lag), "number");
-    cell(row, where.pending == null ? "" : number(where.pending) + (where.holds_back ? " (holds the run back)" : ""),
-         "number");
+    if (stream.real_time) {
+      cell(row, number(where.pending) + (where.holds_back ? " (holds the run back)" : ""), "number");
+    }
   }
 }
 
 function drawSegments(state) {
   const running = state.claim && state.claim.live;
+  const stream = state.stream, scope = $("segments-scope");
+  // A micro-batch stream's key groups count one micro-batch at a time, not the stream's events.
+  scope.hidden = state.kind !== "stream" || !stream || (stream.in_progress == null && stream.completed_batch < 0);
+  if (!scope.hidden) {
+    scope.textContent = stream.in_progress != null
+      ? `events and done: micro-batch ${stream.in_progress}'s, in progress`
+      : `events and done: micro-batch ${stream.completed_batch}'s, the last complete`;
+  }
   const body = $("segments").tBodies[0];
   body.replaceChildren();
   const total = state.segments.reduce((sum, segment) => sum + (segment.load || 0), 0);
@@ -307,7 +329,7 @@ function draw(state) {
   $("segment-sets-section").hidden = !segmented;
   if (segmented) drawSegments(state);
   drawDeadLetters(state);
-  $("updated").textContent = `read ${new Date(state.at * 1000).toLocaleTimeString()}`;
+  $("updated").textContent = `read ${when(state.at).slice(11)}`;
 }
 
 // After this many answers missed in a row the page stops asking: a server gone may be followed on its
