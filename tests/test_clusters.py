@@ -282,19 +282,18 @@ def test_executors_without_segack_are_refused_at_once_then_run_from_a_packed_env
 _CONNECT_SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
-@pytest.fixture
-def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Spark Connect server, stopped at the end: pyspark's ``sbin/spark-daemon.sh`` submits its class,
-    as ``start-connect-server.sh`` does (which PySpark 4.1's package lacks)."""
-    logs = tmp_path_factory.mktemp("connect")
-    environment = _environment()
-    environment.update(SPARK_LOG_DIR=str(logs), SPARK_PID_DIR=str(logs), SPARK_IDENT_STRING="segack-test",
-                       SPARK_CONNECT_MODE="0")
+@contextlib.contextmanager
+def running_connect_server(logs: Path, environment: dict[str, str], *conf: str) -> Iterator[str]:
+    """A Spark Connect server on ``local[2]`` with ``environment`` (its Python workers' too) and the
+    ``--conf`` pairs ``conf``, its address while the block runs: pyspark's ``sbin/spark-daemon.sh``
+    submits its class, as ``start-connect-server.sh`` does (which PySpark 4.1's package lacks)."""
+    environment = dict(environment, SPARK_LOG_DIR=str(logs), SPARK_PID_DIR=str(logs),
+                       SPARK_IDENT_STRING="segack-test", SPARK_CONNECT_MODE="0")
     port = free_port()
     daemon = [os.path.join(_spark_home(), "sbin", "spark-daemon.sh")]
     subprocess.run([*daemon, "submit", _CONNECT_SERVER, "1", "--name", "Spark Connect server",
                     "--master", "local[2]", "--conf", f"spark.connect.grpc.binding.port={port}",
-                    "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=3"],
+                    "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=3", *conf],
                    env=environment, check=True, capture_output=True, timeout=120)
     try:
         log = next(iter(logs.glob("*.out")), logs / "missing.out")
@@ -306,6 +305,13 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         for pid_file in logs.glob("*.pid"):
             with contextlib.suppress(ValueError, ProcessLookupError):
                 os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
+
+
+@pytest.fixture
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Spark Connect server (:func:`running_connect_server`), stopped at the end."""
+    with running_connect_server(tmp_path_factory.mktemp("connect"), _environment()) as remote:
+        yield remote
 
 
 @pytest.mark.versions
@@ -327,3 +333,82 @@ def test_spark_connect_replays_through_remote(workdir, connect_server):
     probe = subprocess.run([sys.executable, "-c", slots, connect_server], env=_environment(),
                            capture_output=True, text=True, timeout=120)
     assert probe.returncode == 0 and probe.stdout.split()[-1] == "2", probe.stderr
+
+
+@pytest.mark.kafka
+@pytest.mark.streams
+@pytest.mark.sinks
+def test_kafka_streams_over_spark_connect_apply_each_record_once_and_commit_the_group(
+        tmp_path, tmp_path_factory, kafka_broker, pg_database):
+    """``segack stream --remote``: the micro-batches run in the Connect server's Python process (its
+    ``foreachBatch`` function self-contained), each record once through a ``SqlSink``, the group
+    committed through librdkafka, the run's counts told to the client; a second run over a topic
+    with nothing new resumes and handles nothing again. Then a real-time stream over the same server
+    reads the topic, each record once, and its group follows."""
+    from tests import maven
+    from tests.spark_handlers import read_log
+    from tests.test_kafka import (
+        ROOT,
+        SCHEMA,
+        _wait_for,
+        account_events,
+        assert_each_record_applied_once_in_order,
+        committed_offsets,
+        end_offsets,
+        environment,
+        make_topic,
+        produce,
+    )
+
+    bootstrap, topic, group = kafka_broker.bootstrap, "accounts-over-connect", "segack-over-connect"
+    make_topic(bootstrap, topic, 2)
+    records = account_events(900, 20, seed=11)
+    produce(bootstrap, topic, records)
+    # The handler runs in the server's Python workers: they find it, and its database, as the client does.
+    server = dict(_environment(), **environment(tmp_path, "0", pg_database, bootstrap, topic),
+                  PYTHONPATH=str(ROOT))
+    log = str(tmp_path / "log.jsonl")
+    def command(checkpoint: str, handler: str, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "segack", "stream", "--remote", remote, "--format", "kafka",
+                "--option", f"kafka.bootstrap.servers={bootstrap}", "--option", f"subscribe={topic}",
+                "--value-schema", SCHEMA, "--key", "key", "--order", "offset", "--handler", handler,
+                "--checkpoint", str(tmp_path / checkpoint), *extra]
+
+    micro_batches = ("--option", "maxOffsetsPerTrigger=300", "--commit-offsets-to", group)
+    jars = "spark.jars=" + ",".join(map(str, maven.spark_kafka()))
+    with running_connect_server(tmp_path_factory.mktemp("connect"), server, "--conf", jars) as remote:
+        first = subprocess.run(command("checkpoint", "tests.spark_handlers:ledger_sink", *micro_batches),
+                               cwd=ROOT, env=server, capture_output=True, text=True, timeout=600)
+        assert first.returncode == ExitCode.OK, first.stderr
+        again = subprocess.run(command("checkpoint", "tests.spark_handlers:ledger_sink", *micro_batches),
+                               cwd=ROOT, env=server, capture_output=True, text=True, timeout=600)
+        # Real time over the same server: its tasks, as many as the server's slots, read the topic.
+        process = subprocess.Popen(
+            command("real-time", "tests.spark_handlers:record_kafka", "--trigger", "real-time",
+                    "--commit-offsets-to", f"{group}-real-time"),
+            cwd=ROOT, env=server, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            _wait_for(lambda: len(read_log(log)) >= len(records), 240, "the records in real time", process)
+            _wait_for(lambda: committed_offsets(bootstrap, topic, f"{group}-real-time")
+                      == end_offsets(bootstrap, topic), 60, "the real-time group at the end", process)
+            process.send_signal(signal.SIGTERM)
+            out, err = process.communicate(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(30)
+    assert process.returncode == ExitCode.OK, err[-3000:]
+    assert f"stopped as asked: {len(records):,} events handled" in out, out
+    handled = read_log(log)
+    assert len({(event["partition"], event["offset"]) for event in handled}) == len(handled) == len(records)
+    # Each micro-batch told, though the client looks once a second.
+    told = [int(line.split()[4]) for line in first.stdout.splitlines()
+            if line.startswith("segack stream: batch")]
+    assert len(told) >= 3 and sum(told) == 900, first.stdout
+    assert f"{len(told)} micro-batches, 900 events handled" in first.stdout, first.stdout
+    assert_each_record_applied_once_in_order(pg_database, records)
+    assert committed_offsets(bootstrap, topic, group) == end_offsets(bootstrap, topic)
+    assert again.returncode == ExitCode.OK, again.stderr
+    assert "0 events handled" in again.stdout, again.stdout
+    assert_each_record_applied_once_in_order(pg_database, records)
+

@@ -284,9 +284,9 @@ def test_a_micro_batch_refused_because_a_stop_was_asked_is_kept_as_the_stop_not_
     query that ends on that refusal ended because it was asked to (the command exits 0)."""
     import threading
 
-    from segack.spark_adapter.coordinator.query import _QueryBatches, _StoppedError
+    from segack.spark_adapter.coordinator.query_watch import QueryBatches, StoppedError
 
-    batches = _QueryBatches(replay=None, keeper=None)
+    batches = QueryBatches(replay=None, keeper=None)
     now = threading.Event()
 
     class Query:
@@ -298,6 +298,45 @@ def test_a_micro_batch_refused_because_a_stop_was_asked_is_kept_as_the_stop_not_
     query = Query()
     batches.stop_when_idle(query, now)
     assert query.stopped and not batches.interrupted
-    with pytest.raises(_StoppedError, match="batch 7 not started: the stream was asked to stop"):
+    with pytest.raises(StoppedError, match="batch 7 not started: the stream was asked to stop"):
         batches(None, 7)
-    assert isinstance(batches.error, _StoppedError)
+    assert isinstance(batches.error, StoppedError)
+
+
+def test_over_spark_connect_a_stop_and_a_failure_reach_the_client_through_the_checkpoint(tmp_path):
+    """The function Spark Connect pickles to the server holds none of the client's objects; a stop the
+    client asks is read by the server's next micro-batch, whose refusal the client reads back as the
+    stop it is; a later run starts with neither."""
+    import threading
+
+    from pyspark import cloudpickle
+
+    from segack.spark_adapter.coordinator.connect_batches import ServerBatches
+    from segack.spark_adapter.coordinator.query_watch import StoppedError
+    from segack.spark_adapter.coordinator.streaming import BatchReplay
+    from segack.spark_adapter.options import RunOptions
+    from segack.spark_adapter.store.claims import ClaimKeeper, acquire
+
+    store = CheckpointStore(str(tmp_path / "checkpoint"))
+    options = RunOptions.from_keywords({}, handler=print, streams=True, caller="stream")
+    replay = BatchReplay(print, "key", "offset", store, options)
+    with ClaimKeeper(store, acquire(store, "r1", 60)) as keeper:
+        client = ServerBatches(replay, keeper, "group", {"bootstrap.servers": "127.0.0.1:9"})
+        client.clear()
+        server = cloudpickle.loads(cloudpickle.dumps(client))
+        assert server.keeper is None and server.claim == keeper.claim and client.error is None
+
+        class Query:
+            isActive, status, stopped = True, {"isTriggerActive": False}, False
+
+            def stop(self):
+                self.stopped = True
+
+        query = Query()
+        client.stop_when_idle(query, threading.Event())
+        assert query.stopped and not client.interrupted
+        with pytest.raises(StoppedError, match="batch 7 not started: the stream was asked to stop"):
+            server(None, 7)
+        assert isinstance(client.error, StoppedError)
+        ServerBatches(replay, keeper, "group", {}).clear()  # the next run's start
+        assert ServerBatches(replay, keeper, "group", {}).error is None

@@ -17,7 +17,7 @@ from typing import Any
 from segack.spark_adapter.store.crash_points import durable_write
 from segack.spark_adapter.store.storage import Files
 
-__all__ = ["STREAM_VIEW", "stream_now", "write_stream_view"]
+__all__ = ["STREAM_VIEW", "read_stream_view", "stream_now", "write_stream_view"]
 
 log = logging.getLogger(__name__)
 
@@ -31,23 +31,32 @@ def write_stream_view(files: Files, view: dict[str, Any]) -> None:
         files.write(files.path(STREAM_VIEW), json.dumps(view, sort_keys=True).encode("utf-8"))
 
 
+def read_stream_view(files: Files) -> dict[str, Any] | None:
+    """The view in the checkpoint's ``files``; ``None`` when there is none, or when it does not parse
+    (logged)."""
+    where = files.path(STREAM_VIEW)
+    data = files.read(where)
+    if data is None:
+        return None
+    try:
+        view: dict[str, Any] = json.loads(data)
+        _last_batch(view)
+    except (ValueError, TypeError, AttributeError) as error:
+        log.warning("passing over the stream view %s, which does not parse: %s", where, error)
+        return None
+    return view
+
+
 def stream_now(files: Files, recorded: dict[str, Any] | None) -> dict[str, Any] | None:
     """A stream's ``recorded`` settings with the view in the checkpoint's ``files`` over them, where
     the view is of the same micro-batch or a later one; a view that does not parse is passed over
     (logged)."""
     if not recorded:
         return recorded
-    where = files.path(STREAM_VIEW)
-    data = files.read(where)
-    if data is None:
+    view = read_stream_view(files)
+    if view is None:
         return recorded
-    try:
-        view = json.loads(data)
-        seen = _last_batch(view)
-    except (ValueError, TypeError, AttributeError) as error:
-        log.warning("passing over the stream view %s, which does not parse: %s", where, error)
-        return recorded
-    return recorded if seen < _last_batch(recorded) else {**recorded, **view}
+    return recorded if _last_batch(view) < _last_batch(recorded) else {**recorded, **view}
 
 
 def _last_batch(stream: dict[str, Any]) -> int:
