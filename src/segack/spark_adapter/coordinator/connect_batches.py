@@ -39,6 +39,7 @@ from segack.spark_adapter.coordinator.query_watch import POLL_SECONDS, StoppedEr
 from segack.spark_adapter.errors import ReplayError, one_line
 from segack.spark_adapter.sources.kafka import parse_offsets
 from segack.spark_adapter.store.claims import ClaimKeeper
+from segack.spark_adapter.store.crash_points import durable_write
 from segack.spark_adapter.store.stream_view import read_stream_view, write_stream_view
 
 if TYPE_CHECKING:
@@ -64,7 +65,6 @@ def commit_ends(settings: Mapping[str, Any], group: str, ends: list[tuple[str, i
     from confluent_kafka import Consumer, TopicPartition
 
     from segack.spark_adapter.sources.kafka_settings import ClientLog
-    from segack.spark_adapter.store.crash_points import durable_write
 
     consumer = Consumer({**settings, "group.id": group, "enable.auto.commit": False,
                          "logger": ClientLog(f"{__name__}.client")})
@@ -164,7 +164,8 @@ class ServerBatches:
         except Exception:
             blob = pickle.dumps(ReplayError(f"{type(error).__name__}: {error}"))
         try:
-            self.store.files.write(self.store.files.path(FAILURE_FILE), blob)
+            with durable_write("stream-view"):  # an observation, as the view is: no progress
+                self.store.files.write(self.store.files.path(FAILURE_FILE), blob)
         except Exception as written:
             log.warning("could not record the failure of a micro-batch in the checkpoint: %s", written)
 
@@ -173,7 +174,8 @@ class ServerBatches:
     def clear(self) -> None:
         """Remove an earlier run's failure and this run's stop request (under the claim, before the
         query starts)."""
-        self.store.files.delete(self.store.files.path(FAILURE_FILE))
+        with durable_write("stream-view"):
+            self.store.files.delete(self.store.files.path(FAILURE_FILE))
         self.store.clear_stop(self.stop_id)
 
     @property

@@ -42,7 +42,8 @@ WRITES = {
     "spark-batch": "Spark's offset log (before a micro-batch) and commit log (after it): the points "
                    "batch-start and batch-end",
     "group-commit": "offsets committed to a Kafka consumer group",
-    "stream-view": "a running stream's view of its Kafka partitions (an observation, for status and metrics)",
+    "stream-view": "a running stream's observations: its view of its Kafka partitions (for status and "
+                   "metrics), over Spark Connect a micro-batch's failure (for the client)",
     "sink-setup": "a sink's own setup: its positions table, a session's name, the end of fenced sessions",
     "sink-commit": "a sink's transaction: the effects of a call and the record of its keys' positions",
 }
