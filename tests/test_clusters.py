@@ -350,6 +350,7 @@ def test_kafka_streams_over_spark_connect_apply_each_record_once_and_commit_the_
     from tests.test_kafka import (
         ROOT,
         SCHEMA,
+        _commit_group,
         _wait_for,
         account_events,
         assert_each_record_applied_once_in_order,
@@ -362,6 +363,10 @@ def test_kafka_streams_over_spark_connect_apply_each_record_once_and_commit_the_
 
     bootstrap, topic, group = kafka_broker.bootstrap, "accounts-over-connect", "segack-over-connect"
     make_topic(bootstrap, topic, 2)
+    # Records the group is past already: a new query starts from its committed offsets, as on a master.
+    produce(bootstrap, topic, [(f"old-{n}", json.dumps({"user": f"old-{n}", "seq": 0, "amount": 1}).encode())
+                               for n in range(60)])
+    _commit_group(bootstrap, topic, group, end_offsets(bootstrap, topic))
     records = account_events(900, 20, seed=11)
     produce(bootstrap, topic, records)
     # The handler runs in the server's Python workers: they find it, and its database, as the client does.
@@ -388,7 +393,8 @@ def test_kafka_streams_over_spark_connect_apply_each_record_once_and_commit_the_
                     "--commit-offsets-to", f"{group}-real-time"),
             cwd=ROOT, env=server, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            _wait_for(lambda: len(read_log(log)) >= len(records), 240, "the records in real time", process)
+            _wait_for(lambda: len(read_log(log)) >= len(records) + 60, 240, "the records in real time",
+                      process)
             _wait_for(lambda: committed_offsets(bootstrap, topic, f"{group}-real-time")
                       == end_offsets(bootstrap, topic), 60, "the real-time group at the end", process)
             process.send_signal(signal.SIGTERM)
@@ -398,10 +404,13 @@ def test_kafka_streams_over_spark_connect_apply_each_record_once_and_commit_the_
                 process.kill()
                 process.wait(30)
     assert process.returncode == ExitCode.OK, err[-3000:]
-    assert f"stopped as asked: {len(records):,} events handled" in out, out
+    assert f"stopped as asked: {len(records) + 60:,} events handled" in out, out  # a group of its own: all
     handled = read_log(log)
-    assert len({(event["partition"], event["offset"]) for event in handled}) == len(handled) == len(records)
+    assert len({(event["partition"], event["offset"]) for event in handled}) == len(handled)
+    assert len(handled) == len(records) + 60
     # Each micro-batch told, though the client looks once a second.
+    started = CheckpointStore(str(tmp_path / "checkpoint")).load().settings["stream"]["start"]["where"]
+    assert started == f"a new query, from consumer group {group}'s committed offsets"
     told = [int(line.split()[4]) for line in first.stdout.splitlines()
             if line.startswith("segack stream: batch")]
     assert len(told) >= 3 and sum(told) == 900, first.stdout

@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from segack.spark_adapter.coordinator import realtime
+from segack.spark_adapter.coordinator import kafka_starts, realtime
 from segack.spark_adapter.coordinator.group_commits import GroupCommits
 from segack.spark_adapter.handlers import Sink
 from segack.spark_adapter.options import Handling
@@ -193,7 +193,8 @@ class RealTimeSimulation(RuleBasedStateMachine):
         group = GroupCommits(self.settings, TOPIC, GROUP, consumer=self._consumer)
         partitions = list(range(self.partitions))
         committed = group.read(partitions, sleep=lambda seconds: None)
-        starts = realtime._starts(self._consumer({}), TOPIC, partitions, self.starting, committed)
+        starts = kafka_starts.partition_starts(self._consumer({}), TOPIC, partitions, self.starting,
+                                               committed)
         handler = self._handler_of_run(number)
         try:
             realtime._record_starts(store, TOPIC, starts, store.run_id, number)

@@ -822,3 +822,19 @@ def test_split_pressed_on_the_page_splits_a_live_replay_which_keeps_order_and_ex
     ran = assert_each_event_ran_in_its_members_partition(
         logged, [SegmentSet.from_ids([0, 1]), SegmentSet.from_ids([0, 1, 3])])
     assert 2 in ran[1], ran
+
+
+def test_a_stream_stopped_with_dead_letters_left_is_not_called_done(tmp_path, capsys):
+    import pyarrow as pa
+
+    from segack.spark_adapter.store.checkpoint import DEAD_ATTEMPTS, DEAD_ERROR, DEAD_KEY_GROUP, DEAD_POSITION
+
+    store = _recorded(_checkpoint(tmp_path / "ckpt", SegmentSet.balanced(2), bits=4, counts=[3] * 16),
+                      status="complete", stream={"completed_batch": 3, "events": 48})
+    store.for_tasks("r1", 1).write_dead_letters("r1-s00000-a0", pa.table({
+        "user": ["u1", "u1"], DEAD_KEY_GROUP: [3, 3], DEAD_POSITION: [0, 1], DEAD_ERROR: ["boom"] * 2,
+        DEAD_ATTEMPTS: [1, 1]}))
+    assert page_state(store)["state"] == "dead_letters_left"
+    assert main(["status", store.location]) == ExitCode.OK
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("status ")]
+    assert "handled, 2 dead letters of them set aside (--retry-dead-letters handles them)" in line, line

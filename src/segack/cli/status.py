@@ -143,8 +143,10 @@ def _status_line(status: str, claim: Claim | None, letters: int, streams: bool =
     if status == "failed":
         return "stopped: its last run failed (the handler, or a Spark task); the next run resumes it"
     if status == "complete" and streams:
-        return ("stopped between micro-batches: every event of its micro-batches handled; the next run "
-                "reads on")
+        aside = (f", {counted(letters, 'dead letter')} of them set aside (--retry-dead-letters handles them)"
+                 if letters else "")
+        return (f"stopped between micro-batches: every event of its micro-batches handled{aside}; the next "
+                f"run reads on")
     if status == "complete" and letters:
         return (f"not complete: {counted(letters, 'dead letter')} left (read to the end; "
                 f"--retry-dead-letters handles them)")

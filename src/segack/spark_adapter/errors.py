@@ -136,6 +136,10 @@ class CheckpointClaimedError(CheckpointError):
             f"wait for that run to end, or, if it is gone, for its claim to expire ({claim.timeout:g} s "
             f"unextended) or for `segack release {location} --force`")
         self.claim = claim
+        self._made_of = (location, claim, now)
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return (type(self), self._made_of)
 
 
 class UnparsedValueError(SegackValueError):
@@ -215,6 +219,11 @@ class ClaimLostError(ReplayError):
         super().__init__(f"run {mine.run_id} lost its claim on checkpoint {location}: it {by}; this "
                          f"run stopped and saved nothing more")
         self.newer = newer
+        self._made_of = (location, mine, newer)
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        # Pickled over Spark Connect, from the server's micro-batch to the client.
+        return (type(self), self._made_of)
 
 
 def one_line(error: BaseException) -> str:

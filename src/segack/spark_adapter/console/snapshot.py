@@ -165,8 +165,9 @@ class Snapshot:
         - ``failed``: its last run failed (the handler, or a Spark task);
         - ``stopped``: its last run stopped with its progress saved: a stream at any time (a stream
           has no end), a replay before its end (asked to, or a task's end lost with its executor);
-        - ``dead_letters_left`` or ``complete``: a replay read to its end, with or without dead
-          letters left.
+        - ``dead_letters_left``: its last run ended as asked or at its end (a stream between
+          micro-batches, a replay read to it) with dead letters left;
+        - ``complete``: a replay read to its end, no dead letter left.
 
         Each run records ``running`` as it starts, and how it ended as it ends."""
         status = self.state.settings.get("status")
@@ -176,8 +177,10 @@ class Snapshot:
             return "interrupted"
         if status == "failed":
             return "failed"
+        if status == "complete" and self.dead_letters:
+            return "dead_letters_left"
         if status == "complete" and not (self.stream or self.real_time):
-            return "dead_letters_left" if self.dead_letters else "complete"
+            return "complete"
         return "stopped"
 
     @property

@@ -36,9 +36,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from segack.spark_adapter.coordinator.query_watch import POLL_SECONDS, StoppedError, Watch
-from segack.spark_adapter.errors import ReplayError, one_line
+from segack.spark_adapter.errors import ClaimLostError, ReplayError, one_line
 from segack.spark_adapter.sources.kafka import parse_offsets
-from segack.spark_adapter.store.claims import ClaimKeeper
+from segack.spark_adapter.store.claims import ClaimKeeper, latest_claim
 from segack.spark_adapter.store.crash_points import durable_write
 from segack.spark_adapter.store.stream_view import read_stream_view, write_stream_view
 
@@ -117,6 +117,7 @@ class ServerBatches:
             reason = self.store.stop_reason(self.stop_id)
             if reason is not None:
                 raise StoppedError(f"batch {batch_id} not started: {reason}")
+            self._check_client()
             if self._fence is None:
                 self._fence = ClaimKeeper(self.store, self.claim)
             self.replay.process(batch, batch_id, self._fence)
@@ -124,6 +125,16 @@ class ServerBatches:
         except BaseException as error:
             self._record_failure(error)
             raise
+
+    def _check_client(self) -> None:
+        """Refuse a micro-batch once the client's claim is another run's or has expired: a client
+        killed leaves its query on the server, which must not go on saving and committing."""
+        latest = latest_claim(self.store)
+        if latest is None or latest.number != self.claim.number or latest.released:
+            raise ClaimLostError(self.store.location, self.claim, latest)
+        if not latest.live(time.time()):
+            raise ReplayError(f"run {self.claim.run_id}'s claim on checkpoint {self.store.location} expired "
+                              f"unextended: its client is gone, and its query on the server stops here")
 
     def _after(self, batch_id: int) -> None:
         """Steps 2's commit and view, for the micro-batches the replay completed."""
@@ -160,9 +171,9 @@ class ServerBatches:
 
     def _record_failure(self, error: BaseException) -> None:
         try:
-            blob = pickle.dumps(error)
+            blob = pickle.dumps((self.claim.run_id, error))
         except Exception:
-            blob = pickle.dumps(ReplayError(f"{type(error).__name__}: {error}"))
+            blob = pickle.dumps((self.claim.run_id, ReplayError(f"{type(error).__name__}: {error}")))
         try:
             with durable_write("stream-view"):  # an observation, as the view is: no progress
                 self.store.files.write(self.store.files.path(FAILURE_FILE), blob)
@@ -180,15 +191,18 @@ class ServerBatches:
 
     @property
     def error(self) -> BaseException | None:
-        """The failure a micro-batch recorded, read from the checkpoint once the query has ended."""
+        """The failure a micro-batch of this run recorded, read from the checkpoint once the query has
+        ended (one another run's query recorded is not this run's)."""
         if self._error is None:
             blob = self.store.files.read(self.store.files.path(FAILURE_FILE))
             if blob is not None:
                 try:
-                    self._error = pickle.loads(blob)
+                    run_id, failure = pickle.loads(blob)
                 except Exception as error:
-                    self._error = ReplayError(f"a micro-batch failed, and its failure cannot be read: "
-                                              f"{error}")
+                    run_id, failure = self.claim.run_id, ReplayError(
+                        f"a micro-batch failed, and its failure cannot be read: {error}")
+                if run_id == self.claim.run_id:
+                    self._error = failure
         return self._error
 
     def stop_when_idle(self, query: StreamingQuery, now: threading.Event) -> None:
@@ -211,6 +225,7 @@ class ConnectWatch(Watch):
         super().__init__(*args, **kwargs)
         self.reads_ends = False
         self.handled = self.dead_letters = 0
+        self._said_behind = False
 
     def look(self) -> None:
         view = read_stream_view(self.batches.store.files)
@@ -226,9 +241,16 @@ class ConnectWatch(Watch):
         self.count, self.events = int(view.get("run_batches", 0)), int(view.get("run_events", 0))
         self.handled = int(view.get("run_handled", 0))
         self.dead_letters = int(view.get("run_dead_letters", 0))
-        self.partitions = _offsets(view.get("partitions") or [])
+        latest = self._latest()  # Spark's last report: the lag, as far as a Connect client can know it
+        self.partitions = [self._with_latest(where, latest.get((where.topic, where.partition)))
+                           for where in _offsets(view.get("partitions") or [])]
         self.committed = [(str(topic), int(partition), int(end))
                           for topic, partition, end in view.get("group_offsets") or []]
+        if self.behind != self._said_behind:
+            self._said_behind = self.behind
+            if self.behind:  # the server's log says why; the client's end commits again
+                log.warning("the micro-batches on the Spark Connect server could not commit batch %s's "
+                            "offsets to consumer group %s (its log says why)", self.last_batch, self.group)
         if self.progress is None:
             return
         from segack.spark_adapter.results import BatchReport

@@ -221,6 +221,8 @@ def stream(
             batches = ServerBatches(replay, keeper, commit_offsets_to,
                                     librdkafka_client(kafka.options) if kafka else None)
             batches.clear()
+            # The server's micro-batches save under this claim, unseen here: it is never withdrawn.
+            keeper.saved = True
         else:
             batches = QueryBatches(replay, keeper)
         query = (frame.writeStream.foreachBatch(batches).queryName(f"segack {store.location}")
@@ -240,6 +242,8 @@ def stream(
                 log.warning("%s: could not record the stream's last report: %s", store.location, error)
             raise
         watch.end(keeper)  # 6
+        if isinstance(batches, ServerBatches):
+            batches.clear()
     # Over Connect the micro-batches counted in the server's process, and told the watcher.
     handled, dead_letters = ((watch.handled, watch.dead_letters) if isinstance(watch, ConnectWatch)
                              else (replay.handled, replay.dead_letters))

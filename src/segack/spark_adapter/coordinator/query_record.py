@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from segack.spark_adapter.coordinator.kafka_starts import group_starts
 from segack.spark_adapter.errors import CheckpointError, OptionError
 from segack.spark_adapter.sources.delta import STARTING_OPTIONS as DELTA_STARTING_OPTIONS
 from segack.spark_adapter.sources.delta import DeltaChangeFeed
@@ -224,11 +225,15 @@ def _new_query(spark: SparkSession, events: DataFrame | KafkaStream | DeltaChang
         skipped = passed_over(earliest, recorded)
         return QueryStart(events, "a new query, from the offsets Spark recorded when an earlier run "
                           "started it", passed_over=skipped, new=True)
-    if is_connect(spark):  # the offsets cannot be looked up from here: Spark's reader decides
-        if not _given(events):
+    if is_connect(spark):  # no JVM to ask with: the brokers are asked through librdkafka
+        if _given(events):
+            return QueryStart(events, "a new query, from its starting options", new=True)
+        starts = group_starts(events.options, group) if group is not None else {}
+        if not starts:
             return QueryStart(events.starting_at("earliest"), "a new query, from the earliest offsets",
                               new=True)
-        return QueryStart(events, "a new query, from its starting options", new=True)
+        return QueryStart(events.starting_at(offsets_json(starts)),
+                          f"a new query, from consumer group {group}'s committed offsets", new=True)
     given = _given(events)
     if not given and group is None:
         return QueryStart(events.starting_at("earliest"), "a new query, from the earliest offsets", new=True)

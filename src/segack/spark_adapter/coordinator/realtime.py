@@ -52,6 +52,7 @@ from segack.kernel import SegmentSet
 from segack.spark_adapter.coordinator.dead_letters import RetryOutcome, RetryRun, retry_dead_letters
 from segack.spark_adapter.coordinator.group_commits import GroupCommits
 from segack.spark_adapter.coordinator.job import run_tag
+from segack.spark_adapter.coordinator.kafka_starts import read_starts, topic_partitions
 from segack.spark_adapter.coordinator.query import StopRequest
 from segack.spark_adapter.coordinator.run import (
     check_location,
@@ -74,7 +75,7 @@ from segack.spark_adapter.handlers import RunContext, orderable_refusal, prepare
 from segack.spark_adapter.options import RunOptions, takes_options
 from segack.spark_adapter.results import RealTimeReport, RealTimeResult
 from segack.spark_adapter.sources.kafka import UNPARSED, unparsed_refusal, value_schema
-from segack.spark_adapter.sources.kafka_settings import ClientLog, librdkafka_client, security_failure
+from segack.spark_adapter.sources.kafka_settings import ClientLog, librdkafka_client
 from segack.spark_adapter.sources.reader_options import spelled
 from segack.spark_adapter.sources.value_formats import wire_format
 from segack.spark_adapter.spark.executors import check_executors
@@ -153,66 +154,6 @@ def real_time_options(options: Mapping[str, str]) -> tuple[dict[str, str], str, 
         raise OptionError(f"a real-time stream takes startingOffsets earliest or latest, not {starting!r}")
     kafka = {name: value for name, value in spelt.items() if not name.startswith(REGISTRY_PREFIX)}
     return spelt, topic, starting, librdkafka_client(kafka)
-
-
-def _partitions(settings: dict[str, str], topic: str, seconds: float = 15) -> list[int]:
-    """The topic's partitions, asked of the brokers; :class:`~segack.spark_adapter.InputError` if
-    they do not answer in ``seconds``, refuse the client's certificate check or its login (at once),
-    or the topic does not exist."""
-    from confluent_kafka import Consumer, KafkaException
-
-    said: list[Any] = []  # the client's errors, as its error callback hears them
-    try:
-        consumer = Consumer({**settings, "group.id": "segack-metadata", "logger": CLIENT_LOG,
-                             "error_cb": said.append})
-    except (KafkaException, ValueError, TypeError) as error:
-        raise OptionError(f"the Kafka options are not ones the client takes: {error}") from None
-    servers = settings.get("bootstrap.servers")
-    deadline = time.monotonic() + seconds
-    try:
-        while True:
-            try:
-                metadata = consumer.list_topics(topic, timeout=0.5)
-                break
-            except KafkaException as error:
-                consumer.poll(0)  # hears the client's errors
-                refused = next(filter(None, (security_failure(heard.str()) for heard in said)), None)
-                if refused is not None:
-                    raise InputError(f"cannot reach Kafka at {servers}: {refused}") from None
-                if time.monotonic() > deadline:
-                    raise InputError(f"cannot reach Kafka at {servers}: {error.args[0].str()}") from None
-    finally:
-        consumer.close()
-    found = metadata.topics.get(topic)
-    if found is None or found.error is not None or not found.partitions:
-        raise InputError(f"Kafka topic {topic!r} does not exist at {settings.get('bootstrap.servers')}")
-    return sorted(found.partitions)
-
-
-def _starts(consumer: Any, topic: str, partitions: list[int], starting: str,
-            committed: Mapping[int, int]) -> dict[int, int]:
-    """Where each partition starts when it has no progress yet: the group's ``committed`` offset,
-    else the earliest or the latest, as ``consumer`` reads the partitions' ends."""
-    from confluent_kafka import TopicPartition
-
-    starts = {}
-    for partition in partitions:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
-        starts[partition] = committed.get(partition, high if starting == "latest" else low)
-    return starts
-
-
-def _read_starts(settings: dict[str, str], topic: str, partitions: list[int], starting: str,
-                 group: GroupCommits | None) -> dict[int, int]:
-    """:func:`_starts`, through a consumer of the driver's own, from what ``group`` holds."""
-    from confluent_kafka import Consumer
-
-    ends = Consumer({**settings, "group.id": "segack-metadata", "enable.auto.commit": False,
-                     "logger": CLIENT_LOG})
-    try:
-        return _starts(ends, topic, partitions, starting, group.read(partitions) if group else {})
-    finally:
-        ends.close()
 
 
 def _record_starts(store: CheckpointStore, topic: str, starts: Mapping[int, int], run_id: str,
@@ -412,7 +353,7 @@ def stream_real_time(
     schema = value_schema(spark, value_schema_ddl)
     fields = check_fields(schema, value_format=value_format)
     wire, _ = wire_format(kafka_options, value_format, [topic])
-    partitions = _partitions(settings, topic)
+    partitions = topic_partitions(settings, topic)
     check_session(spark)
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
     state = _check_checkpoint(store.load(), store, topic, len(partitions))
@@ -422,7 +363,7 @@ def stream_real_time(
         "key", "offset", UNPARSED, frozenset(schema.fieldNames()))])
     group = GroupCommits(settings, topic, commit_offsets_to) if commit_offsets_to is not None else None
     try:
-        starts = _read_starts(settings, topic, partitions, starting, group)
+        starts = read_starts(settings, topic, partitions, starting, group)
         records = RecordEvents(fields, setting(spark, "spark.sql.session.timeZone", "UTC"), wire)
         dead_letter_schema = _dead_letter_schema(spark, schema)
         stop = stop or StopRequest()
@@ -459,7 +400,7 @@ def stream_real_time(
             job.thread.start()
             watch = _Watch(job, store, run_id, keeper, began, partitions, group)
             try:
-                watch.until_ended(stop, progress, lambda: _partitions(settings, topic))  # 5, 6
+                watch.until_ended(stop, progress, lambda: topic_partitions(settings, topic))  # 5, 6
             except BaseException:
                 watch.stop_now()  # no task may go on with the claim released
                 raise
