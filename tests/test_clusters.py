@@ -370,8 +370,8 @@ def test_kafka_streams_over_spark_connect_apply_each_record_once_and_commit_the_
     records = account_events(900, 20, seed=11)
     produce(bootstrap, topic, records)
     # The handler runs in the server's Python workers: they find it, and its database, as the client does.
-    server = dict(_environment(), **environment(tmp_path, "0", pg_database, bootstrap, topic),
-                  PYTHONPATH=str(ROOT))
+    server = {**_environment(), **environment(tmp_path, "0", pg_database, bootstrap, topic)}
+    server["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), server.get("PYTHONPATH")]))
     log = str(tmp_path / "log.jsonl")
     def command(checkpoint: str, handler: str, *extra: str) -> list[str]:
         return [sys.executable, "-m", "segack", "stream", "--remote", remote, "--format", "kafka",
