@@ -46,6 +46,7 @@ AREAS = {
     "test_command_refusals.py": ("command",),
     "test_commits.py": ("kernel",),
     "test_conformance_and_cli.py": ("kernel", "smoke"),
+    "test_connect_batches.py": ("streams",),
     "test_delta.py": ("streams",),
     "test_dispatch_machine.py": ("handlers",),
     "test_kafka_records.py": ("streams",),

@@ -41,6 +41,22 @@ def test_a_handler_failure_pickles_with_everything_it_says():
         "handler failed on the event with key 'k' and order 3 (position 7 of key group 2): ValueError: no")
 
 
+def test_the_claims_errors_pickle_with_everything_they_say():
+    """Over Spark Connect a micro-batch's failure is pickled on the server and raised by the client."""
+    from segack.spark_adapter.store.claims import Claim
+
+    mine = Claim(4, "r1", "host-a", 11, 100.0, 130.0, 60.0)
+    newer = Claim(5, "r2", "host-b", 12, 140.0, 150.0, 60.0)
+    lost = pickle.loads(pickle.dumps(errors.ClaimLostError("/data/ckpt", mine, newer)))
+    assert type(lost) is errors.ClaimLostError and lost.newer == newer
+    assert str(lost) == ("run r1 lost its claim on checkpoint /data/ckpt: it was taken over by run r2 "
+                         "(pid 12 on host-b); this run stopped and saved nothing more")
+    claimed = pickle.loads(pickle.dumps(errors.CheckpointClaimedError("/data/ckpt", newer, 152.5)))
+    assert type(claimed) is errors.CheckpointClaimedError and claimed.claim == newer
+    assert str(claimed).startswith("checkpoint /data/ckpt is claimed by run r2 (pid 12 on host-b), last "
+                                   "extended 2.5 s ago.")
+
+
 def test_a_kafka_records_failure_names_its_topic_partition_and_offset_and_pickles_with_them():
     record = errors.record_of({"key": "u1", "topic": "orders", "partition": 2, "offset": 500, "amount": 5})
     assert record == "orders/2 at offset 500"
