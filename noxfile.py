@@ -7,6 +7,7 @@ import hashlib
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -54,10 +55,11 @@ WORKERS = ("--numprocesses", "auto", "--maxprocesses", "4")
 
 def _select_pyenv_pythons() -> None:
     """pyenv's shims run a Python only when it is selected (``pyenv: python3.12: command not found``
-    otherwise): select the newest of each of :data:`PYTHONS` installed, the first of them first, so
-    that nox and uv find them all and ``python3`` stays the first."""
+    otherwise), and a shim that runs nox selects its own Python alone (``PYENV_VERSION``): add the
+    newest installed of each of :data:`PYTHONS` after what is selected (the first of them first when
+    nothing is), so that nox and uv find them all and ``python3`` stays the same."""
     root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
-    if "PYENV_VERSION" in os.environ or not root.is_dir():
+    if not root.is_dir():
         return
     def release_order(path: Path) -> list[int]:
         return [int(part) for part in re.findall(r"\d+", path.name)]
@@ -67,17 +69,25 @@ def _select_pyenv_pythons() -> None:
         release = re.fullmatch(r"(3\.\d+)\.\d+", folder.name)
         if release and release.group(1) in PYTHONS:
             newest[release.group(1)] = folder.name
-    if newest:
-        os.environ["PYENV_VERSION"] = ":".join(newest[version] for version in PYTHONS if version in newest)
+    selected = [name for name in os.environ.get("PYENV_VERSION", "").split(":") if name]
+    added = [newest[version] for version in PYTHONS if version in newest and newest[version] not in selected]
+    if added:
+        os.environ["PYENV_VERSION"] = ":".join([*selected, *added])
+
+
+def _runs(command: str) -> bool:
+    """Whether ``command`` is on the path and runs (a pyenv shim of a Python not selected does not)."""
+    found = shutil.which(command)
+    return found is not None and subprocess.run([found, "-c", ""], capture_output=True).returncode == 0
 
 
 _select_pyenv_pythons()
 #: The Python of the sessions that run the whole suite: the default pair's where the machine has it,
 #: else the one running nox (the README's test command runs on any supported Python).
-SUITE_PYTHON = DEFAULT_PAIR[0] if shutil.which(f"python{DEFAULT_PAIR[0]}") else None
+SUITE_PYTHON = DEFAULT_PAIR[0] if _runs(f"python{DEFAULT_PAIR[0]}") else None
 #: The supported Pythons this machine has: the sessions of one it lacks are left out, saying so (a
 #: missing interpreter would otherwise fail the whole of ``.ci/run``).
-FOUND_PYTHONS = tuple(version for version in PYTHONS if shutil.which(f"python{version}"))
+FOUND_PYTHONS = tuple(version for version in PYTHONS if _runs(f"python{version}"))
 if FOUND_PYTHONS != PYTHONS:
     print(f"noxfile: no {', '.join(sorted(set(PYTHONS) - set(FOUND_PYTHONS)))} on this machine: their wheel "
           f"and versions sessions are left out", file=sys.stderr)
