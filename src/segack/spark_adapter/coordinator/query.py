@@ -55,10 +55,7 @@ from segack.spark_adapter.handlers import orderable_refusal, refusing
 from segack.spark_adapter.options import RunOptions, takes_options
 from segack.spark_adapter.results import BatchReport, StreamResult
 from segack.spark_adapter.sources.delta import DeltaChangeFeed
-from segack.spark_adapter.sources.kafka import (
-    UNPARSED,
-    commit_offsets,
-)
+from segack.spark_adapter.sources.kafka import UNPARSED, commit_offsets
 from segack.spark_adapter.sources.kafka_settings import librdkafka_client
 from segack.spark_adapter.spark.executors import check_executors
 from segack.spark_adapter.spark.session import is_connect
@@ -73,6 +70,7 @@ if TYPE_CHECKING:
 __all__ = ["StopRequest", "parse_trigger", "stream"]
 
 log = logging.getLogger(__name__)
+
 
 def parse_trigger(trigger: str | float) -> dict[str, Any]:
     """``writeStream.trigger``'s keywords for ``"available-now"`` (handle what is there, then end)
