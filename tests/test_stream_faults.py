@@ -17,7 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from segack.cli import ExitCode
-from segack.spark_adapter.store.checkpoint import CheckpointStore
+from segack.spark_adapter import ClaimLostError, foreach_batch
+from segack.spark_adapter.store.checkpoint import Checkpoint, CheckpointStore
+from segack.spark_adapter.store.claims import ClaimKeeper, acquire
 from segack.spark_adapter.store.crash_points import ENV
 from tests.spark_handlers import LOG_ENV, read_log
 
@@ -92,6 +94,27 @@ def test_dead_letters_of_one_key_over_three_micro_batches_are_all_kept_and_retri
     assert [event["seq"] for event in handled if event["user"] == "u1"] == list(range(16))
     assert [event["seq"] for event in handled if event["user"] == "u2"] == list(range(12))
     assert [event["seq"] for event in handled if event["run"] == "fixed"] == list(range(10, 16))
+
+
+@pytest.mark.streams
+def test_a_run_woken_after_a_takeover_says_it_lost_its_claim_before_reading_the_takers_batches(
+        tmp_path, spark):
+    """A run paused past its claim's timeout wakes to a checkpoint the taker has moved on (micro-batch 2
+    in progress, where it was delivered micro-batch 1): it stops with the lost claim, which is what
+    happened, not with a checkpoint restored from an older copy, and writes nothing."""
+    store = CheckpointStore(str(tmp_path / "checkpoint"))
+    stale = acquire(store, "stale", 0.05)
+    time.sleep(0.1)
+    taker = acquire(store, "taker", 60)
+    ClaimKeeper(store, taker).save(Checkpoint({"stream": {"completed_batch": 0, "batch": {"id": 2}}}))
+    before = sorted((path.name, path.read_bytes()) for path in (tmp_path / "checkpoint").rglob("*")
+                    if path.is_file())
+    replay = foreach_batch(lambda event: None, key="user", order="ts", checkpoint=store)
+    batch = spark.createDataFrame([("u1", 1)], "user string, ts long")
+    with pytest.raises(ClaimLostError):
+        replay.process(batch, 1, ClaimKeeper(store, stale))
+    assert sorted((path.name, path.read_bytes()) for path in (tmp_path / "checkpoint").rglob("*")
+                  if path.is_file()) == before
 
 
 def _recorded(checkpoint: Path) -> dict:

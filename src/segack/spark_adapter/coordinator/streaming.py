@@ -196,6 +196,9 @@ class BatchReplay:
         began = time.monotonic()
         store, options = self.store, self.options
         state = store.load() or Checkpoint()
+        # Checked after the load: a run woken past a takeover says it lost its claim, not that the
+        # taker's record disagrees with its Spark checkpoint.
+        keeper.check()
         bits = resolution(state.settings, options.key_group_bits)
         pending = pending_change(store)
         segments, why = self._segments(state, bits, batch, batch_id, pending)
