@@ -272,6 +272,18 @@ def record_kafka(event: dict[str, Any]) -> None:
         log.write(line + "\n")
 
 
+def record_kafka_headers(event: dict[str, Any]) -> None:
+    """:func:`record_kafka`'s fields and the record's ``headers`` (their values in hex), raising for
+    the user ``bad``."""
+    if event["user"] == "bad":
+        raise ValueError("bad user")
+    headers = event["headers"]
+    line = json.dumps({"user": event["user"], "seq": event["seq"], "headers": None if headers is None else [
+        [header["key"], None if header["value"] is None else header["value"].hex()] for header in headers]})
+    with open(os.environ[LOG_ENV], "a") as log:
+        log.write(line + "\n")
+
+
 #: The seconds :func:`record_kafka_holding` takes for the record whose key is ``slow``.
 SLOW_ENV = "SEGACK_TEST_SLOW_SECONDS"
 

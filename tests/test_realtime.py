@@ -34,6 +34,7 @@ from tests.test_kafka import (
     end_offsets,
     make_topic,
     produce,
+    run_stream,
     start_stream,
 )
 from tests.test_metrics import scrape
@@ -156,7 +157,11 @@ def test_a_failed_call_stops_the_stream_after_saving_what_is_done_or_parks_its_k
                            "--commit-offsets-to", group, "--on-error", "dead-letter", run="1")
     _wait_for(lambda: committed_offsets(bootstrap, topic, group) == end_offsets(bootstrap, topic), 120,
               "the group at the end", process)
-    _stopped(process)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == ExitCode.DEAD_LETTERS, err[-3000:]  # as a micro-batch stream's
+    assert ", 70 dead letters, 0 records behind" in out, out
+    assert "70 events set aside as dead letters remain" in err, err
     handled = [(event["user"], event["seq"]) for event in read_log(log)]
     assert len(handled) == len(set(handled))
     set_aside = {("u1", seq) for seq in range(10, 80)}
@@ -298,6 +303,72 @@ def test_what_a_real_time_stream_cannot_take_is_refused_before_anything_is_writt
         stream_real_time(spark, arguments.pop("kafka_options"), arguments.pop("value_schema_ddl"),
                          handler=print, **arguments)
     assert sorted(path.relative_to(tmp_path) for path in tmp_path.rglob("*")) == before
+
+
+#: Each record of the headers test: its user, seq and headers as the producer writes them.
+_WITH_HEADERS = [
+    ("u1", 0, [("trace", b"t-0"), ("trace", b"t-0b"), ("empty", None)]),  # a key twice, a null value
+    ("u1", 1, None),
+    ("u2", 0, [("raw", bytes([0, 255, 10]))]),
+    ("bad", 0, [("why", b"dead letter")]),
+    ("u2", 1, []),  # an empty list is no headers at all, on the wire
+]
+
+
+def _produce_with_headers(bootstrap: str, topic: str) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for user, seq, headers in _WITH_HEADERS:
+        producer.produce(topic, key=user.encode(), value=json.dumps({"user": user, "seq": seq, "amount": 1}),
+                         headers=headers)
+    producer.flush(30)
+
+
+@pytest.mark.streams
+def test_each_records_headers_reach_the_handler_and_its_dead_letter_alike_in_both_modes(
+        tmp_path, kafka_broker):
+    """``includeHeaders=true``, Spark's option: each record's headers in their order, a repeated key
+    and a null value kept, null for a record without any; the same in micro-batches (Spark's
+    source) and in real time (segack's consumer), and in a real-time dead letter."""
+    bootstrap, topic = kafka_broker.bootstrap, "real-time-headers"
+    make_topic(bootstrap, topic, 2)
+    _produce_with_headers(bootstrap, topic)
+    expected = sorted((user, seq, [[name, None if data is None else data.hex()] for name, data in headers]
+                       if headers else None) for user, seq, headers in _WITH_HEADERS if user != "bad")
+    handler, log = "tests.spark_handlers:record_kafka_headers", tmp_path / "log.jsonl"
+    batches = run_stream(tmp_path, bootstrap, topic, handler, "--option", "includeHeaders=true",
+                         "--on-error", "dead-letter", checkpoint=str(tmp_path / "batches"))
+    assert batches.returncode == ExitCode.DEAD_LETTERS, batches.stderr
+    assert sorted((line["user"], line["seq"], line["headers"]) for line in read_log(str(log))) == expected
+    log.unlink()
+    process = start_stream(tmp_path, bootstrap, topic, handler, *REAL_TIME, "--option", "includeHeaders=TRUE",
+                           "--on-error", "dead-letter", checkpoint=str(tmp_path / "real-time"))
+    real_time = CheckpointStore(str(tmp_path / "real-time"))
+    _wait_for(lambda: len(read_log(str(log))) >= 4 and bool(real_time.dead_letter_files()), 240,
+              "the records handled and the dead letter set aside", process)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == ExitCode.DEAD_LETTERS, out + err[-3000:]
+    assert ", 1 dead letter, 0 records behind" in out, out
+    assert sorted((line["user"], line["seq"], line["headers"]) for line in read_log(str(log))) == expected
+    for mode in ("batches", "real-time"):
+        letters = CheckpointStore(str(tmp_path / mode)).read_dead_letters(["key", "headers"])
+        assert letters is not None
+        assert letters.select(["key", "headers"]).to_pylist() == [
+            {"key": "bad", "headers": [{"key": "why", "value": b"dead letter"}]}], mode
+
+
+@pytest.mark.command
+def test_an_include_headers_that_is_not_true_or_false_is_refused_before_spark_starts(tmp_path, capsys):
+    for trigger in ((), ("--trigger", "real-time")):
+        command = ["stream", "--format", "kafka", "--option", "kafka.bootstrap.servers=127.0.0.1:9",
+                   "--option", "subscribe=t", "--value-schema", "user STRING", "--key", "key",
+                   "--order", "offset", "--handler", "tests.spark_handlers:record_kafka",
+                   "--checkpoint", str(tmp_path / "checkpoint"), "--option", "includeHeaders=yes", *trigger]
+        assert main(command) == ExitCode.USAGE
+        assert "includeHeaders takes true or false, not 'yes'" in capsys.readouterr().err
+        assert not (tmp_path / "checkpoint").exists()
 
 
 def _topic_exists(bootstrap: str, topic: str) -> bool:

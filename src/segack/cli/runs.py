@@ -311,12 +311,12 @@ def _stream_real_time(args: argparse.Namespace, job: _Job) -> int:
     retried = "" if not (result.retried or result.retry_failed) else (
         f"; {counted(result.retried, 'dead letter')} retried and handled, {result.retry_failed:,} kept")
     print(f"segack stream: stopped as asked: {result.handled:,} events handled, "
-          f"{result.dead_letters:,} dead letters{lag}, in {result.seconds:.1f} s{retried}")
+          f"{counted(result.dead_letters, 'dead letter')}{lag}, in {result.seconds:.1f} s{retried}")
     if result.group_behind:
         print(f"segack stream: consumer group {args.commit_offsets_to} lacks some partitions' progress: "
               f"the commits failed (--verbose says why); the next run commits what the checkpoint holds",
               file=sys.stderr)
-    return ExitCode.OK
+    return _dead_letters_left(result.dead_letters_left, args)
 
 
 class _RealTimeLine:
@@ -369,9 +369,15 @@ def _stream_report(result: StreamResult, args: argparse.Namespace) -> int:
     if result.dead_letters:
         print(f"segack stream: {counted(result.dead_letters, 'event')} set aside as dead letters "
               f"(they or an earlier event of their key failed)")
-    if result.dead_letters_left:
-        print(f"segack stream: {counted(result.dead_letters_left, 'event')} set aside as dead letters "
-              f"remain; `segack dead-letters {args.checkpoint}` lists them, and a run with "
-              f"--retry-dead-letters handles them again", file=sys.stderr)
-        return ExitCode.DEAD_LETTERS
-    return ExitCode.OK
+    return _dead_letters_left(result.dead_letters_left, args)
+
+
+def _dead_letters_left(left: int, args: argparse.Namespace) -> int:
+    """A stream's exit code, in either mode, once its end is printed: :attr:`ExitCode.DEAD_LETTERS`,
+    saying so, while ``left`` dead letters remain in the checkpoint."""
+    if not left:
+        return ExitCode.OK
+    print(f"segack stream: {counted(left, 'event')} set aside as dead letters remain; `segack dead-letters "
+          f"{args.checkpoint}` lists them, and a run with --retry-dead-letters handles them again",
+          file=sys.stderr)
+    return ExitCode.DEAD_LETTERS

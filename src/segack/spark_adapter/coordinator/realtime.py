@@ -74,7 +74,13 @@ from segack.spark_adapter.errors import (
 from segack.spark_adapter.handlers import RunContext, orderable_refusal, prepare_handler, refusing
 from segack.spark_adapter.options import RunOptions, takes_options
 from segack.spark_adapter.results import RealTimeReport, RealTimeResult
-from segack.spark_adapter.sources.kafka import UNPARSED, unparsed_refusal, value_schema
+from segack.spark_adapter.sources.kafka import (
+    HEADERS,
+    UNPARSED,
+    includes_headers,
+    unparsed_refusal,
+    value_schema,
+)
 from segack.spark_adapter.sources.kafka_settings import ClientLog, librdkafka_client
 from segack.spark_adapter.sources.reader_options import spelled
 from segack.spark_adapter.sources.value_formats import wire_format
@@ -112,7 +118,7 @@ log = logging.getLogger(__name__)
 CLIENT_LOG = ClientLog(f"{__name__}.client")
 
 #: The reader options a real-time stream takes, in Spark's spelling (the ``kafka.*`` ones too).
-_OPTIONS = ("subscribe", "startingOffsets")
+_OPTIONS = ("subscribe", "startingOffsets", "includeHeaders")
 #: Seconds between looks at the topic's partitions while the stream runs.
 PARTITIONS_LOOK_SECONDS = 10.0
 #: Seconds after the job's start by which a task of the run must hold every partition.
@@ -130,8 +136,8 @@ def _topic(options: Mapping[str, str]) -> str:
     unknown = [name for name in options
                if not name.startswith(("kafka.", REGISTRY_PREFIX)) and name not in _OPTIONS]
     if unknown:
-        raise OptionError(f"a real-time stream takes the options kafka.*, schema.registry.*, subscribe and "
-                          f"startingOffsets; not {unknown[0]!r}")
+        raise OptionError(f"a real-time stream takes the options kafka.*, schema.registry.*, subscribe, "
+                          f"startingOffsets and includeHeaders; not {unknown[0]!r}")
     if "kafka.bootstrap.servers" not in options:
         raise OptionError("a real-time stream needs the option kafka.bootstrap.servers")
     topics = [topic.strip() for topic in options.get("subscribe", "").split(",") if topic.strip()]
@@ -145,13 +151,15 @@ def real_time_options(options: Mapping[str, str]) -> tuple[dict[str, str], str, 
     spelled as Spark spells them; the topic; where a partition nobody has read starts; and the
     Kafka client's settings (librdkafka's). Raises :class:`~segack.spark_adapter.OptionError` for
     an option a real-time stream does not take, several topics, a ``startingOffsets`` other than
-    ``earliest`` or ``latest``, and ``kafka.*`` settings librdkafka cannot take
+    ``earliest`` or ``latest``, an ``includeHeaders`` other than ``true`` or ``false``, and
+    ``kafka.*`` settings librdkafka cannot take
     (:func:`~segack.spark_adapter.sources.kafka_settings.librdkafka_settings`)."""
     spelt = spelled(options, _OPTIONS, prefixes=("kafka.", REGISTRY_PREFIX))
     topic = _topic(spelt)
     starting = str(spelt.get("startingOffsets", "earliest")).strip().lower()
     if starting not in ("earliest", "latest"):
         raise OptionError(f"a real-time stream takes startingOffsets earliest or latest, not {starting!r}")
+    includes_headers(spelt)
     kafka = {name: value for name, value in spelt.items() if not name.startswith(REGISTRY_PREFIX)}
     return spelt, topic, starting, librdkafka_client(kafka)
 
@@ -190,8 +198,9 @@ def _slots(spark: SparkSession) -> int:
     return max(1, spark.sparkContext.defaultParallelism)
 
 
-def _dead_letter_schema(spark: SparkSession, schema: StructType) -> pa.Schema:
-    """The dead letters' columns: the events' (rule 1), then the dead-letter columns."""
+def _dead_letter_schema(spark: SparkSession, schema: StructType, headers: bool) -> pa.Schema:
+    """The dead letters' columns: the events' (rule 1, with their ``headers`` if ``headers``), then
+    the dead-letter columns."""
     import pyarrow as pa
 
     zone = setting(spark, "spark.sql.session.timeZone", "UTC")
@@ -200,6 +209,8 @@ def _dead_letter_schema(spark: SparkSession, schema: StructType) -> pa.Schema:
     return pa.schema([
         ("key", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
         ("timestamp", pa.timestamp("us", tz=zone)),
+        *([(HEADERS, pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])))]
+          if headers else []),
         *((field.name, types[field.dataType.simpleString()]) for field in schema.fields),
         (UNPARSED, pa.string()), (DEAD_ERROR, pa.string()), (DEAD_ATTEMPTS, pa.int32()),
         (DEAD_KEY_GROUP, pa.int32()), (DEAD_POSITION, pa.int64()),
@@ -350,7 +361,8 @@ def stream_real_time(
     run_options = _run_options(options, handler, commit_interval)  # 1
     kafka_options, topic, starting, settings = real_time_options(kafka_options)
     check_metrics_address(metrics_port)
-    schema = value_schema(spark, value_schema_ddl)
+    headers = includes_headers(kafka_options)
+    schema = value_schema(spark, value_schema_ddl, headers)
     fields = check_fields(schema, value_format=value_format)
     wire, _ = wire_format(kafka_options, value_format, [topic])
     partitions = topic_partitions(settings, topic)
@@ -364,8 +376,8 @@ def stream_real_time(
     group = GroupCommits(settings, topic, commit_offsets_to) if commit_offsets_to is not None else None
     try:
         starts = read_starts(settings, topic, partitions, starting, group)
-        records = RecordEvents(fields, setting(spark, "spark.sql.session.timeZone", "UTC"), wire)
-        dead_letter_schema = _dead_letter_schema(spark, schema)
+        records = RecordEvents(fields, setting(spark, "spark.sql.session.timeZone", "UTC"), wire, headers)
+        dead_letter_schema = _dead_letter_schema(spark, schema, headers)
         stop = stop or StopRequest()
         run_id = new_run_id()
         with metrics_served(store, metrics_port), claimed(spark, store, run_id, run_options) as keeper:  # 2

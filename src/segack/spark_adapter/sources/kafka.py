@@ -3,9 +3,11 @@
 The rules:
 
 1. **Columns.** An event read from a record has the columns ``key`` (the record's key as text,
-   null for none), ``topic``, ``partition``, ``offset`` and ``timestamp``, then the fields the
-   declared value schema names, parsed from the record's value (JSON), then ``unparsed_value``.
-   A record with no value (a tombstone) has every field null.
+   null for none), ``topic``, ``partition``, ``offset`` and ``timestamp``; with Spark's
+   ``includeHeaders=true``, ``headers`` (:data:`HEADERS`: the record's headers in their order, each
+   ``{"key": text, "value": bytes}``, a key possibly repeated; null for a record without any);
+   then the fields the declared value schema names, parsed from the record's value (JSON), then
+   ``unparsed_value``. A record with no value (a tombstone) has every field null.
 2. **A value that does not parse** (not JSON, not of the declared types, or an object that lacks a
    declared field: names match exactly, case included; a field may be present as ``null``) leaves
    every field null and its text in ``unparsed_value`` (null for every record that parsed). Such a
@@ -62,6 +64,7 @@ from segack.spark_adapter.sources.reader_options import spelled
 from segack.spark_adapter.sources.value_formats import known_topics, wire_format
 from segack.spark_adapter.store.crash_points import durable_write
 from segack.spark_adapter.worker.kafka_records import (
+    HEADERS,
     UNPARSED,
     DecodedBatches,
     ValueFields,
@@ -74,11 +77,11 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["CONNECTORS_SPARK", "DEFAULT_MAX_OFFSETS_PER_TRIGGER", "RECORD_COLUMNS", "STARTING_OPTIONS",
-           "UNPARSED", "KafkaStream", "PartitionOffsets", "commit_offsets", "connector_package",
-           "group_offsets", "kafka_events", "kafka_stream", "list_offsets",
-           "missing_connector", "offsets_json", "parse_offsets", "passed_over", "starting_offsets",
-           "subscribed_partitions", "takes_unparsed", "unparsed_refusal", "value_schema"]
+__all__ = ["CONNECTORS_SPARK", "DEFAULT_MAX_OFFSETS_PER_TRIGGER", "HEADERS", "RECORD_COLUMNS",
+           "STARTING_OPTIONS", "UNPARSED", "KafkaStream", "PartitionOffsets", "commit_offsets",
+           "connector_package", "group_offsets", "includes_headers", "kafka_events", "kafka_stream",
+           "list_offsets", "missing_connector", "offsets_json", "parse_offsets", "passed_over",
+           "starting_offsets", "subscribed_partitions", "takes_unparsed", "unparsed_refusal", "value_schema"]
 
 #: The record's own columns, before the value's fields.
 RECORD_COLUMNS = ("key", "topic", "partition", "offset", "timestamp")
@@ -89,16 +92,27 @@ STARTING_OPTIONS = ("startingOffsets", "startingTimestamp", "startingOffsetsByTi
 #: The reader's options segack reads, in Spark's spelling: given in any case, they are spelled so
 #: (:func:`~segack.spark_adapter.sources.reader_options.spelled`).
 KNOWN_OPTIONS = ("subscribe", "subscribePattern", "assign", "maxOffsetsPerTrigger", "minOffsetsPerTrigger",
-                 "failOnDataLoss", "endingOffsets", "minPartitions", *STARTING_OPTIONS)
+                 "failOnDataLoss", "endingOffsets", "minPartitions", "includeHeaders", *STARTING_OPTIONS)
 _MARK = "segack_takes_unparsed"
 
 
-def value_schema(spark: SparkSession, ddl: str) -> StructType:
+def includes_headers(options: Mapping[str, str]) -> bool:
+    """Whether the reader's ``options`` (spelled as Spark spells them) ask for the records' headers
+    (``includeHeaders``, rule 1); an :class:`~segack.spark_adapter.OptionError` for a value other
+    than ``true`` or ``false``."""
+    given = str(options.get("includeHeaders", "false")).strip().lower()
+    if given not in ("true", "false"):
+        raise OptionError(f"includeHeaders takes true or false, not {options['includeHeaders']!r}")
+    return given == "true"
+
+
+def value_schema(spark: SparkSession, ddl: str, headers: bool = False) -> StructType:
     """The value schema ``ddl`` declares (``'account STRING, seq BIGINT'``), parsed by Spark.
 
     Raises :class:`~segack.spark_adapter.OptionError` for text that is not a struct's DDL, and for
     a field named as one of the record's own columns (:data:`RECORD_COLUMNS`,
-    :data:`~segack.spark_adapter.worker.kafka_records.UNPARSED`).
+    :data:`~segack.spark_adapter.worker.kafka_records.UNPARSED`, and :data:`HEADERS` when the records
+    come with their ``headers``).
     """
     from pyspark.sql.types import DataType, StructType
 
@@ -110,30 +124,33 @@ def value_schema(spark: SparkSession, ddl: str) -> StructType:
     if not isinstance(parsed, StructType) or not parsed.fields:
         raise OptionError(f"--value-schema {ddl!r} must name the value's fields with their types, as "
                           f"'account STRING, seq BIGINT'")
-    clash = [field.name for field in parsed.fields if field.name in (*RECORD_COLUMNS, UNPARSED)]
+    own = (*RECORD_COLUMNS, *((HEADERS,) if headers else ()), UNPARSED)
+    clash = [field.name for field in parsed.fields if field.name in own]
     if clash:
         raise OptionError(f"--value-schema names {clash[0]!r}, a column every record has already "
-                          f"({', '.join(RECORD_COLUMNS)}, {UNPARSED}); rename the field")
+                          f"({', '.join(own)}); rename the field")
     return parsed
 
 
 def kafka_events(records: DataFrame, schema: StructType, value_format: str = "json",
                  wire: WireFormat | None = None) -> DataFrame:
     """The events of Kafka ``records`` (the Kafka source's rows, static or streaming), by rules 1
-    and 2; ``value_format`` is one of :data:`~segack.spark_adapter.sources.value_formats.VALUE_FORMATS`,
+    and 2, with their :data:`HEADERS` when the records have them (``includeHeaders=true``);
+    ``value_format`` is one of :data:`~segack.spark_adapter.sources.value_formats.VALUE_FORMATS`,
     decoded by ``wire`` for the wire format (in the executors' Python, Arrow batch by batch)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
+    own = [*RECORD_COLUMNS, *((HEADERS,) if HEADERS in records.columns else ())]
     if wire is not None:
         values = ValueFields(check_fields(schema, f"a value in {value_format}", "", value_format), wire)
-        kept = records.select(F.col("key").cast("string").alias("key"), "topic", "partition", "offset",
-                              "timestamp", "value")
-        decoded = StructType([*kept.schema.fields[:5], *schema.fields, StructField(UNPARSED, StringType())])
+        kept = records.select(F.col("key").cast("string").alias("key"), *own[1:], "value")
+        decoded = StructType([*kept.schema.fields[:len(own)], *schema.fields,
+                              StructField(UNPARSED, StringType())])
         return kept.mapInArrow(DecodedBatches(values), decoded)
     with_text = StructType([*schema.fields, StructField(UNPARSED, StringType())])
     parsed = records.select(
-        F.col("key").cast("string").alias("key"), "topic", "partition", "offset", "timestamp",
+        F.col("key").cast("string").alias("key"), *own[1:],
         F.col("value").cast("string").alias("__segack_text"),
     ).withColumn("__segack_value", F.from_json("__segack_text", with_text,
                                                {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": UNPARSED}))
@@ -153,7 +170,7 @@ def kafka_events(records: DataFrame, schema: StructType, value_format: str = "js
                         text.alias(UNPARSED))
     checked = F.when(incomplete, unparsed).otherwise(value).alias("__segack_value")
     fields = (f"__segack_value.{field.name}" for field in with_text.fields)
-    return parsed.select(*RECORD_COLUMNS, checked).select(*RECORD_COLUMNS, *fields)
+    return parsed.select(*own, checked).select(*own, *fields)
 
 
 def takes_unparsed(handler: Callable[..., Any]) -> Callable[..., Any]:
@@ -319,8 +336,8 @@ def kafka_stream(spark: SparkSession, options: Mapping[str, str], value_schema_d
         :data:`~segack.spark_adapter.sources.value_formats.VALUE_FORMATS`, registry settings that do not
         go with it, a field type the wire format's decoder does not give.
     """
-    schema = value_schema(spark, value_schema_ddl)
     options = spelled(options, KNOWN_OPTIONS, prefixes=("kafka.", "schema.registry."))
+    schema = value_schema(spark, value_schema_ddl, includes_headers(options))
     if str(options.get("failOnDataLoss", "true")).strip().lower() == "false":
         raise OptionError("failOnDataLoss=false makes Spark pass over records gone from Kafka (deleted by "
                           "retention, or with their topic) without a word, and segack skips nothing unless "

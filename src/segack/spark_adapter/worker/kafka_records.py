@@ -3,8 +3,9 @@ their own consumer (:mod:`~segack.spark_adapter.worker.partition_task`).
 
 An event has the columns of :mod:`~segack.spark_adapter.sources.kafka`'s rule 1, with the same
 values a micro-batch gives: ``key`` (the record's key as UTF-8 text, null for none), ``topic``,
-``partition``, ``offset``, ``timestamp`` (a ``datetime`` in the session's time zone), the value's
-declared fields, then ``unparsed_value``. The value is parsed here, in Python, by rule 2: a value
+``partition``, ``offset``, ``timestamp`` (a ``datetime`` in the session's time zone), ``headers``
+when the stream asks for them (:data:`HEADERS`), the value's declared fields, then
+``unparsed_value``. The value is parsed here, in Python, by rule 2: a value
 that is not a JSON object holding every declared field with a value of its type leaves every field
 null and its text in ``unparsed_value``, and the run refuses to hand it over unless the handler
 :func:`~segack.spark_adapter.takes_unparsed`.
@@ -46,12 +47,15 @@ if TYPE_CHECKING:
 
     from segack.spark_adapter.worker.wire_format import WireFormat
 
-__all__ = ["ARROW_TYPES", "FIELD_TYPES", "LOGICAL_TYPES", "UNPARSED", "DecodedBatches", "RecordEvents",
-           "ValueFields", "arrow_type", "check_fields", "field_parser", "time_zone"]
+__all__ = ["ARROW_TYPES", "FIELD_TYPES", "HEADERS", "LOGICAL_TYPES", "UNPARSED", "DecodedBatches",
+           "RecordEvents", "ValueFields", "arrow_type", "check_fields", "field_parser", "time_zone"]
 
 #: The column that holds a value that did not parse (:mod:`~segack.spark_adapter.sources.kafka`'s
 #: rule 2), null for every record that parsed.
 UNPARSED = "unparsed_value"
+#: The column of a record's headers, when the stream asks for them (``includeHeaders=true``): a
+#: list of ``{"key": text, "value": bytes}`` in the record's order, null for a record without any.
+HEADERS = "headers"
 
 
 def _integer(bits: int) -> Callable[[Any], Any]:
@@ -266,11 +270,13 @@ def time_zone(name: str) -> dt.tzinfo:
 @dataclass(frozen=True)
 class RecordEvents:
     """Turns a topic's records into events: ``fields`` as :func:`check_fields` gives them,
-    ``time_zone`` the session's (``spark.sql.session.timeZone``)."""
+    ``time_zone`` the session's (``spark.sql.session.timeZone``), with their :data:`HEADERS` when
+    ``headers``."""
 
     fields: tuple[tuple[str, str], ...]
     time_zone: str
     wire: WireFormat | None = None
+    headers: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_values", ValueFields(self.fields, self.wire))
@@ -279,13 +285,16 @@ class RecordEvents:
         object.__setattr__(self, "_moments", moments)
 
     def event(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
-              timestamp_ms: int) -> dict[str, Any]:
-        """The event of one record (rules 1 and 2)."""
+              timestamp_ms: int, headers: list[tuple[str, bytes | None]] | None = None) -> dict[str, Any]:
+        """The event of one record (rules 1 and 2); ``headers`` as the client gives them."""
         moment = dt.datetime.fromtimestamp(timestamp_ms / 1000, dt.UTC).astimezone(self._zone)  # type: ignore[attr-defined]
         event: dict[str, Any] = {
             "key": None if key is None else key.decode("utf-8", errors="replace"),
             "topic": topic, "partition": partition, "offset": offset, "timestamp": moment,
         }
+        if self.headers:
+            # As Spark's source gives them: null, not an empty list, for a record without any.
+            event[HEADERS] = [{"key": name, "value": data} for name, data in headers] if headers else None
         values: ValueFields = self._values  # type: ignore[attr-defined]
         if value is None:  # a tombstone: every field null, nothing to refuse
             event.update((name, None) for name in values.names)
@@ -326,8 +335,8 @@ def arrow_type(type_name: str) -> Any:
 class DecodedBatches:
     """Kafka records with their values decoded, Arrow batch by Arrow batch, for ``mapInArrow`` in a
     micro-batch: each batch's columns ``key``, ``topic``, ``partition``, ``offset``, ``timestamp``
-    kept as they are, ``value`` replaced by the declared fields and :data:`UNPARSED`
-    (:class:`ValueFields` ``values``)."""
+    (and ``headers``, when the query has them) kept as they are, ``value``, the last, replaced by
+    the declared fields and :data:`UNPARSED` (:class:`ValueFields` ``values``)."""
 
     values: ValueFields
 
@@ -346,8 +355,9 @@ class DecodedBatches:
                                         [item for _, item in fields], strict=True):
                     column.append(item)
                 unparsed.append(text)
-            kept = [batch.column(name) for name in ("key", "topic", "partition", "offset", "timestamp")]
+            own = batch.schema.names[:-1]  # the record's columns as the query selected them, then value
             yield pa.RecordBatch.from_arrays(
-                [*kept, *(pa.array(column, type=kind) for column, kind in zip(columns, types, strict=True)),
+                [*(batch.column(name) for name in own),
+                 *(pa.array(column, type=kind) for column, kind in zip(columns, types, strict=True)),
                  pa.array(unparsed, type=pa.string())],
-                names=["key", "topic", "partition", "offset", "timestamp", *names, UNPARSED])
+                names=[*own, *names, UNPARSED])

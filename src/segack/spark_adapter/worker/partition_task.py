@@ -396,7 +396,7 @@ class PartitionsTask:
                 continue
             reader = self.readers[partition]
             event = plan.records.event(plan.topic, partition, offset, message.key(), message.value(),
-                                       message.timestamp()[1])
+                                       message.timestamp()[1], message.headers())
             if self.identify:
                 identity = EventIdentity(event["key"], partition, offset, plan.checkpoint_id)
                 event = identified_event(event, identity)
