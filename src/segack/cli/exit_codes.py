@@ -19,8 +19,9 @@ class ExitCode(IntEnum):
     #: The command line is wrong: a flag out of its range, a handler that cannot be imported, a
     #: missing argument. Nothing ran; the message names the flag.
     USAGE = 2
-    #: The run reached the end of its input, but events set aside as dead letters remain (``segack
-    #: dead-letters`` lists them; ``--retry-dead-letters`` handles them again).
+    #: The run reached the end of its input (a stream: drained or stopped as asked), but events set
+    #: aside as dead letters remain (``segack dead-letters`` lists them; ``--retry-dead-letters``
+    #: handles them again).
     DEAD_LETTERS = 3
     #: The input, the checkpoint or the session cannot be used as given: unreadable or empty input,
     #: nulls in the order column, a path that is not a checkpoint, a checkpoint of other input or
