@@ -739,6 +739,48 @@ def test_sigterm_stops_at_the_end_of_a_micro_batch_and_the_next_run_repeats_noth
 
 
 
+@pytest.mark.streams
+def test_a_stop_past_the_stop_timeout_ends_the_micro_batch_at_a_flush_and_the_next_run_finishes_it(
+        tmp_path, kafka_broker):
+    """SIGTERM in the middle of a micro-batch that would take a minute more: --stop-timeout 2 later
+    its tasks finish the calls in flight, save, and the command exits 0, the micro-batch in
+    progress and the group untouched; the next run handles the rest. A plain handler sees each
+    record once: no call was cut off, none repeated."""
+    bootstrap, topic, group = kafka_broker.bootstrap, "accounts-stop-timeout", "segack-stop-timeout"
+    make_topic(bootstrap, topic, 2)
+    records = account_events(3000, users=60, seed=12)
+    produce(bootstrap, topic, records)
+    log = str(tmp_path / "log.jsonl")
+    process = start_stream(tmp_path, bootstrap, topic, "tests.spark_handlers:record_kafka_in_flight",
+                           "--segments", "2", "--concurrency", "2", "--stop-timeout", "2",
+                           "--commit-offsets-to", group)
+    _wait_for(lambda: len(read_log(log)) > 200, 300, "the micro-batch under way", process)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == ExitCode.OK, err[-3000:]
+    stopped_at = len(read_log(log))
+    assert stopped_at < len(records) - 1000, "the micro-batch was nearly done: the stop proves nothing"
+    assert ("segack stream: micro-batch 0 still ran 2 s after the stop (--stop-timeout): its tasks finished "
+            "their calls in flight and saved its progress; the next run finishes it") in out, out
+    assert f"stopped as asked: 0 micro-batches, {stopped_at:,} events handled, no micro-batch complete" in out
+    # Every call started was finished and recorded: none was cut off.
+    started = read_log(log + ".started")
+    assert sorted(map(json.dumps, started)) == sorted(
+        json.dumps({"user": event["user"], "seq": event["seq"]}) for event in read_log(log))
+    state = CheckpointStore(str(tmp_path / "checkpoint")).load()
+    assert state.settings["stream"]["batch"]["id"] == 0 and state.settings["status"] == "stopped"
+    assert state.tokens.done == stopped_at  # every call finished is saved
+    assert committed_offsets(bootstrap, topic, group) == {}  # no micro-batch complete: nothing committed
+    assert main(["status", str(tmp_path / "checkpoint")]) == ExitCode.OK
+    finished = run_stream(tmp_path, bootstrap, topic, "tests.spark_handlers:record_kafka",
+                          "--commit-offsets-to", group, run="1")
+    assert finished.returncode == ExitCode.OK, finished.stderr
+    handled = read_log(log)
+    assert len(handled) == len(records), len(handled)  # nothing repeated, nothing lost
+    assert_each_key_in_offset_order(handled, records)
+    assert committed_offsets(bootstrap, topic, group) == end_offsets(bootstrap, topic)
+
+
 @pytest.mark.faults
 @pytest.mark.command
 def test_a_micro_batch_run_again_after_a_crash_is_reported_once_at_its_size(tmp_path, kafka_broker):

@@ -384,6 +384,8 @@ def _topic_exists(bootstrap: str, topic: str) -> bool:
     (("--key-group-bits", "8"), "--key-group-bits is not for --trigger real-time: a real-time stream"),
     (("--flush-interval", "2"), "--flush-interval is not for --trigger real-time"),
     (("--hash", "java"), "--hash is not for --trigger real-time"),
+    (("--stop-timeout", "5"),
+     "--stop-timeout is not for --trigger real-time: a real-time stream stops once the calls it read finish"),
 ])
 def test_flags_a_real_time_stream_cannot_take_are_refused_before_spark_starts(tmp_path, capsys, flags, said):
     command = ["stream", "--format", "kafka", "--option", "kafka.bootstrap.servers=127.0.0.1:9",

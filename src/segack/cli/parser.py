@@ -78,8 +78,8 @@ def _add_stream(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         description="Run a Structured Streaming query that calls a handler once per event, never before "
         "every earlier event of its key has been handled. Each micro-batch is complete in the "
         "checkpoint before the next starts; Spark's own checkpoint of the query lives inside it. "
-        "SIGTERM or Ctrl-C stops it at the end of the micro-batch under way, exit 0 (twice: at once, "
-        "exit 1, the batch's progress kept).",
+        "SIGTERM or Ctrl-C stops it at the end of the micro-batch under way, or --stop-timeout later at "
+        "its tasks' next flush, exit 0 (twice: at once, exit 1, the batch's progress kept).",
     )
     stream.epilog = exit_status_help()
     add_handling(stream)
@@ -90,6 +90,10 @@ def _add_stream(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
                         "5s or 500ms: a micro-batch that often, until stopped; real-time (Kafka): each "
                         "record as it arrives, by long-running tasks that read the topic's partitions, until "
                         "stopped (default: available-now)")
+    stream.add_argument("--stop-timeout", type=positive_seconds, default=None, metavar="SECONDS",
+                        help="micro-batches: after SIGTERM or Ctrl-C, wait this long for the micro-batch "
+                        "under way; then its tasks finish their calls in flight, save and end, exit 0, and "
+                        "the next run finishes it (default: 20; inf waits for its end)")
     stream.add_argument("--commit-interval", type=positive_seconds, default=None, metavar="SECONDS",
                         help="--trigger real-time: save each partition's progress, and commit it to "
                         "--commit-offsets-to, this often (default: 1)")

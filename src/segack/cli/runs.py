@@ -191,6 +191,7 @@ def _stream(args: argparse.Namespace, job: _Job) -> int:
     """``segack stream``: runs until the input is drained (``--trigger available-now``) or SIGTERM or
     Ctrl-C asks it to stop; an :class:`~segack.cli.ExitCode`."""
     from segack.spark_adapter.coordinator.query import StopRequest, stream
+    from segack.spark_adapter.coordinator.query_watch import DEFAULT_STOP_TIMEOUT
     from segack.spark_adapter.sources.kafka_settings import java_options
     from segack.spark_adapter.sources.value_formats import value_registry
 
@@ -200,6 +201,8 @@ def _stream(args: argparse.Namespace, job: _Job) -> int:
         print("segack stream: --commit-interval is for --trigger real-time; a micro-batch stream commits "
               "after each micro-batch", file=sys.stderr)
         return ExitCode.USAGE
+    if args.stop_timeout is None:
+        args.stop_timeout = DEFAULT_STOP_TIMEOUT
     if args.format == "kafka":
         try:
             java_options(value_registry(dict(args.option), args.value_format)[1])
@@ -225,7 +228,8 @@ def _stream(args: argparse.Namespace, job: _Job) -> int:
                 return ExitCode.USAGE
             result = stream(events, key=args.key, order=args.order, handler=job.handler, checkpoint=store,
                             trigger=args.trigger, commit_offsets_to=args.commit_offsets_to, stop=stop,
-                            progress=_print_batch, metrics_port=args.metrics_port, **job.options)
+                            stop_timeout=args.stop_timeout, progress=_print_batch,
+                            metrics_port=args.metrics_port, **job.options)
     except Exception as error:
         return _failure_code(args, error)
     finally:
@@ -242,6 +246,7 @@ _NOT_REAL_TIME = (
     ("--format", "format", "kafka", "a real-time stream reads a Kafka topic"),
     ("--key", "key", "key", "a real-time stream's key is the record's Kafka key (--key key)"),
     ("--order", "order", "offset", "a real-time stream's order is the record's offset (--order offset)"),
+    ("--stop-timeout", "stop_timeout", None, "a real-time stream stops once the calls it read finish"),
 )
 
 
@@ -350,10 +355,15 @@ def _print_batch(report: BatchReport) -> None:
 def _stream_report(result: StreamResult, args: argparse.Namespace) -> int:
     """What ``segack stream`` prints at its end, and its exit code."""
     why = "stopped as asked" if result.stopped else "the input is drained"
-    last = "no micro-batch" if result.last_batch is None else f"batch {result.last_batch} the last complete"
+    last = ("no micro-batch complete" if result.last_batch is None
+            else f"batch {result.last_batch} the last complete")
     batches = "1 micro-batch" if result.batches == 1 else f"{result.batches:,} micro-batches"
     print(f"segack stream: {why}: {batches}, {result.handled:,} events handled, {last}, in "
           f"{result.seconds:.1f} s")
+    if result.cut_short_batch is not None:
+        print(f"segack stream: micro-batch {result.cut_short_batch} still ran {args.stop_timeout:g} s after "
+              f"the stop (--stop-timeout): its tasks finished their calls in flight and saved its progress; "
+              f"the next run finishes it")
     if result.group_behind:
         batch = ("the last complete micro-batch" if result.last_batch is None
                  else f"micro-batch {result.last_batch}")

@@ -140,6 +140,9 @@ class StreamResult:
     group_behind: bool = False
     #: Whether a stop asked twice cut a micro-batch short (its progress saved, not complete).
     interrupted: bool = False
+    #: The micro-batch that a stop ended early, ``stop_timeout`` seconds after it was asked, each
+    #: task's calls in flight finished and its progress saved: the next run finishes it.
+    cut_short_batch: int | None = None
 
 
 @dataclass(frozen=True)

@@ -29,17 +29,20 @@ import collections
 import copy
 import dataclasses
 import logging
+import math
 import pickle
 import threading
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from segack.spark_adapter.coordinator.query_watch import POLL_SECONDS, StoppedError, Watch
+from segack.spark_adapter.coordinator.query_watch import DEFAULT_STOP_TIMEOUT, POLL_SECONDS, Watch, timed_out
+from segack.spark_adapter.coordinator.state import EarlyStop, StoppedError
 from segack.spark_adapter.errors import ClaimLostError, ReplayError, one_line
 from segack.spark_adapter.sources.kafka import parse_offsets
 from segack.spark_adapter.store.claims import ClaimKeeper, latest_claim
 from segack.spark_adapter.store.crash_points import durable_write
+from segack.spark_adapter.store.periodic import Periodic
 from segack.spark_adapter.store.stream_view import read_stream_view, write_stream_view
 
 if TYPE_CHECKING:
@@ -47,6 +50,7 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
     from segack.spark_adapter.coordinator.streaming import BatchReplay
+    from segack.spark_adapter.store.checkpoint import CheckpointStore
     from segack.spark_adapter.store.claims import Claim
 
 __all__ = ["FAILURE_FILE", "ConnectWatch", "ServerBatches", "commit_ends"]
@@ -76,6 +80,26 @@ def commit_ends(settings: Mapping[str, Any], group: str, ends: list[tuple[str, i
         consumer.close()
 
 
+class _EarlyStopLook(Periodic):
+    """In the server's process, while a micro-batch runs: the client's request to end it early
+    (``stop_timeout``), looked for in the checkpoint every :data:`POLL_SECONDS`, passed on to the
+    replay's :class:`~segack.spark_adapter.coordinator.state.EarlyStop`."""
+
+    def __init__(self, store: CheckpointStore, request: str, early_stop: EarlyStop) -> None:
+        super().__init__(POLL_SECONDS, "segack-early-stop")
+        self.store, self.request, self.early_stop = store, request, early_stop
+
+    def tick(self) -> bool:
+        try:
+            reason = self.store.stop_reason(self.request)
+        except OSError as error:  # looked for again at the next tick
+            log.warning("%s: could not look for a request to stop early: %s", self.store.location, error)
+            return False
+        if reason is not None:
+            self.early_stop.ask(reason)
+        return reason is not None
+
+
 class ServerBatches:
     """``process_batch(batch, batch_id)`` of a stream over Spark Connect, pickled to the server with
     what it needs: each micro-batch under the client's claim (``claim``), its end offsets committed to
@@ -84,12 +108,15 @@ class ServerBatches:
     their failure, a stop."""
 
     def __init__(self, replay: BatchReplay, keeper: ClaimKeeper, group: str | None,
-                 kafka: Mapping[str, Any] | None) -> None:
+                 kafka: Mapping[str, Any] | None, stop_timeout: float = DEFAULT_STOP_TIMEOUT) -> None:
         self.replay, self.keeper, self.group, self.kafka = replay, keeper, group, dict(kafka or {})
+        self.stop_timeout = stop_timeout
         self.claim: Claim = keeper.claim
         self.store = replay.store
-        #: The stop request's name in the checkpoint (not a job's: their tasks would stop mid-batch).
+        #: The stop request's name in the checkpoint (not a job's: their tasks would stop mid-batch),
+        #: and that of the request to end the micro-batch under way early (``stop_timeout``).
         self.stop_id = f"{self.claim.run_id}-stream"
+        self.early_id = f"{self.stop_id}-early"
         #: This run's counts, kept by the server's process (one Python worker runs all of a query's
         #: micro-batches).
         self.batches = self.events = 0
@@ -120,7 +147,8 @@ class ServerBatches:
             self._check_client()
             if self._fence is None:
                 self._fence = ClaimKeeper(self.store, self.claim)
-            self.replay.process(batch, batch_id, self._fence)
+            with _EarlyStopLook(self.store, self.early_id, self.replay.early_stop):
+                self.replay.process(batch, batch_id, self._fence)
             self._after(batch_id)
         except BaseException as error:
             self._record_failure(error)
@@ -188,6 +216,7 @@ class ServerBatches:
         with durable_write("stream-view"):
             self.store.files.delete(self.store.files.path(FAILURE_FILE))
         self.store.clear_stop(self.stop_id)
+        self.store.clear_stop(self.early_id)
 
     @property
     def error(self) -> BaseException | None:
@@ -206,9 +235,14 @@ class ServerBatches:
         return self._error
 
     def stop_when_idle(self, query: StreamingQuery, now: threading.Event) -> None:
-        """No micro-batch starts once asked; the one under way finishes unless ``now`` is set."""
+        """No micro-batch starts once asked; the one under way finishes unless ``now`` is set, or
+        ends at its tasks' next flush once ``stop_timeout`` has passed (told through the checkpoint)."""
+        deadline = time.monotonic() + self.stop_timeout
         self.store.request_stop(self.stop_id, "the stream was asked to stop")
         while query.isActive and query.status.get("isTriggerActive") and not now.is_set():
+            if time.monotonic() >= deadline:
+                deadline = math.inf
+                self.store.request_stop(self.early_id, timed_out(self.stop_timeout))
             time.sleep(POLL_SECONDS)
         self.interrupted = bool(query.isActive and query.status.get("isTriggerActive"))
         query.stop()

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from segack.kernel import SegmentSet
+from segack.spark_adapter.coordinator.state import StoppedError
 from segack.spark_adapter.errors import HandlerFailedError, ReplayError, TokenError, kafka_data_loss
 from segack.spark_adapter.results import STARTUP, Progress
 from segack.spark_adapter.spark.executors import task_failure
@@ -146,7 +147,8 @@ class Job:
         1. **Plan** the tasks: what each needs, pickled once for all of them.
         2. **Run** the Spark job, while the merger saves progress on a timer and, with
            ``watch_requests``, the watcher stops the tasks at their next flush when a change of
-           segments is asked for.
+           segments is asked for; the run's :class:`~segack.spark_adapter.coordinator.state.EarlyStop`
+           stops them there too.
         3. **Gather** the tasks' results: their failures, final updates and counts, and the segments
            whose task stopped before its end: when no change of segments asked for it and no task
            reported a failure (lost with its executor, its retry stopping as asked), the job did
@@ -155,7 +157,9 @@ class Job:
            read all of it, record the status, and clean up the job's files.
         5. **Raise** what stopped the job, if anything: :class:`~segack.spark_adapter.ClaimLostError`
            (nothing more is saved), then the first :class:`~segack.spark_adapter.HandlerFailedError`,
-           then :class:`~segack.spark_adapter.ReplayError`.
+           then :class:`~segack.spark_adapter.ReplayError`, or
+           :class:`~segack.spark_adapter.coordinator.state.StoppedError` for tasks stopped early as
+           asked.
         """
         run = self.run
         plan = self._plan()  # 1
@@ -168,7 +172,8 @@ class Job:
         results: pa.Table | None = None
         run.spark.addTag(run_tag(run.run_id))
         try:
-            with merger, watcher or contextlib.nullcontext():  # 2
+            with (merger, watcher or contextlib.nullcontext(),
+                  run.early_stop.job(run.store, self.job_id)):  # 2
                 try:
                     results = run.events.job(run.tokens, self.segments, plan).toArrow()
                 except Exception as error:
@@ -224,8 +229,10 @@ class Job:
             # Every task read all of its events: each key group's committed point is its count.
             tokens.count_from_committed()
             run.state.settings["total"] = tokens.total
-        status = ("running" if change is not None else "complete" if tokens.complete else "incomplete"
-                  ) if ending.finished else "failed"
+        if ending.finished:
+            status = "running" if change is not None else "complete" if tokens.complete else "incomplete"
+        else:
+            status = "stopped" if self._stopped_as_asked(ending) else "failed"
         run.state.settings.update(status=status, updated_at=time.time())
         try:
             run.keeper.save(run.state)
@@ -233,6 +240,11 @@ class Job:
             run.store.clear_stop(self.job_id)
         except Exception as error:
             ending.merge_error = ending.merge_error or error
+
+    def _stopped_as_asked(self, ending: _Ending) -> bool:
+        """Whether the job's tasks stopped before their end only because the run's early stop asked."""
+        return (self.run.early_stop.reason is not None and ending.stopped_early is not None
+                and not ending.failures and ending.job_error is None and ending.merge_error is None)
 
     def _raise(self, ending: _Ending) -> None:
         keeper = self.run.keeper
@@ -245,6 +257,11 @@ class Job:
             raise failure
         if ending.merge_error is not None:
             raise ReplayError(f"saving progress failed: {ending.merge_error}") from ending.merge_error
+        if ending.stopped_early is not None and self._stopped_as_asked(ending):
+            stopped = StoppedError(f"{ending.stopped_early}; the progress before it is saved, and the next "
+                                   f"run goes on from there")
+            stopped.dead_letters = ending.dead_letters
+            raise stopped
         if ending.stopped_early is not None:
             raise ReplayError(f"{ending.stopped_early}; the progress before it is saved: run it again")
         if ending.job_error is not None:

@@ -23,7 +23,9 @@ The query goes like this:
    page and the metrics show moves while a micro-batch waits for its trigger.
 5. **Stop** when the input is drained (``trigger="available-now"``), when a batch fails, or when
    ``stop`` is set: then no micro-batch starts any more, the one under way finishes, and the query
-   ends at that commit; set ``stop`` twice (``StopRequest.now``) to interrupt the batch instead.
+   ends at that commit; or, still running ``stop_timeout`` seconds later, it ends at its tasks'
+   next flush, their calls in flight finished and its progress saved, for the next run to finish.
+   Set ``stop`` twice (``StopRequest.now``) to interrupt the batch at once instead.
    Once another run has taken the checkpoint over, the query stops at once, idle or not, and the
    stream raises :class:`~segack.spark_adapter.ClaimLostError`.
 6. **End**: record the last report, commit the last offsets, release the claim (none of it under a
@@ -33,6 +35,7 @@ The query goes like this:
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -40,7 +43,12 @@ from typing import TYPE_CHECKING, Any
 from segack.spark_adapter.coordinator.connect_batches import ConnectWatch, ServerBatches
 from segack.spark_adapter.coordinator.dead_letters import RetryOutcome
 from segack.spark_adapter.coordinator.query_record import plan_start, record_start
-from segack.spark_adapter.coordinator.query_watch import QueryBatches, StopRequest, Watch
+from segack.spark_adapter.coordinator.query_watch import (
+    DEFAULT_STOP_TIMEOUT,
+    QueryBatches,
+    StopRequest,
+    Watch,
+)
 from segack.spark_adapter.coordinator.run import (
     check_location,
     check_metrics_address,
@@ -49,6 +57,7 @@ from segack.spark_adapter.coordinator.run import (
     metrics_served,
     new_run_id,
 )
+from segack.spark_adapter.coordinator.state import StoppedError
 from segack.spark_adapter.coordinator.streaming import BatchReplay
 from segack.spark_adapter.errors import OptionError
 from segack.spark_adapter.handlers import orderable_refusal, refusing
@@ -67,9 +76,23 @@ if TYPE_CHECKING:
 
     from segack.spark_adapter.sources.kafka import KafkaStream
 
-__all__ = ["StopRequest", "parse_trigger", "stream"]
+__all__ = ["StopRequest", "check_stop_timeout", "parse_trigger", "stream"]
 
 log = logging.getLogger(__name__)
+
+
+def check_stop_timeout(stop_timeout: Any) -> None:
+    """Refuse (:class:`~segack.spark_adapter.OptionError`) a ``stop_timeout`` that is neither ``None``
+    nor a positive number of seconds."""
+    if stop_timeout is None:
+        return
+    if isinstance(stop_timeout, bool) or not isinstance(stop_timeout, (int, float)) or not stop_timeout > 0:
+        raise OptionError(f"stop_timeout must be a positive number of seconds or None, not {stop_timeout!r}")
+
+
+def _cut_short(error: BaseException | None) -> int | None:
+    """The micro-batch a stop ended early, from the error that ended the query."""
+    return error.batch_id if isinstance(error, StoppedError) else None
 
 
 def parse_trigger(trigger: str | float) -> dict[str, Any]:
@@ -112,6 +135,7 @@ def stream(
     trigger: str | float = "available-now",
     commit_offsets_to: str | None = None,
     stop: StopRequest | None = None,
+    stop_timeout: float | None = DEFAULT_STOP_TIMEOUT,
     progress: Callable[[BatchReport], None] | None = None,
     metrics_port: int | str | None = None,
     **options: Any,
@@ -151,6 +175,10 @@ def stream(
         :mod:`~segack.spark_adapter.coordinator.connect_batches`).
     stop : StopRequest, optional
         Set it to stop at the end of the micro-batch under way.
+    stop_timeout : float or None, default 20
+        Seconds a stop waits for the micro-batch under way; past them its tasks end at their next
+        flush (each finishes its calls in flight and saves), and the next run finishes the
+        micro-batch: nothing is lost, nor repeated through a sink. ``None`` waits for its end.
     progress : callable, optional
         Receives a :class:`~segack.spark_adapter.BatchReport` after each micro-batch.
     metrics_port : int or str, optional
@@ -168,8 +196,8 @@ def stream(
     ------
     OptionError, InputError, SessionError, CheckpointLocationError, CheckpointError
         Before anything is written, as :func:`~segack.spark_adapter.replay` raises them; also a
-        trigger that is not one, ``events`` that are not a stream, or ``commit_offsets_to``
-        without Kafka records.
+        trigger that is not one, a ``stop_timeout`` that is not a positive number of seconds,
+        ``events`` that are not a stream, or ``commit_offsets_to`` without Kafka records.
     HandlerFailedError, ReplayError
         A micro-batch stopped, as a replay does; its progress was saved first.
         :class:`~segack.spark_adapter.ClaimLostError` once another run took the checkpoint over,
@@ -182,6 +210,7 @@ def stream(
     kafka = events if isinstance(events, KafkaStream) else None
     frame = _frame(events)
     how = parse_trigger(trigger)
+    check_stop_timeout(stop_timeout)
     check_metrics_address(metrics_port)
     if not frame.isStreaming:
         raise OptionError("events must be a streaming DataFrame (spark.readStream...); replay a static one")
@@ -208,6 +237,7 @@ def stream(
                 ] if kafka else [orderable_refusal(key, order)]
     replay = BatchReplay(refusing(handler, refusals), key, order, store, run_options, start)
     stop = stop or StopRequest()
+    waits = math.inf if stop_timeout is None else float(stop_timeout)
     with metrics_served(store, metrics_port), \
             claimed(spark, store, new_run_id(), run_options) as keeper:  # 2
         replay.start = record_start(start, keeper)
@@ -217,12 +247,12 @@ def stream(
         batches: QueryBatches | ServerBatches
         if connect:
             batches = ServerBatches(replay, keeper, commit_offsets_to,
-                                    librdkafka_client(kafka.options) if kafka else None)
+                                    librdkafka_client(kafka.options) if kafka else None, waits)
             batches.clear()
             # The server's micro-batches save under this claim, unseen here: it is never withdrawn.
             keeper.saved = True
         else:
-            batches = QueryBatches(replay, keeper)
+            batches = QueryBatches(replay, keeper, waits)
         query = (frame.writeStream.foreachBatch(batches).queryName(f"segack {store.location}")
                  .option("checkpointLocation", store.child_location(STREAM_DIR)).trigger(**how).start())
         watching = ConnectWatch if connect else Watch
@@ -250,4 +280,4 @@ def stream(
                         seconds=time.monotonic() - began, last_batch=watch.last_batch, lag=watch.lag,
                         retried=retried.handled, retry_failed=retried.kept, started=start.where,
                         passed_over=start.passed_over, group_behind=watch.behind,
-                        interrupted=batches.interrupted)
+                        interrupted=batches.interrupted, cut_short_batch=_cut_short(batches.error))

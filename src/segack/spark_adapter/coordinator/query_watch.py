@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from segack.errors import SegackError
+from segack.spark_adapter.coordinator.state import StoppedError
 from segack.spark_adapter.errors import ReplayError, worker_error
 from segack.spark_adapter.results import BatchReport
 from segack.spark_adapter.sources.kafka import PartitionOffsets, commit_offsets, list_offsets, parse_offsets
@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from segack.spark_adapter.sources.kafka import KafkaStream
     from segack.spark_adapter.store.claims import ClaimKeeper
 
-__all__ = ["AT_ONCE", "POLL_SECONDS", "Batches", "QueryBatches", "StopRequest", "StoppedError", "Watch"]
+__all__ = ["AT_ONCE", "DEFAULT_STOP_TIMEOUT", "POLL_SECONDS", "Batches", "QueryBatches", "StopRequest",
+           "Watch", "timed_out"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,15 @@ POLL_SECONDS = 1
 ENDS_SECONDS = 2.0
 #: Seconds after which the stream's view is written again though nothing in it changed.
 VIEW_REFRESH_SECONDS = 30.0
+#: Seconds a stop waits for the micro-batch under way before its tasks are asked to end early
+#: (``stop_timeout``): within Kubernetes' 30 s grace period, with time left to save and exit.
+DEFAULT_STOP_TIMEOUT = 20.0
+
+
+def timed_out(stop_timeout: float) -> str:
+    """Why a micro-batch is ended early: still running ``stop_timeout`` seconds after the stop."""
+    return (f"the stream was asked to stop, and its micro-batch still ran {stop_timeout:g} s later (the stop "
+            f"timeout)")
 
 
 class StopRequest:
@@ -59,10 +69,6 @@ AT_ONCE = threading.Event()
 AT_ONCE.set()
 
 
-class StoppedError(SegackError, RuntimeError):
-    """Raised by a micro-batch that starts after a stop was asked: the query ends there."""
-
-
 class Batches(Protocol):
     """What the watcher asks of a query's ``process_batch``: :class:`QueryBatches`, or over Spark
     Connect :class:`~segack.spark_adapter.coordinator.connect_batches.ServerBatches`."""
@@ -79,10 +85,12 @@ class Batches(Protocol):
 
 class QueryBatches:
     """``process_batch`` of the query :func:`stream` runs: each micro-batch under the stream's claim,
-    none started once a stop was asked, and the error of one that failed kept for the caller."""
+    none started once a stop was asked, the one under way ended early ``stop_timeout`` seconds
+    after the stop (infinity: never), and the error of one that failed kept for the caller."""
 
-    def __init__(self, replay: BatchReplay, keeper: ClaimKeeper) -> None:
-        self.replay, self.keeper = replay, keeper
+    def __init__(self, replay: BatchReplay, keeper: ClaimKeeper,
+                 stop_timeout: float = DEFAULT_STOP_TIMEOUT) -> None:
+        self.replay, self.keeper, self.stop_timeout = replay, keeper, stop_timeout
         self.lock = threading.Condition()
         self.running = self.stopping = False
         #: Whether stopping cut a micro-batch short (a stop asked twice).
@@ -107,10 +115,14 @@ class QueryBatches:
                 self.lock.notify_all()
 
     def stop_when_idle(self, query: StreamingQuery, now: threading.Event) -> None:
-        """Refuse new micro-batches, let the one under way finish (unless ``now`` is set), stop."""
+        """Refuse new micro-batches, let the one under way finish (unless ``now`` is set; past
+        ``stop_timeout``, its tasks end at their next flush, their calls in flight finished), stop."""
+        deadline = time.monotonic() + self.stop_timeout
         with self.lock:
             self.stopping = True
             while self.running and not now.is_set():
+                if time.monotonic() >= deadline:
+                    self.replay.early_stop.ask(timed_out(self.stop_timeout))
                 self.lock.wait(POLL_SECONDS)
             self.interrupted = self.running
         query.stop()

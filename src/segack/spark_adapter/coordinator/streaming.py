@@ -41,6 +41,7 @@ from segack.spark_adapter.coordinator.run import (
     new_run_id,
     resolution,
 )
+from segack.spark_adapter.coordinator.state import EarlyStop, StoppedError
 from segack.spark_adapter.errors import CheckpointError, ReplayError
 from segack.spark_adapter.handlers import orderable_refusal, refusing
 from segack.spark_adapter.options import RunOptions, takes_options
@@ -148,6 +149,9 @@ class BatchReplay:
         #: batch has run (over ``chosen``).
         self.retry_pending = options.retry_dead_letters
         self.first_batch = True
+        #: Ends the micro-batch under way at its tasks' next flush (a stream's ``stop_timeout``);
+        #: once asked, every later micro-batch of the query stops at its start.
+        self.early_stop = EarlyStop()
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
@@ -227,8 +231,15 @@ class BatchReplay:
                                     **({} if query_id is None else {"query_id": query_id})}
         record_segments(state, segments, why)
         batch_options = dataclasses.replace(options, retry_dead_letters=self.retry_pending)
-        counts = Run(events, state, keeper, batch_options, self.handler, batch_id=batch_id).execute(
-            segments, consumed=pending)
+        run = Run(events, state, keeper, batch_options, self.handler, batch_id=batch_id,
+                  early_stop=self.early_stop)
+        try:
+            counts = run.execute(segments, consumed=pending)
+        except StoppedError as stopped:  # ended early, its progress saved: counted as far as it went
+            stopped.batch_id = batch_id
+            self.handled += tokens.done - run.already_done - stopped.dead_letters
+            self.dead_letters += stopped.dead_letters
+            raise
         self.retry_pending = self.first_batch = False
         self.start = None
         if not tokens.complete:
