@@ -43,6 +43,7 @@ AREAS = {
     "test_crash_points.py": ("checkpoint",),
     "test_claims.py": ("claims",),
     "test_clusters.py": ("clusters",),
+    "test_cluster_streams.py": ("clusters", "streams"),
     "test_command_refusals.py": ("command",),
     "test_commits.py": ("kernel",),
     "test_conformance_and_cli.py": ("kernel", "smoke"),

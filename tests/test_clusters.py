@@ -146,15 +146,16 @@ def test_local_cluster_with_a_checkpoint_on_s3_records_everything_and_says_its_c
     assert "claim           free: run " in status.stdout and "exclusively" not in status.stdout, status
 
 
-@pytest.fixture
-def standalone_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A standalone master and one worker on loopback, from the installed pyspark; stopped at the end."""
-    logs = tmp_path_factory.mktemp("standalone")
-    environment = _environment()
-    environment["SPARK_MASTER_OPTS"] = "-Dspark.master.rest.enabled=false"
-    port, master_ui, worker_ui = free_ports(3)
+@contextlib.contextmanager
+def running_standalone(logs: Path, environment: dict[str, str], workers: int = 1,
+                       ) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
+    """A standalone master and ``workers`` workers of 2 cores on loopback, from the installed pyspark,
+    their JVMs and Python workers with ``environment``: the master's address and the workers'
+    processes (each the leader of its process group, with its executors) while the block runs."""
+    environment = dict(environment, SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false")
+    port, master_ui, *worker_uis = free_ports(2 + workers)
     spark_class = os.path.join(_spark_home(), "bin", "spark-class")
-    started = []
+    started: list[subprocess.Popen[bytes]] = []
     try:
         with open(logs / "master.log", "wb") as master_log:
             started.append(subprocess.Popen(
@@ -162,21 +163,30 @@ def standalone_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
                  "--port", str(port), "--webui-port", str(master_ui)],
                 env=environment, stdout=master_log, stderr=subprocess.STDOUT, start_new_session=True))
         _wait_for_port(port, started[0], logs / "master.log")
-        with open(logs / "worker.log", "wb") as worker_log:
-            started.append(subprocess.Popen(
-                [spark_class, "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}",
-                 "--host", "127.0.0.1", "--cores", "2", "--memory", "2g", "--webui-port", str(worker_ui),
-                 "--work-dir", str(logs / "work")],
-                env=environment, stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True))
+        for number, worker_ui in enumerate(worker_uis):
+            with open(logs / f"worker-{number}.log", "wb") as worker_log:
+                started.append(subprocess.Popen(
+                    [spark_class, "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}",
+                     "--host", "127.0.0.1", "--cores", "2", "--memory", "2g", "--webui-port", str(worker_ui),
+                     "--work-dir", str(logs / f"work-{number}")],
+                    env=environment, stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True))
         deadline = time.monotonic() + 120
-        while b"Registering worker" not in (logs / "master.log").read_bytes():
-            assert time.monotonic() < deadline, (logs / "worker.log").read_text()[-3000:]
-            assert started[1].poll() is None, (logs / "worker.log").read_text()[-3000:]
+        while (logs / "master.log").read_bytes().count(b"Registering worker") < workers:
+            assert time.monotonic() < deadline, (logs / "worker-0.log").read_text()[-3000:]
+            for number, worker in enumerate(started[1:]):
+                assert worker.poll() is None, (logs / f"worker-{number}.log").read_text()[-3000:]
             time.sleep(0.5)
-        yield f"spark://127.0.0.1:{port}"
+        yield f"spark://127.0.0.1:{port}", started[1:]
     finally:
         for process in reversed(started):
             _stop(process)
+
+
+@pytest.fixture
+def standalone_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A standalone master and one worker (:func:`running_standalone`), stopped at the end."""
+    with running_standalone(tmp_path_factory.mktemp("standalone"), _environment()) as (master, _):
+        yield master
 
 
 def test_standalone_cluster_ships_the_handler_and_refuses_a_local_checkpoint(workdir, standalone_master):

@@ -160,3 +160,18 @@ def test_a_stop_timeout_that_is_not_a_positive_number_of_seconds_is_refused(give
         check_stop_timeout(given)
     for allowed in (None, 0.5, 20, math.inf):
         check_stop_timeout(allowed)
+
+
+def test_an_early_stop_whose_request_could_not_be_written_writes_it_when_asked_again(tmp_path):
+    from segack.spark_adapter.coordinator.state import EarlyStop
+    from tests.memory_files import MemoryFiles
+
+    store = CheckpointStore(str(tmp_path / "checkpoint"))
+    store.files = MemoryFiles()
+    early = EarlyStop()
+    with early.job(store, "job-1"):
+        store.files.failing.append("write")  # the store out of reach for a moment
+        early.ask("the stop timeout")
+        assert early.reason == "the stop timeout" and store.stop_reason("job-1") is None
+        early.ask("the stop timeout")  # the watcher's next look
+        assert store.stop_reason("job-1") == "the stop timeout"

@@ -744,15 +744,15 @@ def test_a_stop_past_the_stop_timeout_ends_the_micro_batch_at_a_flush_and_the_ne
         tmp_path, kafka_broker):
     """SIGTERM in the middle of a micro-batch that would take a minute more: --stop-timeout 2 later
     its tasks finish the calls in flight, save, and the command exits 0, the micro-batch in
-    progress and the group untouched; the next run handles the rest. A plain handler sees each
-    record once: no call was cut off, none repeated."""
+    progress and the group untouched; the next run handles the rest. A plain handler called one
+    event at a time sees each record once: no call was cut off, none repeated."""
     bootstrap, topic, group = kafka_broker.bootstrap, "accounts-stop-timeout", "segack-stop-timeout"
     make_topic(bootstrap, topic, 2)
     records = account_events(3000, users=60, seed=12)
     produce(bootstrap, topic, records)
     log = str(tmp_path / "log.jsonl")
     process = start_stream(tmp_path, bootstrap, topic, "tests.spark_handlers:record_kafka_in_flight",
-                           "--segments", "2", "--concurrency", "2", "--stop-timeout", "2",
+                           "--segments", "2", "--stop-timeout", "2",
                            "--commit-offsets-to", group)
     _wait_for(lambda: len(read_log(log)) > 200, 300, "the micro-batch under way", process)
     process.send_signal(signal.SIGTERM)

@@ -151,6 +151,8 @@ class ServerBatches:
                 self.replay.process(batch, batch_id, self._fence)
             self._after(batch_id)
         except BaseException as error:
+            if isinstance(error, StoppedError) and error.batch_id is not None:
+                self._write_view(self.replay.report, batch_id)  # its events counted as far as it went
             self._record_failure(error)
             raise
 
@@ -188,6 +190,10 @@ class ServerBatches:
                   "partitions": [[topic, partition, end, None] for topic, partition, end in ends],
                   "group_offsets": [list(where) for where in self.committed]}
         self.replay.report = report  # recorded with the next micro-batch, as a classic watcher's is
+        self._write_view(report, batch_id)
+
+    def _write_view(self, report: dict[str, Any], batch_id: int) -> None:
+        """The stream's view: the last micro-batch's ``report``, and this run's counts so far."""
         try:
             write_stream_view(self.store.files, {**report, "ends_at": None, "run": self.claim.run_id,
                                                  "run_batches": self.batches, "run_events": self.events,

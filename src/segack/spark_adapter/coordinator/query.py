@@ -175,10 +175,11 @@ def stream(
         :mod:`~segack.spark_adapter.coordinator.connect_batches`).
     stop : StopRequest, optional
         Set it to stop at the end of the micro-batch under way.
-    stop_timeout : float or None, default 20
-        Seconds a stop waits for the micro-batch under way; past them its tasks end at their next
-        flush (each finishes its calls in flight and saves), and the next run finishes the
-        micro-batch: nothing is lost, nor repeated through a sink. ``None`` waits for its end.
+    stop_timeout : float or None, default ``20.0``
+        Seconds a stop waits for the micro-batch under way; past them its tasks end where they next
+        look for a stop (each finishes its calls in flight and saves), and the next run finishes
+        the micro-batch: nothing is lost, nor applied twice through a sink. ``None`` waits for its
+        end.
     progress : callable, optional
         Receives a :class:`~segack.spark_adapter.BatchReport` after each micro-batch.
     metrics_port : int or str, optional

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from segack.kernel import SegmentSet
 from segack.spark_adapter.coordinator.dead_letters import RetryOutcome, RetryRun, retry_dead_letters
 from segack.spark_adapter.coordinator.job import Job, run_tag
-from segack.spark_adapter.coordinator.state import RunState, StoppedError
+from segack.spark_adapter.coordinator.state import RunState
 from segack.spark_adapter.errors import (
     CheckpointError,
     CheckpointLocationError,
@@ -173,7 +173,8 @@ class Run(RunState):
         merge error attached as a note) or :class:`~segack.spark_adapter.ReplayError`
         (:class:`~segack.spark_adapter.ClaimLostError` once another run took the checkpoint over:
         nothing more is saved), or :class:`~segack.spark_adapter.coordinator.state.StoppedError`
-        once its :attr:`early_stop` ended its jobs (progress saved).
+        once its ``early_stop`` ended its job (progress saved; a stream's micro-batch runs one
+        job, watching no request to change its segments).
         """
         self._prepare_handler()  # 0
         merged = self._merge_leftovers()  # 1
@@ -255,11 +256,7 @@ class Run(RunState):
         jobs = _Jobs(segments)
         while not self.tokens.complete:
             job_id = self.files_prefix if jobs.changes == 0 else f"{self.files_prefix}-{jobs.changes + 1}"
-            try:
-                outcome = Job(self, job_id, jobs.segments).execute(watch_requests)
-            except StoppedError as stopped:
-                stopped.dead_letters += jobs.dead_letters
-                raise
+            outcome = Job(self, job_id, jobs.segments).execute(watch_requests)
             jobs.peak_pending = max(jobs.peak_pending, outcome.peak_pending)
             jobs.dead_letters += outcome.dead_letters
             if outcome.change is None:
@@ -269,18 +266,9 @@ class Run(RunState):
             # events left resume in a new job over the new set, each key group where it stood.
             jobs.segments = outcome.change.segment_set
             record_segments(self.state, jobs.segments, f"{outcome.change.why} (by {outcome.change.by})")
-            stopping = self.early_stop.reason
-            if stopping is not None:
-                self.state.settings.update(status="stopped", updated_at=time.time())
             self.keeper.save(self.state)
             if pending_change(self.store) == outcome.change:
                 self.store.delete_segments_request()  # a newer request stays, for the next job's watcher
-            if stopping is not None:
-                between = StoppedError(f"stopped between two jobs, for a change of segments ({stopping}); "
-                                       f"the progress is saved, and the next run goes on over the new "
-                                       f"segments")
-                between.dead_letters = jobs.dead_letters
-                raise between
             log.info("%s: run %s goes on over %d segments", self.store.location, self.run_id,
                      len(jobs.segments))
             jobs.changes += 1

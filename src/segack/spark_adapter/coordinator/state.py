@@ -57,6 +57,8 @@ class EarlyStop:
         self.reason: str | None = None
         self._lock = threading.Lock()
         self._job: tuple[CheckpointStore, str] | None = None
+        #: Whether the job under way has its stop request written (a failed write is tried again).
+        self._requested = False
 
     def __getstate__(self) -> dict[str, Any]:
         # Over Spark Connect the replay holding it runs in the server's Python: the reason travels,
@@ -68,19 +70,19 @@ class EarlyStop:
         self.reason = state["reason"]
 
     def ask(self, reason: str) -> None:
-        """Stop the job running now, if any, and any later one of the run, for ``reason``."""
+        """Stop the job running now, if any, and any later one of the run, for ``reason`` (the first
+        given); asked again, write a stop request that could not be written before."""
         with self._lock:
-            if self.reason is not None:
-                return
-            self.reason = reason
-            if self._job is not None:
+            if self.reason is None:
+                self.reason = reason
+            if self._job is not None and not self._requested:
                 self._request(*self._job)
 
     @contextlib.contextmanager
     def job(self, store: CheckpointStore, job_id: str) -> Iterator[None]:
         """While job ``job_id`` of ``store`` runs: a stop asked reaches its tasks."""
         with self._lock:
-            self._job = (store, job_id)
+            self._job, self._requested = (store, job_id), False
             if self.reason is not None:
                 self._request(store, job_id)
         try:
@@ -92,7 +94,8 @@ class EarlyStop:
     def _request(self, store: CheckpointStore, job_id: str) -> None:
         try:
             store.request_stop(job_id, self.reason or "")
-        except OSError as error:  # the job then runs to its end, or until a stop at once
+            self._requested = True
+        except OSError as error:  # asked again at the watcher's next look
             log.warning("%s: could not ask job %s's tasks to stop early: %s", store.location, job_id, error)
 
 

@@ -4,8 +4,10 @@ The rules:
 
 1. **Columns.** An event read from a record has the columns ``key`` (the record's key as text,
    null for none), ``topic``, ``partition``, ``offset`` and ``timestamp``; with Spark's
-   ``includeHeaders=true``, ``headers`` (:data:`HEADERS`: the record's headers in their order, each
-   ``{"key": text, "value": bytes}``, a key possibly repeated; null for a record without any);
+   ``includeHeaders=true``, ``headers``
+   (:data:`~segack.spark_adapter.worker.kafka_records.HEADERS`: the record's headers in their
+   order, each ``{"key": text, "value": bytes}``, a key possibly repeated; null for a record
+   without any);
    then the fields the declared value schema names, parsed from the record's value (JSON), then
    ``unparsed_value``. A record with no value (a tombstone) has every field null.
 2. **A value that does not parse** (not JSON, not of the declared types, or an object that lacks a
