@@ -431,3 +431,65 @@ def test_kafka_streams_over_spark_connect_apply_each_record_once_and_commit_the_
     assert "0 events handled" in again.stdout, again.stdout
     assert_each_record_applied_once_in_order(pg_database, records)
 
+
+
+@pytest.mark.kafka
+@pytest.mark.faults
+@pytest.mark.streams
+def test_a_stop_past_its_timeout_over_spark_connect_ends_the_micro_batch_and_the_next_run_finishes_it(
+        tmp_path, tmp_path_factory, kafka_broker):
+    """Over Spark Connect the micro-batch runs in the server's Python: SIGTERM to the client, and
+    --stop-timeout 2 later the server's tasks, told through the checkpoint, finish their calls in
+    flight, save and end; the client exits 0 counting what was handled, and the next run handles
+    the rest, none twice."""
+    from tests import maven
+    from tests.spark_handlers import read_log
+    from tests.test_kafka import (
+        ROOT,
+        SCHEMA,
+        _wait_for,
+        account_events,
+        assert_each_key_in_offset_order,
+        environment,
+        make_topic,
+        produce,
+    )
+
+    bootstrap, topic = kafka_broker.bootstrap, "accounts-stop-over-connect"
+    make_topic(bootstrap, topic, 2)
+    records = account_events(3000, users=60, seed=13)
+    produce(bootstrap, topic, records)
+    server = {**_environment(), **environment(tmp_path, "0", None, bootstrap, topic)}
+    server["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), server.get("PYTHONPATH")]))
+    log = str(tmp_path / "log.jsonl")
+    jars = "spark.jars=" + ",".join(map(str, maven.spark_kafka()))
+    with running_connect_server(tmp_path_factory.mktemp("connect"), server, "--conf", jars) as remote:
+        def command(handler: str, *extra: str) -> list[str]:
+            return [sys.executable, "-m", "segack", "stream", "--remote", remote, "--format", "kafka",
+                    "--option", f"kafka.bootstrap.servers={bootstrap}", "--option", f"subscribe={topic}",
+                    "--value-schema", SCHEMA, "--key", "key", "--order", "offset", "--handler", handler,
+                    "--checkpoint", str(tmp_path / "checkpoint"), "--segments", "2", *extra]
+
+        process = subprocess.Popen(
+            command("tests.spark_handlers:record_kafka_in_flight", "--stop-timeout", "2"), cwd=ROOT,
+            env=server, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            _wait_for(lambda: len(read_log(log)) > 200, 300, "the micro-batch under way", process)
+            process.send_signal(signal.SIGTERM)
+            out, err = process.communicate(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(30)
+        stopped_at = len(read_log(log))
+        finished = subprocess.run(command("tests.spark_handlers:record_kafka"), cwd=ROOT,
+                                  env={**server, "SEGACK_TEST_RUN": "1"}, capture_output=True, text=True,
+                                  timeout=600)
+    assert process.returncode == ExitCode.OK, err[-3000:]
+    assert stopped_at < len(records) - 1000, "the micro-batch was nearly done: the stop proves nothing"
+    assert "segack stream: micro-batch 0 still ran 2 s after the stop (--stop-timeout)" in out, out
+    assert f"0 micro-batches, {stopped_at:,} events handled" in out, out
+    assert finished.returncode == ExitCode.OK, finished.stderr[-3000:]
+    handled = read_log(log)
+    assert len(handled) == len(records), len(handled)  # nothing repeated, nothing lost
+    assert_each_key_in_offset_order(handled, records)

@@ -270,17 +270,18 @@ class ConnectWatch(Watch):
     def look(self) -> None:
         view = read_stream_view(self.batches.store.files)
         last = (view or {}).get("last_batch") or {}
-        if view is None or view.get("run") != self.batches.claim.run_id or last.get("id") is None:
+        if view is None or view.get("run") != self.batches.claim.run_id:
             return
-        if self.last_batch is not None and int(last["id"]) <= self.last_batch:
+        # Counted as far as the micro-batches went, one a stop cut short too.
+        self.handled = int(view.get("run_handled", 0))
+        self.dead_letters = int(view.get("run_dead_letters", 0))
+        if last.get("id") is None or (self.last_batch is not None and int(last["id"]) <= self.last_batch):
             return
         seen = -1 if self.last_batch is None else self.last_batch
         reported = self.events
         self.last_batch, self.last_seconds = int(last["id"]), last.get("seconds")
         self.last_at = last.get("at")
         self.count, self.events = int(view.get("run_batches", 0)), int(view.get("run_events", 0))
-        self.handled = int(view.get("run_handled", 0))
-        self.dead_letters = int(view.get("run_dead_letters", 0))
         latest = self._latest()  # Spark's last report: the lag, as far as a Connect client can know it
         self.partitions = [self._with_latest(where, latest.get((where.topic, where.partition)))
                            for where in _offsets(view.get("partitions") or [])]
