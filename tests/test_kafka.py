@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,16 +30,17 @@ ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = "user STRING, seq BIGINT, amount BIGINT"
 
 
-def produce(bootstrap: str, topic: str, records: list[tuple[str | None, bytes | None]]) -> None:
-    """Write ``(key, value)`` records to ``topic``: each key to one partition, in the list's order
-    (a key of ``None``: a record without one)."""
+def produce(bootstrap: str, topic: str, records: list[tuple[Any, ...]]) -> None:
+    """Write ``(key, value)`` records, or ``(key, value, headers)``, to ``topic``: each key to one
+    partition, in the list's order (a key of ``None``: a record without one)."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
-    for key, value in records:
+    for key, value, *headers in records:
         while True:
             try:
-                producer.produce(topic, key=None if key is None else key.encode(), value=value)
+                producer.produce(topic, key=None if key is None else key.encode(), value=value,
+                                 headers=headers[0] if headers else None)
                 break
             except BufferError:
                 producer.poll(0.1)

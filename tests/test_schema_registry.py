@@ -193,9 +193,11 @@ def test_a_micro_batch_stream_of_two_avro_writers_handles_each_once_and_sets_bad
     older = [{"user": f"u{n % 5}", "seq": n // 5, "amount": n} for n in range(100)]
     newer = [{"user": f"u{n % 5}", "seq": n // 5, "amount": n, "region": "us", "note": None}
              for n in range(100, 200)]
-    records = [(value["user"], encoded) for value, encoded in zip(
-        older + newer, avro_values(schema_registry, topic, ACCOUNT_V1, older) +
-        avro_values(schema_registry, topic, ACCOUNT_V2, newer), strict=True)]
+    # Each record says its writer in a header: the headers reach the handler through the decoding too.
+    encoded = (avro_values(schema_registry, topic, ACCOUNT_V1, older)
+               + avro_values(schema_registry, topic, ACCOUNT_V2, newer))
+    records = [(value["user"], payload, [("writer", b"v1" if value["amount"] < 100 else b"v2")])
+               for value, payload in zip(older + newer, encoded, strict=True)]
     # u1's next record is not in the wire format, u2's names an id the registry lacks: each a dead
     # letter, with its key's later records parked behind it.
     records += [("u1", b'{"user": "u1"}'), ("u2", b"\x00" + struct.pack(">I", 987654) + b"\x02")]
@@ -206,13 +208,17 @@ def test_a_micro_batch_stream_of_two_avro_writers_handles_each_once_and_sets_bad
     finished = run_stream(tmp_path, kafka_broker.bootstrap, topic, "tests.spark_handlers:record_event",
                           "--value-format", "avro", "--schema-registry", schema_registry,
                           "--value-schema", "user STRING, seq BIGINT, amount BIGINT, region STRING",
-                          "--on-error", "dead-letter")
+                          "--on-error", "dead-letter", "--option", "includeHeaders=true")
     assert finished.returncode == ExitCode.DEAD_LETTERS, finished.stderr
     handled = read_log(str(tmp_path / "log.jsonl"))
     assert sorted(event["amount"] for event in handled) == sorted([*range(200), *(
         value["amount"] for value in newer[:10] if value["user"] not in ("u1", "u2"))])
     assert {event["region"] for event in handled if event["amount"] < 100} == {"eu"}  # v2's default
     assert {event["region"] for event in handled if event["amount"] >= 100} == {"us"}
+    for event in handled:  # the records written after the bad ones have no headers
+        writer = None if event["seq"] >= 40 else [
+            {"key": "writer", "value": "b'v1'" if event["amount"] < 100 else "b'v2'"}]
+        assert event["headers"] == writer, event
     for user in {event["user"] for event in handled}:
         seqs = [event["seq"] for event in handled if event["user"] == user]
         assert seqs == sorted(seqs)
