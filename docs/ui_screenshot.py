@@ -1,7 +1,7 @@
 """The operations guide's picture of ``segack ui``: a real replay (dead letters on, a slow handler)
 split from the page while it runs, photographed in Debian's Chromium.
 
-Run from the repository's root with the test extra installed: ``python docs/ui_screenshot.py``.
+Run from the repository's root with the test extra installed: ``PYTHONPATH=. python docs/ui_screenshot.py``.
 """
 
 from __future__ import annotations
