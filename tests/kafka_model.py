@@ -219,6 +219,10 @@ class ModelMessage:
     def timestamp(self) -> tuple[int, int]:
         return (1, 0 if self._entry is None else self._entry.timestamp)
 
+    def headers(self) -> list[tuple[str, bytes | None]] | None:
+        """The model's records have no headers: ``None``, as the client gives for such a record."""
+        return None
+
 
 @dataclass
 class _Assigned:

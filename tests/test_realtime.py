@@ -43,11 +43,12 @@ pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 REAL_TIME = ("--trigger", "real-time", "--commit-interval", "0.5")
 
 
-def _stopped(process: subprocess.Popen[str]) -> tuple[str, str]:
-    """SIGTERM, as an operator's Ctrl-C; the output, once the stream has ended (exit 0)."""
+def _stopped(process: subprocess.Popen[str], code: ExitCode = ExitCode.OK) -> tuple[str, str]:
+    """SIGTERM, as an operator's Ctrl-C; the output, once the stream has ended (exit ``code``: 0,
+    or 3 with dead letters left)."""
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=120)
-    assert process.returncode == ExitCode.OK, err[-3000:]
+    assert process.returncode == code, err[-3000:]
     return out, err
 
 
@@ -157,9 +158,7 @@ def test_a_failed_call_stops_the_stream_after_saving_what_is_done_or_parks_its_k
                            "--commit-offsets-to", group, "--on-error", "dead-letter", run="1")
     _wait_for(lambda: committed_offsets(bootstrap, topic, group) == end_offsets(bootstrap, topic), 120,
               "the group at the end", process)
-    process.send_signal(signal.SIGTERM)
-    out, err = process.communicate(timeout=120)
-    assert process.returncode == ExitCode.DEAD_LETTERS, err[-3000:]  # as a micro-batch stream's
+    out, err = _stopped(process, ExitCode.DEAD_LETTERS)  # as a micro-batch stream's
     assert ", 70 dead letters, 0 records behind" in out, out
     assert "70 events set aside as dead letters remain" in err, err
     handled = [(event["user"], event["seq"]) for event in read_log(log)]
@@ -211,7 +210,7 @@ def test_a_task_whose_worker_dies_is_run_again_from_its_save_its_keys_set_aside_
     produce(bootstrap, topic, later)
     _wait_for(lambda: committed_offsets(bootstrap, topic, group) == end_offsets(bootstrap, topic), 60,
               "the later records", process)
-    _stopped(process)
+    _stopped(process, ExitCode.DEAD_LETTERS)
     handled = [(event["user"], event["seq"]) for event in read_log(log)]
     set_aside = {("u1", seq) for seq in range(10, 90)}
     expected = {(f"u{n % 5}", n // 5) for n in range(400)} | {("u0", seq) for seq in range(80, 90)}
@@ -347,9 +346,7 @@ def test_each_records_headers_reach_the_handler_and_its_dead_letter_alike_in_bot
     real_time = CheckpointStore(str(tmp_path / "real-time"))
     _wait_for(lambda: len(read_log(str(log))) >= 4 and bool(real_time.dead_letter_files()), 240,
               "the records handled and the dead letter set aside", process)
-    process.send_signal(signal.SIGTERM)
-    out, err = process.communicate(timeout=120)
-    assert process.returncode == ExitCode.DEAD_LETTERS, out + err[-3000:]
+    out, _ = _stopped(process, ExitCode.DEAD_LETTERS)
     assert ", 1 dead letter, 0 records behind" in out, out
     assert sorted((line["user"], line["seq"], line["headers"]) for line in read_log(str(log))) == expected
     for mode in ("batches", "real-time"):

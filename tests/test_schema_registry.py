@@ -282,7 +282,7 @@ def test_a_real_time_stream_of_protobuf_values_sets_an_undecodable_one_aside(
                            "--on-error", "dead-letter")
     behind = sum(1 for message in messages[30:] if message.user == "u0")
     _wait_for(lambda: len(read_log(log)) >= 60 - behind, 240, "the decodable records handled", process)
-    _stopped(process)
+    _stopped(process, ExitCode.DEAD_LETTERS)
     handled = read_log(log)
     assert sorted(event["amount"] for event in handled) == sorted(
         message.amount for index, message in enumerate(messages) if index < 30 or message.user != "u0")
