@@ -72,6 +72,7 @@ AREAS = {
     "test_registry_values.py": ("sinks",),
     "test_kafka_sink.py": ("sinks",),
     "test_realtime.py": ("streams",),
+    "test_realtime_topics.py": ("streams",),
     "test_realtime_simulation.py": ("streams", "simulation"),
     "test_kafka_sink_simulation.py": ("sinks", "simulation"),
     "test_kafka_model.py": ("streams",),

@@ -263,10 +263,11 @@ class ScalesOnce(Recorder):
 
 
 def record_kafka(event: dict[str, Any]) -> None:
-    """``--handler tests.spark_handlers:record_kafka``: a Kafka record's key, user, seq, partition and
-    offset, and the run (``SEGACK_TEST_RUN``), appended to the file :data:`LOG_ENV` names."""
+    """``--handler tests.spark_handlers:record_kafka``: a Kafka record's key, user, seq, topic,
+    partition and offset, and the run (``SEGACK_TEST_RUN``), appended to the file :data:`LOG_ENV`
+    names."""
     line = json.dumps({"key": event["key"], "user": event["user"], "seq": event["seq"],
-                       "partition": event["partition"], "offset": event["offset"],
+                       "topic": event["topic"], "partition": event["partition"], "offset": event["offset"],
                        "run": os.environ.get("SEGACK_TEST_RUN", "")})
     with open(os.environ[LOG_ENV], "a") as log:
         log.write(line + "\n")

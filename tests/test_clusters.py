@@ -338,8 +338,8 @@ def test_spark_connect_replays_through_remote(workdir, connect_server):
     # A real-time stream's tasks: as many as the server's slots (its local[2]), which a Connect
     # client cannot read from the server's settings.
     slots = ("import sys; from pyspark.sql import SparkSession; "
-             "from segack.spark_adapter.coordinator.realtime import _slots; "
-             "print(_slots(SparkSession.builder.remote(sys.argv[1]).getOrCreate()))")
+             "from segack.spark_adapter.coordinator.realtime_jobs import slots; "
+             "print(slots(SparkSession.builder.remote(sys.argv[1]).getOrCreate()))")
     probe = subprocess.run([sys.executable, "-c", slots, connect_server], env=_environment(),
                            capture_output=True, text=True, timeout=120)
     assert probe.returncode == 0 and probe.stdout.split()[-1] == "2", probe.stderr

@@ -139,7 +139,8 @@ def test_secrets_are_redacted_in_either_spelling():
 
 
 @pytest.mark.parametrize(("mode", "options", "said"), [
-    ("real-time", ["subscribe=a,b"], "a real-time stream reads one topic"),
+    ("real-time", ["subscribePattern=accounts-(eu"], "subscribePattern 'accounts-(eu' is not a regular "
+     "expression"),
     ("real-time", ["subscribe=a", "kafka.ssl.truststore.location=/etc/kafka/store.jks"],
      "is a JKS trust store, which librdkafka cannot read"),
     ("available-now", ["subscribe=a", "kafka.sasl.username=alice", "kafka.sasl.password=p"],

@@ -45,13 +45,14 @@ _RUNNING: list[KafkaSinkSimulation] = []
 
 
 def _apply_many(output: KafkaOutput, events: list[dict[str, Any]]) -> None:
-    """Each event's output: its partition, offset and seq, keyed by its key (the sink gets only the
+    """Each event's output: its topic, partition and offset, keyed by its key (the sink gets only the
     events not applied yet)."""
     machine = _RUNNING[-1]
     if machine.failing:
         raise RuntimeError("the schedule fails this call")
     for event in events:
-        output.produce(OUTPUT, value=json.dumps([event["partition"], event["offset"]]), key=event["key"])
+        output.produce(OUTPUT, value=json.dumps([event["topic"], event["partition"], event["offset"]]),
+                       key=event["key"])
 
 
 class _Clients(ModelClients):
@@ -99,13 +100,13 @@ class KafkaSinkSimulation(RealTimeSimulation):
         return copy
 
     def _outputs(self) -> list[tuple[int, int]]:
-        """``(partition, offset)`` of each input record whose output a ``read_committed`` reader
-        sees, in the output topic's order partition by partition."""
+        """``(partition's number, offset)`` of each input record whose output a ``read_committed``
+        reader sees, in the output topic's order partition by partition."""
         found = []
         for partition in range(len(self.broker.topics[OUTPUT])):
             for _, entry in sorted(self.broker.deliverable(OUTPUT, partition).items()):
-                source, offset = json.loads(entry.value)
-                found.append((source, offset))
+                topic, source, offset = json.loads(entry.value)
+                found.append((self.numbers[(topic, source)], offset))
         return found
 
     def _output_keys(self) -> list[bytes | None]:

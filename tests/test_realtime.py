@@ -275,8 +275,11 @@ def test_records_gone_or_partitions_added_stop_the_stream_in_one_line_and_lose_n
 @pytest.mark.parametrize(("change", "error", "said"), [
     ({"segments": 3}, OptionError, "segments is not for a real-time stream"),
     ({"commit_interval": 0}, OptionError, "commit_interval must be a positive number of seconds"),
-    ({"kafka_options": {"subscribePattern": "a.*"}}, OptionError, "not 'subscribePattern'"),
-    ({"kafka_options": {"subscribe": "a,b"}}, OptionError, "reads one topic"),
+    ({"kafka_options": {"subscribePattern": "real-time-.*"}}, OptionError,
+     "needs one of the options subscribe"),
+    ({"kafka_options": {"assign": '{"real-time-refusals": [0]}'}}, OptionError, "assign is not for it"),
+    ({"kafka_options": {"subscribe": "real-time-refusals,no-such-topic"}}, InputError,
+     "'no-such-topic' does not exist"),
     ({"kafka_options": {"startingOffsets": '{"t": {"0": 5}}'}}, OptionError, "earliest or latest"),
     ({"value_schema_ddl": "user STRING, tags ARRAY<STRING>"}, OptionError, "field 'tags' is ARRAY<STRING>"),
     ({"kafka_options": {"subscribe": "no-such-topic"}}, InputError, "'no-such-topic' does not exist"),
@@ -475,10 +478,10 @@ def test_a_slow_start_is_not_taken_for_a_task_without_a_slot(spark, tmp_path, ka
     import threading
 
     from segack.spark_adapter import StopRequest, stream_real_time
-    from segack.spark_adapter.coordinator import realtime
+    from segack.spark_adapter.coordinator import realtime_jobs
     from tests.spark_handlers import SlowToStartSink
 
-    monkeypatch.setattr(realtime, "STARTUP_SECONDS", 8.0)
+    monkeypatch.setattr(realtime_jobs, "STARTUP_SECONDS", 8.0)
     bootstrap, topic = kafka_broker.bootstrap, "real-time-slow-start"
     make_topic(bootstrap, topic, 2)
     produce(bootstrap, topic, account_events(20, users=4, seed=33))
@@ -498,7 +501,7 @@ def test_a_slow_start_is_not_taken_for_a_task_without_a_slot(spark, tmp_path, ka
     streaming.start()
     try:
         _wait_for(lambda: len(read_log(log)) >= 20 or bool(ended), 180, "the records handled")
-        time.sleep(realtime.STARTUP_SECONDS)  # a look past the deadline, with every task holding
+        time.sleep(realtime_jobs.STARTUP_SECONDS)  # a look past the deadline, with every task holding
         assert not ended, ended
     finally:
         stop.set()

@@ -31,8 +31,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from segack.spark_adapter.coordinator import kafka_starts, realtime
+from segack.spark_adapter.coordinator import kafka_starts, realtime_jobs
 from segack.spark_adapter.coordinator.group_commits import GroupCommits
+from segack.spark_adapter.coordinator.stream_partitions import StreamPartitions
 from segack.spark_adapter.handlers import Sink
 from segack.spark_adapter.options import Handling
 from segack.spark_adapter.store.checkpoint import DEAD_KEY_GROUP, DEAD_POSITION, TaskStore
@@ -44,6 +45,8 @@ from tests.kafka_model import ModelBroker, ModelConsumer
 from tests.memory_files import MemoryFiles
 
 TOPIC, GROUP, KEYS = "sim", "sim-group", ("a", "b", "c", "d")
+#: The second topic of a schedule that reads two: its partitions are numbered after :data:`TOPIC`'s.
+OTHER_TOPIC = "sim-other"
 _WORK = ("produce", "step", "finish", "tick", "look")
 _EPOCH_FILE = re.compile(r"partition-(\d+)(?:\.e(\d+))?\.json")
 #: Schedules per run of the README's test command, and steps each.
@@ -129,13 +132,20 @@ class RealTimeSimulation(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ set-up
 
-    @initialize(partitions=st.integers(1, 3), tasks=st.integers(1, 2), concurrency=st.integers(1, 3),
+    @initialize(partitions=st.integers(1, 3), topics=st.integers(1, 2), tasks=st.integers(1, 2),
+                concurrency=st.integers(1, 3),
                 pending=st.integers(1, 6), batch=st.sampled_from([None, 2]),
                 on_error=st.sampled_from(["dead-letter", "stop"]), eof=st.booleans(), quirk=st.booleans(),
                 starting=st.sampled_from(["earliest", "latest"]), backlog=st.integers(0, 6))
-    def start(self, partitions: int, tasks: int, concurrency: int, pending: int, batch: int | None,
-              on_error: str, eof: bool, quirk: bool, starting: str, backlog: int) -> None:
+    def start(self, partitions: int, topics: int, tasks: int, concurrency: int, pending: int,
+              batch: int | None, on_error: str, eof: bool, quirk: bool, starting: str, backlog: int) -> None:
         self.partitions, self.tasks = partitions, min(tasks, partitions)
+        # Two topics (where there are partitions for both): the stream's partitions by number, the
+        # second topic's after the first's, as a real-time stream numbers them.
+        first = partitions - partitions // 2 if topics == 2 else partitions
+        counts = ((TOPIC, first), (OTHER_TOPIC, partitions - first))
+        self.pairs = StreamPartitions(tuple((name, count) for name, count in counts if count)).pairs
+        self.numbers = {pair: number for number, pair in enumerate(self.pairs)}
         self.handling = Handling(concurrency=concurrency, max_pending=pending, batch_size=batch,
                                  on_error=on_error)
         # The user's settings may ask for EOF events; librdkafka from 2.2 to 2.13.0 has the quirk.
@@ -144,7 +154,9 @@ class RealTimeSimulation(RuleBasedStateMachine):
             self.settings["enable.partition.eof"] = "true"
         self.broker.eof_quirk = quirk
         self.starting = starting
-        self.broker.create_topic(TOPIC, partitions)
+        self.broker.create_topic(TOPIC, first)
+        if partitions > first:
+            self.broker.create_topic(OTHER_TOPIC, partitions - first)
         for index in range(backlog):
             self._produce(index % partitions, KEYS[index % len(KEYS)])
         self._new_run()
@@ -153,17 +165,17 @@ class RealTimeSimulation(RuleBasedStateMachine):
 
     def _produce(self, partition: int, key: str) -> None:
         self.seq += 1
-        self.broker.produce(TOPIC, partition, key.encode(), json.dumps({"seq": self.seq}).encode())
+        self.broker.produce(*self.pairs[partition], key.encode(), json.dumps({"seq": self.seq}).encode())
 
     def _handler(self, events: list[dict[str, Any]]) -> None:
         """The handler: a list of events (one, or up to ``batch_size``), each key's in order."""
         if self.failing:
             raise _Failing("the schedule fails this call")
         for event in events:
-            partition, offset = event["partition"], event["offset"]
+            partition, offset = self.numbers[(event["topic"], event["partition"])], event["offset"]
             # In its key's order: every earlier record of the key (from the origin on) was handled
             # (one set aside parks its key: the key's later records are set aside behind it).
-            earlier = [at for at, entry in self.broker.deliverable(TOPIC, partition).items()
+            earlier = [at for at, entry in self.broker.deliverable(*self.pairs[partition]).items()
                        if self.origin.get(partition, 0) <= at < offset and entry.key == event["key"].encode()]
             missing = [at for at in earlier if (partition, at) not in self.handled]
             if missing:  # said by an invariant: raised here, it would be the handler's failure
@@ -177,7 +189,8 @@ class RealTimeSimulation(RuleBasedStateMachine):
         if attempt is None:
             return
         for _, _, event in call.args[0]:
-            partition, floor = event["partition"], self.done_below.get(event["partition"], 0)
+            partition = self.numbers[(event["topic"], event["partition"])]
+            floor = self.done_below.get(partition, 0)
             if event["offset"] < floor and self._top_epoch(partition) == attempt.task.leases[partition].epoch:
                 self.disorders.append(f"{partition}/{event['offset']} handed by its holder after the "
                                       f"partition was said done below {floor}")
@@ -190,21 +203,22 @@ class RealTimeSimulation(RuleBasedStateMachine):
         self._unfailing(self.files.write, self.files.path("claims", f"{number:012d}.json"), b"{}")
         store = TaskStore(self.files.root, f"run{number}", number)
         store.files, store.partitions = self.files, PartitionStates(self.files, self.files.root)
-        group = GroupCommits(self.settings, TOPIC, GROUP, consumer=self._consumer)
+        pairs = self.pairs
+        group = GroupCommits(self.settings, GROUP, pairs, consumer=self._consumer)
         partitions = list(range(self.partitions))
         committed = group.read(partitions, sleep=lambda seconds: None)
-        starts = kafka_starts.partition_starts(self._consumer({}), TOPIC, partitions, self.starting,
+        starts = kafka_starts.partition_starts(self._consumer({}), pairs, partitions, self.starting,
                                                committed)
         handler = self._handler_of_run(number)
         try:
-            realtime._record_starts(store, TOPIC, starts, store.run_id, number)
+            realtime_jobs.record_starts(store, pairs, starts, store.run_id, number)
             store.dead_letter_keys("key")  # the driver reads them too, for the retry
         except OSError:
             return
         for partition, offset in starts.items():
             self.origin.setdefault(partition, offset)
         plan = PartitionPlan(
-            store=store, handler=handler, handling=self.handling, topic=TOPIC,
+            store=store, handler=handler, handling=self.handling, sources=pairs,
             assignment=tuple(tuple(range(self.partitions))[index::self.tasks] for index in range(self.tasks)),
             starts=starts, consumer=self.settings, records=RecordEvents((("seq", "bigint"),), "UTC"),
             checkpoint_id=self.checkpoint_id, commit_interval=1.0, group=GROUP,
@@ -278,15 +292,16 @@ class RealTimeSimulation(RuleBasedStateMachine):
             self.files.failing, self.files.meanwhile = failing, meanwhile
 
     def _set_aside(self) -> set[tuple[int, int]]:
-        """``(partition, offset)`` of every dead letter the checkpoint holds (its files that count, as
-        every reader lists them; each read once)."""
+        """``(partition's number, offset)`` of every dead letter the checkpoint holds (its files that
+        count, as every reader lists them; each read once)."""
         paths = self._unfailing(dead_letter_paths, self.files)
         for path in paths:
             if path not in self._letters:
                 data = self._unfailing(self.files.read, path)
-                table = pq.read_table(pa.BufferReader(data), columns=["partition", "offset"])
-                self._letters[path] = set(zip(table.column("partition").to_pylist(),
-                                              table.column("offset").to_pylist(), strict=True))
+                table = pq.read_table(pa.BufferReader(data), columns=["topic", "partition", "offset"])
+                self._letters[path] = {(self.numbers[(topic, partition)], offset) for topic, partition, offset
+                                       in zip(*(table.column(name).to_pylist()
+                                                for name in ("topic", "partition", "offset")), strict=True)}
         return set().union(*(self._letters[path] for path in paths))
 
     def _step(self, attempt: Attempt) -> None:
@@ -337,7 +352,7 @@ class RealTimeSimulation(RuleBasedStateMachine):
                 # whatever failed before and however idle the partition has been since.
                 for partition, view in views.items():
                     if view.settled:
-                        assert self.broker.committed(GROUP, TOPIC, partition) == view.state["next"], (
+                        assert self.broker.committed(GROUP, *self.pairs[partition]) == view.state["next"], (
                             f"partition {partition}: the group lags the checkpoint after a look")
 
     @rule(actions=st.binary(min_size=6, max_size=48))
@@ -356,23 +371,23 @@ class RealTimeSimulation(RuleBasedStateMachine):
         for _ in range(count):
             self.seq += 1
             records.append((key.encode(), json.dumps({"seq": self.seq}).encode()))
-        transaction = self.broker.begin(TOPIC, partition, records)
+        transaction = self.broker.begin(*self.pairs[partition], records)
         if left_open:
             self.open_transactions.append((partition, transaction))
         else:
-            self.broker.end(TOPIC, partition, transaction, commit)
+            self.broker.end(*self.pairs[partition], transaction, commit)
 
     @precondition(lambda self: self.open_transactions)
     @rule(commit=st.booleans())
     def end_transaction(self, commit: bool) -> None:
         partition, transaction = self.open_transactions.pop(0)
-        self.broker.end(TOPIC, partition, transaction, commit)
+        self.broker.end(*self.pairs[partition], transaction, commit)
 
     @rule(partition=st.integers(0, 2), offset=st.integers(0, 30))
     def compact(self, partition: int, offset: int) -> None:
         partition %= self.partitions
         if (partition, offset) not in self.handled:  # what a consumer read before compaction stays read
-            self.broker.compact(TOPIC, partition, offset)
+            self.broker.compact(*self.pairs[partition], offset)
 
     @rule(fault=st.sampled_from(["commit fails", "commit times out", "no coordinator", "write", "create",
                                  "delete", "list", "read", "write:landed", "create:landed",
@@ -441,10 +456,10 @@ class RealTimeSimulation(RuleBasedStateMachine):
         """The first record from the partition's origin that is neither handled nor set aside (its
         end if none)."""
         origin = self.origin.get(partition, 0)
-        for offset in sorted(self.broker.deliverable(TOPIC, partition)):
+        for offset in sorted(self.broker.deliverable(*self.pairs[partition])):
             if offset >= origin and (partition, offset) not in done:
                 return offset
-        return self.broker.ends(TOPIC, partition)[1]
+        return self.broker.ends(*self.pairs[partition])[1]
 
     @invariant()
     def in_key_order(self) -> None:
@@ -465,13 +480,13 @@ class RealTimeSimulation(RuleBasedStateMachine):
                 assert saved >= self.settled.get(partition, 0), (
                     f"partition {partition}: settled next {saved} back from {self.settled[partition]}")
                 self.settled[partition] = saved
-            group = self.broker.committed(GROUP, TOPIC, partition)
+            group = self.broker.committed(GROUP, *self.pairs[partition])
             assert group is None or group <= saved, f"partition {partition}: group {group} ahead of {saved}"
             first = self._first_not_done(partition, done)
             assert saved <= first, (
                 f"partition {partition}: saved next {saved} past record {first}, not done")
             for low, high in view.state.get("done", []):
-                for offset in self.broker.deliverable(TOPIC, partition):
+                for offset in self.broker.deliverable(*self.pairs[partition]):
                     assert not low <= offset <= high or (partition, offset) in done, (
                         f"partition {partition}: {offset} saved done in [{low}, {high}], not done")
 
@@ -482,7 +497,7 @@ class RealTimeSimulation(RuleBasedStateMachine):
             return
         self.files.failing, self.broker.commit_faults, self.broker.read_faults = [], [], 0
         for partition, transaction in self.open_transactions:
-            self.broker.end(TOPIC, partition, transaction, True)
+            self.broker.end(*self.pairs[partition], transaction, True)
         self.attempts.clear()  # the older attempts are gone for good now
         self.starting = "earliest"
         self._new_run()
@@ -495,7 +510,8 @@ class RealTimeSimulation(RuleBasedStateMachine):
                 self._step(attempt)
             self.now += 1.0
             views = run.store.partitions.views()
-            if all(view.state is not None and view.state["next"] >= self.broker.ends(TOPIC, partition)[1]
+            if all(view.state is not None
+                   and view.state["next"] >= self.broker.ends(*self.pairs[partition])[1]
                    for partition, view in views.items()) and len(views) == self.partitions:
                 break
         assert self.attempts, "the run that drains the topic stopped"
@@ -503,9 +519,10 @@ class RealTimeSimulation(RuleBasedStateMachine):
         done = self._done()
         for partition in range(self.partitions):
             missing = self._first_not_done(partition, done)
-            assert missing >= self.broker.ends(TOPIC, partition)[1], (
+            assert missing >= self.broker.ends(*self.pairs[partition])[1], (
                 f"partition {partition}: record {missing} never handled")
-            assert self.broker.committed(GROUP, TOPIC, partition) == self.broker.ends(TOPIC, partition)[1]
+            end = self.broker.ends(*self.pairs[partition])[1]
+            assert self.broker.committed(GROUP, *self.pairs[partition]) == end
 
 
 RealTimeSimulation.TestCase.settings = settings(
@@ -519,7 +536,7 @@ TestRealTimeSchedules = RealTimeSimulation.TestCase
 
 def _simulation(**start: Any) -> RealTimeSimulation:
     machine = RealTimeSimulation()
-    machine.start(**{"partitions": 1, "tasks": 1, "concurrency": 1, "pending": 4, "batch": None,
+    machine.start(**{"partitions": 1, "topics": 1, "tasks": 1, "concurrency": 1, "pending": 4, "batch": None,
                      "on_error": "dead-letter", "eof": False, "quirk": False, "starting": "earliest",
                      "backlog": 0, **start})
     return machine

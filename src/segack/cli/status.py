@@ -119,7 +119,11 @@ def _print_partitions(settings: dict[str, Any], reports: tuple[PartitionReport, 
     group = settings.get("commit_offsets_to")
     told = f"committed to consumer group {group}" if group else "not committed to Kafka"
     handled = sum(report.handled_total for report in reports)
-    print(f"{'real-time':<15} topic {settings.get('topic')}, {counted(len(reports), 'partition')} with "
+    from segack.spark_adapter.coordinator.stream_partitions import StreamPartitions
+
+    topics = StreamPartitions.recorded(settings).names or (str(settings.get("topic")),)
+    print(f"{'real-time':<15} {'topics' if len(topics) > 1 else 'topic'} {', '.join(topics)}, "
+          f"{counted(len(reports), 'partition')} with "
           f"progress, saved every {settings.get('commit_interval', 1.0):g} s, {told}; {handled:,} events "
           f"handled")
     from segack.spark_adapter.results import holding_back
@@ -130,7 +134,7 @@ def _print_partitions(settings: dict[str, Any], reports: tuple[PartitionReport, 
         above = (f", {counted(report.done_intervals, 'interval')} done above it" if report.done_intervals
                  else "")
         back = "  <- holds the run back" if report is busiest else ""
-        print(f"  {settings.get('topic')}/{report.partition:<5} next offset {report.next_offset:,} (read "
+        print(f"  {report.topic or topics[0]}/{report.partition:<5} next offset {report.next_offset:,} (read "
               f"{report.read:,}, {report.pending:,} pending{above}){lag}{back}")
 
 

@@ -162,6 +162,8 @@ class PartitionReport:
     done_intervals: int
     #: Records of this partition the handler finished, over all runs.
     handled_total: int
+    #: The partition's topic (``None`` where its saved progress does not name it).
+    topic: str | None = None
 
     @property
     def lag(self) -> int | None:

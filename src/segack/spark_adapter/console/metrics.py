@@ -186,7 +186,7 @@ class CheckpointCollector(Collector):
                                     "and not yet done by the live run (a real-time stream): one far behind "
                                     "the others holds the run back.", labels=labels)
         for partition in snapshot.partitions:
-            names = [str(settings.get("topic")), str(partition.partition)]
+            names = [str(partition.topic or settings.get("topic")), str(partition.partition)]
             offsets.add_metric(names, partition.next_offset)
             pending.add_metric(names, partition.pending if snapshot.live else 0)  # a dead run's is not work
             if partition.end is not None and partition.lag is not None:

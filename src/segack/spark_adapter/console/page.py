@@ -138,7 +138,8 @@ def _real_time(snapshot: Snapshot) -> dict[str, Any]:
     busiest = holding_back(snapshot.partitions) if snapshot.live else None
     return {"real_time": True, "commit_interval": settings.get("commit_interval"), "group": group,
             "completed_batch": -1, "last_batch": None, "in_progress": None, "ends_at": None,
-            "partitions": [{"topic": settings.get("topic"), "partition": partition.partition,
+            "partitions": [{"topic": partition.topic or settings.get("topic"),
+                            "partition": partition.partition,
                             "next_offset": partition.next_offset,
                             "committed": partition.next_offset if group else None,
                             "end_offset": partition.end, "lag": partition.lag, "pending": partition.pending,

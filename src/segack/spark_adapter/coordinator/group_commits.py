@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from segack.spark_adapter.errors import CheckpointError, one_line
@@ -39,18 +39,21 @@ _COORDINATOR_PASSING = ("NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE", "COORDIN
 
 
 class GroupCommits:
-    """Group ``group``'s offsets of ``topic``, through a consumer of the driver's own, made by
-    ``consumer`` from its settings (``confluent_kafka.Consumer`` unless given)."""
+    """Group ``group``'s offsets of the partitions ``pairs`` numbers (``(topic, partition)`` by
+    number, as :class:`~segack.spark_adapter.coordinator.stream_partitions.StreamPartitions` numbers
+    a stream's), through a consumer of the driver's own, made by ``consumer`` from its settings
+    (``confluent_kafka.Consumer`` unless given). Every method takes and gives partitions by number;
+    ``pairs`` may be given more partitions (numbered after the others) while the stream runs."""
 
-    def __init__(self, settings: Mapping[str, Any], topic: str, group: str,
+    def __init__(self, settings: Mapping[str, Any], group: str, pairs: Sequence[tuple[str, int]],
                  consumer: Callable[[dict[str, Any]], Any] | None = None) -> None:
         from confluent_kafka import Consumer
 
-        self.topic, self.group = topic, group
+        self.group, self.pairs = group, pairs
         self._consumer = (consumer or Consumer)({**settings, "group.id": group, "enable.auto.commit": False,
                                                  "enable.partition.eof": False,
                                                  "logger": ClientLog(f"{__name__}.client")})
-        #: What the group holds, as last read or committed, by partition.
+        #: What the group holds, as last read or committed, by partition number.
         self.committed: dict[int, int] = {}
         self._failing = False
 
@@ -61,7 +64,8 @@ class GroupCommits:
         from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
         passing = {getattr(KafkaError, name) for name in _COORDINATOR_PASSING}
-        wanted = [TopicPartition(self.topic, partition) for partition in partitions]
+        wanted = [TopicPartition(*self.pairs[partition]) for partition in partitions]
+        numbers = {self.pairs[partition]: partition for partition in partitions}
         deadline = time.monotonic() + _REQUEST_SECONDS
         while True:
             try:
@@ -74,7 +78,8 @@ class GroupCommits:
                     raise
                 log.info("group %s's coordinator is not ready (asked again): %s", self.group, one_line(error))
                 sleep(0.2)
-        self.committed = {where.partition: where.offset for where in found if where.offset >= 0}
+        self.committed = {numbers[(where.topic, where.partition)]: where.offset for where in found
+                          if where.offset >= 0}
         return dict(self.committed)
 
     def behind(self, views: Mapping[int, PartitionView]) -> dict[int, int]:
@@ -99,17 +104,17 @@ class GroupCommits:
             return True
         try:
             with durable_write("group-commit"):
-                self._consumer.commit(offsets=[TopicPartition(self.topic, partition, offset)
+                self._consumer.commit(offsets=[TopicPartition(*self.pairs[partition], offset)
                                                for partition, offset in sorted(wanted.items())],
                                       asynchronous=False)
         except Exception as error:
             if not self._failing:
                 log.warning("could not commit the offsets of %s to group %s (it is tried again): %s",
-                            self.topic, self.group, one_line(error))
+                            self._topics(), self.group, one_line(error))
             self._failing = True
             return False
         if self._failing:
-            log.info("committed the offsets of %s to group %s again", self.topic, self.group)
+            log.info("committed the offsets of %s to group %s again", self._topics(), self.group)
         self._failing = False
         self.committed.update(wanted)
         return True
@@ -128,9 +133,12 @@ class GroupCommits:
                 log.warning("could not read the partitions' progress to commit it: %s", error)
             if time.monotonic() >= deadline:
                 log.warning("gave up committing the offsets of %s to group %s after %g s: the next run "
-                            "commits what the checkpoint holds", self.topic, self.group, seconds)
+                            "commits what the checkpoint holds", self._topics(), self.group, seconds)
                 return False
             sleep(1.0)
+
+    def _topics(self) -> str:
+        return ", ".join(dict.fromkeys(topic for topic, _ in self.pairs))
 
     def close(self) -> None:
         try:

@@ -7,14 +7,15 @@ over Spark Connect, whose client has no JVM to ask with
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from segack.spark_adapter.coordinator.group_commits import GroupCommits
+from segack.spark_adapter.coordinator.stream_partitions import Subscription
 from segack.spark_adapter.errors import InputError, OptionError
 from segack.spark_adapter.sources.kafka_settings import ClientLog, security_failure
 
-__all__ = ["group_starts", "partition_starts", "read_starts", "topic_partitions"]
+__all__ = ["group_starts", "partition_starts", "read_starts", "subscribed_partitions", "topic_partitions"]
 
 #: The metadata clients' own log lines.
 CLIENT_LOG = ClientLog(f"{__name__}.client")
@@ -24,6 +25,27 @@ def topic_partitions(settings: dict[str, str], topic: str, seconds: float = 15) 
     """The topic's partitions, asked of the brokers; :class:`~segack.spark_adapter.InputError` if
     they do not answer in ``seconds``, refuse the client's certificate check or its login (at once),
     or the topic does not exist."""
+    found = _metadata(settings, topic, seconds).get(topic)
+    if found is None or found.error is not None or not found.partitions:
+        raise InputError(f"Kafka topic {topic!r} does not exist at {settings.get('bootstrap.servers')}")
+    return sorted(found.partitions)
+
+
+def subscribed_partitions(settings: dict[str, str], subscription: Subscription,
+                          seconds: float = 15) -> dict[str, int]:
+    """Each topic of ``subscription`` and its count of partitions, asked of the brokers as
+    :func:`topic_partitions` asks (a topic it names that does not exist: an
+    :class:`~segack.spark_adapter.InputError`; a pattern may match none)."""
+    if subscription.pattern is None:
+        return {topic: len(topic_partitions(settings, topic, seconds)) for topic in subscription.topics}
+    return {topic: len(found.partitions) for topic, found in _metadata(settings, None, seconds).items()
+            if subscription.matches(topic) and found.error is None and found.partitions}
+
+
+def _metadata(settings: dict[str, str], topic: str | None, seconds: float) -> dict[str, Any]:
+    """The brokers' metadata of ``topic`` (of every topic: ``None``), by topic; an
+    :class:`~segack.spark_adapter.InputError` if they do not answer in ``seconds`` or refuse the
+    client's certificate check or its login (at once)."""
     from confluent_kafka import Consumer, KafkaException
 
     said: list[Any] = []  # the client's errors, as its error callback hears them
@@ -37,8 +59,7 @@ def topic_partitions(settings: dict[str, str], topic: str, seconds: float = 15) 
     try:
         while True:
             try:
-                metadata = consumer.list_topics(topic, timeout=0.5)
-                break
+                return dict(consumer.list_topics(topic, timeout=0.5).topics)
             except KafkaException as error:
                 consumer.poll(0)  # hears the client's errors
                 refused = next(filter(None, (security_failure(heard.str()) for heard in said)), None)
@@ -48,34 +69,31 @@ def topic_partitions(settings: dict[str, str], topic: str, seconds: float = 15) 
                     raise InputError(f"cannot reach Kafka at {servers}: {error.args[0].str()}") from None
     finally:
         consumer.close()
-    found = metadata.topics.get(topic)
-    if found is None or found.error is not None or not found.partitions:
-        raise InputError(f"Kafka topic {topic!r} does not exist at {settings.get('bootstrap.servers')}")
-    return sorted(found.partitions)
 
 
-def partition_starts(consumer: Any, topic: str, partitions: list[int], starting: str,
-            committed: Mapping[int, int]) -> dict[int, int]:
-    """Where each partition starts when it has no progress yet: the group's ``committed`` offset,
-    else the earliest or the latest, as ``consumer`` reads the partitions' ends."""
+def partition_starts(consumer: Any, pairs: Sequence[tuple[str, int]], partitions: list[int], starting: str,
+                     committed: Mapping[int, int]) -> dict[int, int]:
+    """Where each of ``partitions`` (numbers of ``pairs``, the ``(topic, partition)`` they number)
+    starts when it has no progress yet: the group's ``committed`` offset, else the earliest or the
+    latest, as ``consumer`` reads the partitions' ends."""
     from confluent_kafka import TopicPartition
 
     starts = {}
     for partition in partitions:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+        low, high = consumer.get_watermark_offsets(TopicPartition(*pairs[partition]), timeout=30)
         starts[partition] = committed.get(partition, high if starting == "latest" else low)
     return starts
 
 
-def read_starts(settings: dict[str, str], topic: str, partitions: list[int], starting: str,
-                 group: GroupCommits | None) -> dict[int, int]:
+def read_starts(settings: dict[str, str], pairs: Sequence[tuple[str, int]], partitions: list[int],
+                starting: str, group: GroupCommits | None) -> dict[int, int]:
     """:func:`partition_starts`, through a consumer of the driver's own, from what ``group`` holds."""
     from confluent_kafka import Consumer
 
     ends = Consumer({**settings, "group.id": "segack-metadata", "enable.auto.commit": False,
                      "logger": CLIENT_LOG})
     try:
-        return partition_starts(ends, topic, partitions, starting, group.read(partitions) if group else {})
+        return partition_starts(ends, pairs, partitions, starting, group.read(partitions) if group else {})
     finally:
         ends.close()
 
@@ -103,21 +121,21 @@ def group_starts(options: Mapping[str, str], group: str) -> dict[tuple[str, int]
     else:
         by_topic = {topic.strip(): topic_partitions(settings, topic.strip())
                     for topic in options.get("subscribe", "").split(",") if topic.strip()}
+    pairs = [(topic, partition) for topic, partitions in by_topic.items() for partition in partitions]
+    if not pairs:
+        return {}
     starts: dict[tuple[str, int], int] = {}
-    held = False
     ends = Consumer({**settings, "group.id": "segack-metadata", "enable.auto.commit": False,
                      "logger": CLIENT_LOG})
     try:
-        for topic, partitions in by_topic.items():
-            commits = GroupCommits(settings, topic, group)
-            try:
-                committed = commits.read(partitions)
-            finally:
-                commits.close()
-            held = held or bool(committed)
-            for partition in partitions:
-                low, _ = ends.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
-                starts[(topic, partition)] = max(committed.get(partition, low), low)
+        commits = GroupCommits(settings, group, pairs)
+        try:
+            committed = commits.read(list(range(len(pairs))))
+        finally:
+            commits.close()
+        for number, (topic, partition) in enumerate(pairs):
+            low, _ = ends.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+            starts[(topic, partition)] = max(committed.get(number, low), low)
     finally:
         ends.close()
-    return starts if held else {}
+    return starts if committed else {}

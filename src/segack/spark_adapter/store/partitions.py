@@ -209,13 +209,14 @@ class PartitionStates:
         return {partition: view.state for partition, view in self.views().items() if view.state is not None}
 
     def reports(self, views: Mapping[int, PartitionView] | None = None) -> tuple[PartitionReport, ...]:
-        """Every partition's progress as a :class:`~segack.spark_adapter.PartitionReport`, by
-        partition (from ``views`` if given)."""
+        """Every partition's progress as a :class:`~segack.spark_adapter.PartitionReport` (its topic
+        and Kafka partition as its state names them), by number (from ``views`` if given)."""
         views = self.views() if views is None else views
         return tuple(PartitionReport(
-            partition, int(state["next"]), int(state.get("read", state["next"])), state.get("end"),
-            int(state.get("pending", 0)), len(state.get("done", [])), int(state.get("handled_total", 0)),
-        ) for partition, view in sorted(views.items()) if (state := view.state) is not None)
+            int(state.get("partition", number)), int(state["next"]), int(state.get("read", state["next"])),
+            state.get("end"), int(state.get("pending", 0)), len(state.get("done", [])),
+            int(state.get("handled_total", 0)), state.get("topic"),
+        ) for number, view in sorted(views.items()) if (state := view.state) is not None)
 
     # ------------------------------------------------------------------ writing
 

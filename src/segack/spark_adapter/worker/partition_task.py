@@ -3,8 +3,9 @@ each record handed to its partition's dispatcher, each partition's safe offset r
 committed as the calls finish.
 
 The job of a real-time stream (:mod:`~segack.spark_adapter.coordinator.realtime`) runs one task per
-slot for as long as the stream runs; each task owns a fixed set of the topic's partitions. A task
-goes like this:
+slot for as long as the stream runs; each task owns a fixed set of the stream's partitions (of one
+topic or several, each with its number: :mod:`~segack.spark_adapter.coordinator.stream_partitions`).
+A task goes like this:
 
 1. **Take over** each partition in the checkpoint (``partitions/``,
    :meth:`~segack.spark_adapter.store.partitions.PartitionStates.take_over`): a new epoch of its
@@ -19,8 +20,8 @@ goes like this:
 3. **Hand** each record to its partition's :class:`~segack.spark_adapter.worker.dispatch.Dispatcher`:
    many calls in flight, never two of one key, lists cut by ``batch_size`` or as soon as the
    consumer has nothing more for now. A record inside a done interval is skipped: an earlier run
-   handled it. Its identity is its key, its partition (as the key group) and its offset (as the
-   position): the same in every run, so a sink's positions work as in micro-batches.
+   handled it. Its identity is its key, its partition's number (as the key group) and its offset
+   (as the position): the same in every run, so a sink's positions work as in micro-batches.
 4. **Save**, every ``commit_interval`` seconds, in this order: the dead letters set aside since the
    last save, then each partition's progress into its epoch (its dispatcher's committed point as
    ``next``, its acker's intervals as ``done``). The checkpoint never calls done a record that is
@@ -102,10 +103,11 @@ class PartitionPlan:
     store: TaskStore
     handler: Callable[..., Any]
     handling: Handling
-    topic: str
-    #: The partitions of each task, by the task's index.
+    #: The stream's partitions by number: ``(topic, partition)``.
+    sources: tuple[tuple[str, int], ...]
+    #: The partitions (numbers) of each task, by the task's index.
     assignment: tuple[tuple[int, ...], ...]
-    #: Where a partition with no progress in the checkpoint starts.
+    #: Where a partition with no progress in the checkpoint starts, by number.
     starts: dict[int, int]
     #: The consumer's settings: the servers and the ``kafka.*`` options given.
     consumer: dict[str, str]
@@ -166,6 +168,7 @@ class PartitionReader:
 
     def __init__(self, partition: int, start: int, done_above: list[list[int]], dispatcher: Dispatcher,
                  earlier: dict[str, Any] | None = None) -> None:
+        #: The partition's number (its key group).
         self.partition, self.start, self.dispatcher = partition, start, dispatcher
         self._done_above = deque(sorted((first, last) for first, last in done_above if last >= start))
         self._offsets = OffsetRuns()
@@ -220,7 +223,7 @@ class PartitionReader:
 
 def _dead_letter_table(letters: list[tuple[int, DeadLetter]], schema: pa.Schema) -> pa.Table:
     """Dead letters ``(partition, letter)`` as rows of ``schema``: the event's columns, then the
-    error, the calls made, the partition (the key group) and the offset (the position)."""
+    error, the calls made, the partition's number (the key group) and the offset (the position)."""
     rows = []
     for partition, letter in letters:
         row = dict(letter.event)
@@ -231,7 +234,8 @@ def _dead_letter_table(letters: list[tuple[int, DeadLetter]], schema: pa.Schema)
 
 
 def start_state(topic: str, partition: int, offset: int, claim: int) -> dict[str, Any]:
-    """The progress of a partition nothing of which is done yet, starting at ``offset``."""
+    """The progress of a partition (``topic``'s ``partition``) nothing of which is done yet,
+    starting at ``offset``."""
     return {"next": offset, "done": [], "read": offset, "pending": 0, "handled": 0, "skipped": 0,
             "dead_letters": 0, "handled_total": 0, "topic": topic, "partition": partition, "claim": claim,
             "end": None, "at": time.time()}
@@ -265,6 +269,8 @@ class PartitionsTask:
                  consume_wait: float = _CONSUME_WAIT) -> None:
         self.plan, self.task = plan, task
         self.partitions = plan.assignment[task]
+        #: Each of the stream's partitions' number, by ``(topic, partition)``.
+        self.numbers = {pair: number for number, pair in enumerate(plan.sources)}
         self.handler = plan.handler
         called = with_identities_passed(plan.handler)
         self.identify = wants_identity(plan.handler)
@@ -279,7 +285,7 @@ class PartitionsTask:
         earlier: dict[int, dict[str, Any]] = {}
         for partition in self.partitions:  # 1
             self.leases[partition], earlier[partition] = plan.store.partitions.take_over(
-                partition, owner, start_state(plan.topic, partition, plan.starts[partition],
+                partition, owner, start_state(*plan.sources[partition], plan.starts[partition],
                                               plan.store.claim_number))
         # Parked: the keys with dead letters once the partitions are held, read after the takeover:
         # an attempt before this one (a retried task's, an older run's still going somewhere) set
@@ -329,7 +335,7 @@ class PartitionsTask:
         from confluent_kafka import Consumer, TopicPartition
 
         consumer = (self._make_consumer or Consumer)(consumer_config(self.plan))
-        consumer.assign([TopicPartition(self.plan.topic, partition, reader.start)
+        consumer.assign([TopicPartition(*self.plan.sources[partition], reader.start)
                          for partition, reader in self.readers.items()])
         self._next_save = self.clock() + self.plan.commit_interval
         return consumer
@@ -380,22 +386,23 @@ class PartitionsTask:
             while reader.waiting and reader.take(*reader.waiting[0]):
                 reader.waiting.popleft()
             if partition in paused and not reader.waiting:
-                consumer.resume([topic_partition(plan.topic, partition)])
+                consumer.resume([topic_partition(*plan.sources[partition])])
                 paused.discard(partition)
         self._whole = False
         messages = consumer.consume(_CONSUME_AT_ONCE, self.consume_wait)
         for message in messages:
             error = message.error()
             if error is not None:
-                _check(error, kafka_error, f"{plan.topic}/{message.partition()}")
+                _check(error, kafka_error, f"{message.topic()}/{message.partition()}")
                 continue
-            partition, offset = message.partition(), message.offset()
+            topic, offset = message.topic(), message.offset()
+            partition = self.numbers.get((topic, message.partition()), -1)
             if partition not in self.readers:
                 log.warning("Kafka gave a record of %s/%s, a partition this task does not read: left alone",
-                            plan.topic, partition)
+                            topic, message.partition())
                 continue
             reader = self.readers[partition]
-            event = plan.records.event(plan.topic, partition, offset, message.key(), message.value(),
+            event = plan.records.event(topic, message.partition(), offset, message.key(), message.value(),
                                        message.timestamp()[1], message.headers())
             if self.identify:
                 identity = EventIdentity(event["key"], partition, offset, plan.checkpoint_id)
@@ -403,7 +410,7 @@ class PartitionsTask:
             if reader.waiting or not reader.take(offset, event):
                 reader.waiting.append((offset, event))
                 if partition not in paused:
-                    consumer.pause([topic_partition(plan.topic, partition)])
+                    consumer.pause([topic_partition(*plan.sources[partition])])
                     paused.add(partition)
         self._whole = True
         for reader in self.readers.values():
@@ -420,8 +427,8 @@ class PartitionsTask:
         reader = self.readers[partition]
         if not self._whole or reader.waiting:
             return None
-        [where] = consumer.position([topic_partition(self.plan.topic, partition)])
-        end = _end_offset(consumer, self.plan.topic, partition, topic_partition)
+        [where] = consumer.position([topic_partition(*self.plan.sources[partition])])
+        end = _end_offset(consumer, self.plan.sources[partition], topic_partition)
         if where.offset < 0 or end is None or where.offset > end:
             return None
         return int(where.offset)
@@ -451,9 +458,10 @@ class PartitionsTask:
                 vouched[str(epoch)] = written + 1
         for partition, state in states.items():
             state.update(letters=dict(self.letter_files[partition]))
-            state.update(topic=plan.topic, partition=partition, claim=plan.store.claim_number,
+            topic, kafka_partition = plan.sources[partition]
+            state.update(topic=topic, partition=kafka_partition, claim=plan.store.claim_number,
                          handled_total=self.readers[partition].handled_before + state["handled"],
-                         end=_end_offset(consumer, plan.topic, partition, TopicPartition))
+                         end=_end_offset(consumer, plan.sources[partition], TopicPartition))
             if state != self.saved_states.get(partition):
                 plan.store.partitions.save(self.leases[partition], {**state, "at": time.time()})
                 self.saved_states[partition] = state
@@ -545,9 +553,10 @@ def _record_key(event: dict[str, Any]) -> Any:
     return event["key"]
 
 
-def _end_offset(consumer: Any, topic: str, partition: int, topic_partition: Any) -> int | None:
-    """The partition's end as the consumer last heard it (no request), ``None`` before it has."""
-    high = consumer.get_watermark_offsets(topic_partition(topic, partition), cached=True)[1]
+def _end_offset(consumer: Any, pair: tuple[str, int], topic_partition: Any) -> int | None:
+    """The partition's (``(topic, partition)``) end as the consumer last heard it (no request),
+    ``None`` before it has."""
+    high = consumer.get_watermark_offsets(topic_partition(*pair), cached=True)[1]
     return None if high < 0 else int(high)
 
 
