@@ -54,6 +54,7 @@ AREAS = {
     "test_kafka_settings.py": ("streams",),
     "test_kafka_secured.py": ("streams", "sinks"),
     "test_partition_task.py": ("handlers", "streams"),
+    "test_plain_avro.py": ("streams",),
     "test_doc_examples.py": ("command",),
     "test_durations_check.py": (),
     "test_driver_watch.py": ("claims",),

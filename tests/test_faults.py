@@ -3,8 +3,8 @@ crash point of the protocol (``segack.spark_adapter.store.crash_points``), then 
 nothing lost, nothing applied twice, each key in order, and no consumer group offset ever ahead of
 what is done.
 
-A case kills runs at one point or at two, one after the other (:func:`_cases`): a driver's start-up
-is most of a case's time, and two points in one case take three, not four. For each of its points,
+A case kills runs at several points, one after the other (:func:`_cases`): a driver's start-up is
+most of a case's time, and four points in one case take five runs, not eight. For each of its points,
 :data:`PER_RUN` more records are written to the case's topic and a run streams it with
 ``SEGACK_CRASH_AT=POINT@N`` in its environment (the driver or an executor's Python worker that passes
 the point dies there), so that every run has at least a case of one point's work to pass it in; a
@@ -65,6 +65,9 @@ ONCE = ("before-claim", "after-claim", "before-sink-setup", "after-sink-setup", 
         "after-stop-request", "before-segments-request", "after-segments-request",
         "before-dead-letters-delete", "after-dead-letters-delete", "before-claim-delete",
         "after-claim-delete", "before-stream-view", "after-stream-view")
+#: Plain points to a case: a case of ``n`` points takes ``n + 1`` stream runs (each point's, then
+#: the resume), so longer chains take fewer runs in all.
+CHAIN = 4
 #: Records written to a case's topic before each of its killed runs (three micro-batches of
 #: ``maxOffsetsPerTrigger=300``).
 PER_RUN = 900
@@ -107,12 +110,13 @@ class FaultTopic:
 
 
 def _cases() -> list[pytest.param]:
-    """Every point of :data:`POINTS` in one case: a stopping or retry point alone (their runs are
-    not the others'), the others two to a case, :data:`SAMPLE` among them; a case's id is its points,
-    joined by ``+``."""
-    plain = [*SAMPLE, *(point for point in POINTS if point not in (*SAMPLE, *STOPPING, *IN_RETRY))]
-    chains = [tuple(plain[index:index + 2]) for index in range(0, len(plain), 2)]
-    chains += [(point,) for point in POINTS if point in STOPPING or point in IN_RETRY]
+    """Every point of :data:`POINTS` in one case: :data:`SAMPLE`'s two, the other plain points
+    :data:`CHAIN` to a case, the stopping points in one and the retry points in another (a case's
+    runs are one kind's: a stopping point's refuse under ``--on-error stop``, a retry point's die in
+    the retry); a case's id is its points, joined by ``+``."""
+    plain = [point for point in POINTS if point not in (*SAMPLE, *STOPPING, *IN_RETRY)]
+    chains = [SAMPLE, *(tuple(plain[index:index + CHAIN]) for index in range(0, len(plain), CHAIN)),
+              STOPPING, IN_RETRY]
     assert sorted(point for chain in chains for point in chain) == sorted(POINTS)
     return [pytest.param(chain, id="+".join(chain),
                          marks=[pytest.mark.fault_sample if chain == SAMPLE else pytest.mark.faults])

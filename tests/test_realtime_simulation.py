@@ -207,8 +207,8 @@ class RealTimeSimulation(RuleBasedStateMachine):
         group = GroupCommits(self.settings, GROUP, pairs, consumer=self._consumer)
         partitions = list(range(self.partitions))
         committed = group.read(partitions, sleep=lambda seconds: None)
-        starts = kafka_starts.partition_starts(self._consumer({}), pairs, partitions, self.starting,
-                                               committed)
+        starts = kafka_starts.partition_starts(self._consumer({}), pairs, partitions,
+                                               {TOPIC: self.starting, OTHER_TOPIC: self.starting}, committed)
         handler = self._handler_of_run(number)
         try:
             realtime_jobs.record_starts(store, pairs, starts, store.run_id, number)
@@ -766,3 +766,22 @@ def test_a_key_with_dead_letters_keeps_its_position_in_the_sink_whatever_the_pro
     machine.a_disruption("retry", 0)
     _settle(machine)
     assert machine.kept == {0: frozenset({"a"})}
+
+
+def test_a_key_set_aside_in_one_topic_is_not_parked_in_another_by_a_later_run():
+    """A key with dead letters in one topic's partition parks its records there alone: the same key
+    in another topic is another key, in every later attempt as in the one that set it aside."""
+    machine = _simulation(partitions=2, topics=2)
+    assert machine.pairs == ((TOPIC, 0), (OTHER_TOPIC, 0))
+    machine.failing = True
+    machine._produce(0, "a")
+    _settle(machine)
+    machine.failing = False
+    assert machine._set_aside() == {(0, 0)}
+    machine.attempts.clear()
+    machine.a_disruption("new run", 0)
+    machine._produce(1, "a")
+    machine._produce(0, "a")
+    _settle(machine)
+    assert machine.handled == {(1, 0)}  # the other topic's a is handled; this topic's waits behind its letter
+    assert machine._set_aside() == {(0, 0), (0, 1)}

@@ -6,6 +6,7 @@ every topic, and a checkpoint that refuses a subscription leaving one of its top
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -124,6 +125,22 @@ def test_a_pattern_of_topics_is_read_a_topic_made_later_too_each_keys_order_kept
     assert "is a real-time stream of topics rt-topics-a, rt-topics-b, rt-topics-c" in line, line
     assert "subscribe to rt-topics-b too" in line, line
     assert store.load_existing().settings == before and len(read_log(log)) == 1900
+    # A topic the stream reads, deleted while it runs: it stops in one line naming it (exit 1), under
+    # subscribe as under a pattern.
+    from confluent_kafka.admin import AdminClient
+
+    written["rt-topics-a"] += account_events(10, users=30, seed=65, start={
+        user: json.loads(value)["seq"] + 1 for user, value in written["rt-topics-a"]})
+    produce(bootstrap, "rt-topics-a", written["rt-topics-a"][700:])
+    last = _start(tmp_path, bootstrap, "subscribe=rt-topics-a,rt-topics-b,rt-topics-c", run="3")
+    _wait_for(lambda: len(read_log(log)) >= 1910, 240, "the last records handled", last)
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept: its futures need it alive
+    for future in admin.delete_topics(["rt-topics-b"]).values():
+        future.result(30)
+    _, err = last.communicate(timeout=120)
+    assert last.returncode == ExitCode.FAILED, err[-3000:]
+    [line] = [line for line in err.splitlines() if line.startswith("segack")]
+    assert "rt-topics-b" in line, line
 
 
 def test_a_subscription_numbers_the_partitions_it_had_first_and_new_topics_after_them():
@@ -158,3 +175,40 @@ def test_a_subscription_numbers_the_partitions_it_had_first_and_new_topics_after
 def test_a_subscription_a_real_time_stream_cannot_read_is_refused_naming_why(options, said):
     with pytest.raises(OptionError, match=said):
         Subscription.from_options(options)
+
+
+def test_a_topic_new_to_a_checkpoint_starts_at_its_first_record_whatever_starting_offsets_says():
+    from segack.spark_adapter.coordinator.realtime import _stream_partitions
+    from segack.spark_adapter.store.checkpoint import Checkpoint
+
+    pattern = Subscription.from_options({"subscribePattern": "orders-.*"})
+    found = ({"orders-us": 2, "orders-eu": 1}, {})
+    # A new checkpoint: every topic starts where startingOffsets says.
+    partitions, starting = _stream_partitions(found, pattern, Checkpoint(), "ck", "latest", "b:9092")
+    assert partitions.names == ("orders-eu", "orders-us") and starting == dict.fromkeys(partitions.names,
+                                                                                         "latest")
+    # A checkpoint of orders-us (recorded before where topics start was): orders-eu, found since, starts
+    # at its earliest, not at a latest that would pass over what was written before the stream saw it.
+    older = Checkpoint({"topic": "orders-us", "partitions": 2})
+    partitions, starting = _stream_partitions(found, pattern, older, "ck", "latest", "b:9092")
+    assert partitions.names == ("orders-us", "orders-eu")
+    assert starting == {"orders-us": "latest", "orders-eu": "earliest"}
+    # What the checkpoint records rules: a run killed after recording a topic, before its starts.
+    recorded = Checkpoint({**partitions.settings(),
+                           "starting_at": {"orders-us": "latest", "orders-eu": "earliest"}})
+    assert _stream_partitions(found, pattern, recorded, "ck", "latest", "b:9092")[1] == starting
+
+
+@pytest.mark.parametrize(("found", "options", "said"), [
+    (({"a": 1}, {}), {"subscribe": "a,b"}, "Kafka topic 'b' does not exist at b:9092"),
+    (({"a": 1}, {"b": "Broker: Topic authorization failed"}), {"subscribe": "a,b"},
+     "Kafka topic 'b' at b:9092 cannot be read: Broker: Topic authorization failed"),
+    (({"a": 1}, {}), {"subscribePattern": "orders-.*"}, "no Kafka topic at b:9092 matches subscribePattern"),
+])
+def test_topics_a_stream_cannot_read_are_refused_naming_them(found, options, said):
+    from segack.spark_adapter.coordinator.realtime import _stream_partitions
+    from segack.spark_adapter.store.checkpoint import Checkpoint
+
+    with pytest.raises(InputError, match=re.escape(said)):
+        _stream_partitions(found, Subscription.from_options(options), Checkpoint(), "ck", "earliest",
+                           "b:9092")

@@ -111,6 +111,10 @@ def test_each_avro_value_is_read_by_its_own_writer_and_resolved_to_the_reader(sc
     # A topic whose subject had no version when the run started is read by each writer's schema.
     assert WireFormat("avro", registry, {topic: None}).decode(topic, first[0]) == {
         "user": "u1", "seq": 0, "amount": 5}
+    # A reader given (avroSchema) rules over every topic's latest, and over a topic it does not name.
+    given = WireFormat("avro", registry, {topic: ACCOUNT_V2}, reader=ACCOUNT_V1)
+    assert given.decode(topic, second[0]) == given.decode("another-topic", second[0]) == {
+        "user": "u1", "seq": 1, "amount": 6}
 
 
 def test_protobuf_values_honour_their_message_indexes(schema_registry):

@@ -4,6 +4,7 @@ docs' command reference is made from)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from segack._shared import HASHES
 from segack.cli.exit_codes import ExitCode, exit_status_help
@@ -105,6 +106,11 @@ def _add_stream(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
                         help="Kafka: the Schema Registry of --value-format avro, protobuf or json-schema "
                         "(the option schema.registry.url; schema.registry.basic.auth.user.info, "
                         "schema.registry.bearer.auth.token and schema.registry.ssl.ca.location log in)")
+    stream.add_argument("--avro-schema", default=None, metavar="FILE",
+                        help="Kafka, --value-format avro: an Avro schema file (.avsc, JSON; the option "
+                        "avroSchema, as Spark's from_avro takes it): with --schema-registry, every value is "
+                        "resolved to it rather than to its subject's latest; without, values are plain "
+                        "binary Avro written by it, with no header (as Spark's to_avro writes them)")
     stream.add_argument("--value-schema", default=None, metavar="DDL",
                         help="Kafka: the value's fields and types, as 'account STRING, seq BIGINT, amount "
                         "BIGINT'; each event has them beside key, topic, partition, offset and timestamp")
@@ -272,6 +278,15 @@ def check_input(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         if args.format != "kafka":
             parser.exit(ExitCode.USAGE, "segack stream: error: --schema-registry is for --format kafka\n")
         args.option = [*args.option, ("schema.registry.url", args.schema_registry)]
+    if args.command == "stream" and args.avro_schema is not None:
+        if args.format != "kafka":
+            parser.exit(ExitCode.USAGE, "segack stream: error: --avro-schema is for --format kafka\n")
+        try:
+            args.option = [*args.option, ("avroSchema", Path(args.avro_schema).read_text(encoding="utf-8"))]
+        except (OSError, UnicodeDecodeError) as error:
+            why = error.strerror if isinstance(error, OSError) else error
+            parser.exit(ExitCode.USAGE, f"segack stream: error: --avro-schema: cannot read "
+                                        f"{args.avro_schema}: {why}\n")
     if args.command == "stream" and args.format == "kafka":
         wrong = ("INPUT" if args.input is not None else "--table" if args.table is not None else
                  None if args.value_schema is not None else "")

@@ -340,7 +340,9 @@ class _RealTimeLine:
             f" ({(report.handled - self.last.handled) / (report.seconds - self.last.seconds):,.0f}/s)")
         lag = "" if report.lag is None else f", {counted(report.lag, 'record')} behind"
         busiest = report.holding_back
-        held = "" if busiest is None else (f"; partition {busiest.partition} holds it back "
+        where = busiest and (busiest.partition if busiest.topic is None
+                             else f"{busiest.topic}/{busiest.partition}")
+        held = "" if busiest is None else (f"; partition {where} holds it back "
                                            f"({counted(busiest.pending, 'record')} pending)")
         print(f"segack stream: real-time: {report.handled:,} events handled{rate}{lag}{held}", flush=True)
         self.last = report

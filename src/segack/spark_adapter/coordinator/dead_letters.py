@@ -73,6 +73,9 @@ class RetryRun:
     checkpoint_id: str
     #: How the names of the files the retry writes begin.
     files_prefix: str
+    #: The event's columns that, beside ``key``, tell two keys apart
+    #: (:attr:`~segack.spark_adapter.worker.retry_task.RetryPlan.places`).
+    places: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, run: RunState) -> RetryRun:
@@ -117,7 +120,7 @@ def retry_dead_letters(run: RetryRun, segments: SegmentSet) -> RetryOutcome:
     columns = tuple(name for name in schema.names if name not in RETRY_FIELDS)
     tasks = store.for_tasks(run_id, keeper.claim.number)
     plan = RetryPlan(store=tasks, handler=run.handler, key=key, columns=columns, schema=schema,
-                      handling=run.handling, checkpoint_id=run.checkpoint_id)
+                      handling=run.handling, checkpoint_id=run.checkpoint_id, places=run.places)
     files = spark.createDataFrame([(path,) for path in old], "path string")
     letters = files.repartition(max(1, min(len(old), len(segments)))).mapInArrow(
         functools.partial(read_files, tasks, schema), from_arrow_schema(schema))

@@ -58,9 +58,10 @@ class GroupCommits:
         self._failing = False
 
     def read(self, partitions: list[int], sleep: Callable[[float], Any] = time.sleep) -> dict[int, int]:
-        """What the group holds now of ``partitions`` (those it has an offset for), kept as
-        :attr:`committed`. Asked again while the group's coordinator is not ready (not known, moving,
-        or loading the group's offsets), for up to 10 seconds."""
+        """What the group holds now of ``partitions`` (those it has an offset for), kept in
+        :attr:`committed` beside what it holds of the others. Asked again while the group's
+        coordinator is not ready (not known, moving, or loading the group's offsets), for up to 10
+        seconds."""
         from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
         passing = {getattr(KafkaError, name) for name in _COORDINATOR_PASSING}
@@ -78,9 +79,11 @@ class GroupCommits:
                     raise
                 log.info("group %s's coordinator is not ready (asked again): %s", self.group, one_line(error))
                 sleep(0.2)
-        self.committed = {numbers[(where.topic, where.partition)]: where.offset for where in found
-                          if where.offset >= 0}
-        return dict(self.committed)
+        held = {numbers[(where.topic, where.partition)]: where.offset for where in found if where.offset >= 0}
+        for partition in partitions:
+            self.committed.pop(partition, None)
+        self.committed.update(held)
+        return held
 
     def behind(self, views: Mapping[int, PartitionView]) -> dict[int, int]:
         """The partitions whose settled ``next`` the group does not hold, and that ``next``."""

@@ -32,14 +32,21 @@ def topic_partitions(settings: dict[str, str], topic: str, seconds: float = 15) 
 
 
 def subscribed_partitions(settings: dict[str, str], subscription: Subscription,
-                          seconds: float = 15) -> dict[str, int]:
-    """Each topic of ``subscription`` and its count of partitions, asked of the brokers as
-    :func:`topic_partitions` asks (a topic it names that does not exist: an
-    :class:`~segack.spark_adapter.InputError`; a pattern may match none)."""
-    if subscription.pattern is None:
-        return {topic: len(topic_partitions(settings, topic, seconds)) for topic in subscription.topics}
-    return {topic: len(found.partitions) for topic, found in _metadata(settings, None, seconds).items()
-            if subscription.matches(topic) and found.error is None and found.partitions}
+                          seconds: float = 15) -> tuple[dict[str, int], dict[str, str]]:
+    """Each topic of ``subscription`` that exists, and its count of partitions; and each whose
+    metadata the brokers answer with an error (not authorized, no leader yet), and that error: one
+    metadata request for every topic (asking for a topic by name could make a broker that creates
+    topics on request create it). An :class:`~segack.spark_adapter.InputError` as
+    :func:`topic_partitions` says."""
+    found, unreadable = {}, {}
+    for topic, metadata in _metadata(settings, None, seconds).items():
+        if not subscription.matches(topic):
+            continue
+        if metadata.error is not None:
+            unreadable[topic] = metadata.error.str()
+        elif metadata.partitions:
+            found[topic] = len(metadata.partitions)
+    return found, unreadable
 
 
 def _metadata(settings: dict[str, str], topic: str | None, seconds: float) -> dict[str, Any]:
@@ -71,22 +78,23 @@ def _metadata(settings: dict[str, str], topic: str | None, seconds: float) -> di
         consumer.close()
 
 
-def partition_starts(consumer: Any, pairs: Sequence[tuple[str, int]], partitions: list[int], starting: str,
-                     committed: Mapping[int, int]) -> dict[int, int]:
+def partition_starts(consumer: Any, pairs: Sequence[tuple[str, int]], partitions: list[int],
+                     starting: Mapping[str, str], committed: Mapping[int, int]) -> dict[int, int]:
     """Where each of ``partitions`` (numbers of ``pairs``, the ``(topic, partition)`` they number)
     starts when it has no progress yet: the group's ``committed`` offset, else the earliest or the
-    latest, as ``consumer`` reads the partitions' ends."""
+    latest, as ``starting`` says for its topic and ``consumer`` reads the partitions' ends."""
     from confluent_kafka import TopicPartition
 
     starts = {}
     for partition in partitions:
         low, high = consumer.get_watermark_offsets(TopicPartition(*pairs[partition]), timeout=30)
-        starts[partition] = committed.get(partition, high if starting == "latest" else low)
+        at = starting[pairs[partition][0]]
+        starts[partition] = committed.get(partition, high if at == "latest" else low)
     return starts
 
 
 def read_starts(settings: dict[str, str], pairs: Sequence[tuple[str, int]], partitions: list[int],
-                starting: str, group: GroupCommits | None) -> dict[int, int]:
+                starting: Mapping[str, str], group: GroupCommits | None) -> dict[int, int]:
     """:func:`partition_starts`, through a consumer of the driver's own, from what ``group`` holds."""
     from confluent_kafka import Consumer
 

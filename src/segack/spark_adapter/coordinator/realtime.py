@@ -62,7 +62,7 @@ from segack.spark_adapter.coordinator.run import (
     metrics_served,
     new_run_id,
 )
-from segack.spark_adapter.coordinator.stream_partitions import StreamPartitions, Subscription
+from segack.spark_adapter.coordinator.stream_partitions import STARTING_AT, StreamPartitions, Subscription
 from segack.spark_adapter.errors import ForeignInputError, InputError, OptionError
 from segack.spark_adapter.handlers import RunContext, orderable_refusal, prepare_handler, refusing
 from segack.spark_adapter.options import RunOptions, takes_options
@@ -93,6 +93,7 @@ from segack.spark_adapter.worker.partition_task import (
     PartitionPlan,
 )
 from segack.spark_adapter.worker.schema_registry import PREFIX as REGISTRY_PREFIX
+from segack.spark_adapter.worker.wire_format import AVRO_SCHEMA
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -108,7 +109,7 @@ CLIENT_LOG = ClientLog(f"{__name__}.client")
 
 #: The reader options a real-time stream takes, in Spark's spelling (the ``kafka.*`` ones too), and
 #: ``assign``, refused saying why.
-_OPTIONS = ("subscribe", "subscribePattern", "assign", "startingOffsets", "includeHeaders")
+_OPTIONS = ("subscribe", "subscribePattern", "assign", "startingOffsets", "includeHeaders", AVRO_SCHEMA)
 #: The run options of replays and micro-batch streams that a real-time stream has no use for, with
 #: the value that means "not given".
 BATCH_ONLY_OPTIONS = {"segments": None, "hash": "spark", "key_group_bits": None, "method": "auto",
@@ -123,7 +124,8 @@ def _subscription(options: Mapping[str, str]) -> Subscription:
                if not name.startswith(("kafka.", REGISTRY_PREFIX)) and name not in _OPTIONS]
     if unknown:
         raise OptionError(f"a real-time stream takes the options kafka.*, schema.registry.*, subscribe or "
-                          f"subscribePattern, startingOffsets and includeHeaders; not {unknown[0]!r}")
+                          f"subscribePattern, startingOffsets, includeHeaders and {AVRO_SCHEMA}; not "
+                          f"{unknown[0]!r}")
     if "kafka.bootstrap.servers" not in options:
         raise OptionError("a real-time stream needs the option kafka.bootstrap.servers")
     return Subscription.from_options(options)
@@ -181,6 +183,32 @@ def _dead_letter_schema(spark: SparkSession, schema: StructType, headers: bool) 
         (UNPARSED, pa.string()), (DEAD_ERROR, pa.string()), (DEAD_ATTEMPTS, pa.int32()),
         (DEAD_KEY_GROUP, pa.int32()), (DEAD_POSITION, pa.int64()),
     ])
+
+
+def _stream_partitions(found: tuple[dict[str, int], dict[str, str]], subscription: Subscription,
+                       state: Checkpoint, location: str, starting: str,
+                       servers: str) -> tuple[StreamPartitions, dict[str, str]]:
+    """The stream's partitions, numbered (:mod:`~segack.spark_adapter.coordinator.stream_partitions`),
+    from the topics ``found`` (:func:`~segack.spark_adapter.coordinator.kafka_starts.subscribed_partitions`)
+    and those the checkpoint's ``state`` records; and where each topic's partitions with no progress
+    start: ``starting`` for the topics of a new checkpoint (and of one recorded before this was),
+    ``earliest`` for a topic new to the checkpoint, as the checkpoint records it from its first run
+    on. An :class:`~segack.spark_adapter.InputError` for a topic named that does not exist, one the
+    brokers cannot describe, or a pattern that matches none."""
+    counts, unreadable = found
+    recorded = StreamPartitions.recorded(state.settings)
+    for topic in (*subscription.topics, *recorded.names):
+        if topic in unreadable:
+            raise InputError(f"Kafka topic {topic!r} at {servers} cannot be read: {unreadable[topic]}")
+    missing = [topic for topic in subscription.topics if topic not in counts and topic not in recorded.names]
+    if missing:
+        raise InputError(f"Kafka topic {missing[0]!r} does not exist at {servers}")
+    partitions = recorded.checked(counts, subscription, location)
+    if not partitions.pairs:
+        raise InputError(f"no Kafka topic at {servers} matches subscribePattern {subscription.pattern!r}")
+    known = dict(state.settings.get(STARTING_AT, {}))
+    return partitions, {topic: known.get(topic, starting if topic in recorded.names or not recorded.topics
+                                         else "earliest") for topic in partitions.names}
 
 
 def _check_checkpoint(state: Checkpoint | None, store: CheckpointStore) -> Checkpoint:
@@ -301,10 +329,8 @@ def stream_real_time(
     check_session(spark)
     store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
     state = _check_checkpoint(store.load(), store)
-    partitions = StreamPartitions.recorded(state.settings).checked(found, subscription, store.location)
-    if not partitions.pairs:
-        raise InputError(f"no Kafka topic at {settings.get('bootstrap.servers')} matches subscribePattern "
-                         f"{subscription.pattern!r}")
+    partitions, starting_at = _stream_partitions(found, subscription, state, store.location, starting,
+                                                 str(settings.get("bootstrap.servers")))
     wire, _ = wire_format(kafka_options, value_format, list(partitions.names))
     check_location(spark, store, run_options.shared_local_checkpoint)
     check_executors(spark)
@@ -313,7 +339,8 @@ def stream_real_time(
     group = (GroupCommits(settings, commit_offsets_to, partitions.pairs)
              if commit_offsets_to is not None else None)
     try:
-        starts = read_starts(settings, partitions.pairs, list(range(len(partitions.pairs))), starting, group)
+        starts = read_starts(settings, partitions.pairs, list(range(len(partitions.pairs))), starting_at,
+                             group)
         records = RecordEvents(fields, setting(spark, "spark.sql.session.timeZone", "UTC"), wire, headers)
         stop = stop or StopRequest()
         run_id = new_run_id()
@@ -322,7 +349,7 @@ def stream_real_time(
             prepare_handler(refused, RunContext(
                 store.location, checkpoint_id, "key", "offset", run_options.handling.policy,
                 run_options.claim_timeout, run_options.handling.batch_size, keeper.claim.number))
-            state.settings.update({"mode": REAL_TIME_MODE, **partitions.settings(),
+            state.settings.update({"mode": REAL_TIME_MODE, **partitions.settings(), STARTING_AT: starting_at,
                                    "key": "key", "order": "offset", "commit_interval": commit_interval,
                                    "commit_offsets_to": commit_offsets_to, "updated_at": time.time(),
                                    "status": "running"})
@@ -334,7 +361,8 @@ def stream_real_time(
             if run_options.retry_dead_letters:  # 4
                 retried = retry_dead_letters(RetryRun(
                     spark, store, keeper, refused, "key", run_options.handling, checkpoint_id,
-                    f"{run_id}-retry"), SegmentSet.balanced(min(len(partitions.pairs), slots(spark))))
+                    f"{run_id}-retry", ("topic", "partition")),
+                    SegmentSet.balanced(min(len(partitions.pairs), slots(spark))))
             plan = PartitionPlan(
                 store=store.for_tasks(run_id, keeper.claim.number), handler=refused,
                 handling=run_options.handling, sources=partitions.pairs, assignment=(), starts=starts,

@@ -19,12 +19,18 @@ from segack.spark_adapter.coordinator.group_commits import GroupCommits
 from segack.spark_adapter.coordinator.job import run_tag
 from segack.spark_adapter.coordinator.kafka_starts import read_starts, subscribed_partitions
 from segack.spark_adapter.coordinator.query import StopRequest
-from segack.spark_adapter.coordinator.stream_partitions import StreamPartitions, Subscription, named
+from segack.spark_adapter.coordinator.stream_partitions import (
+    STARTING_AT,
+    StreamPartitions,
+    Subscription,
+    named,
+)
 from segack.spark_adapter.errors import (
     CheckpointError,
     HandlerFailedError,
     InputError,
     ReplayError,
+    one_line,
     worker_error,
 )
 from segack.spark_adapter.results import RealTimeReport
@@ -152,24 +158,38 @@ class RealTimeJobs:
             self.results += job.results.to_pylist() if job.results is not None else []
             if watch.found is None or watch.ended_otherwise(stop):
                 return watch
-            plan, partitions = self._grown(plan, partitions, watch.found), watch.found
+            try:
+                plan = self._grown(plan, partitions, watch.found)
+            except Exception as error:  # Kafka or the store failing: the stream ends as a failure
+                log.warning("%s: could not start reading %s: %s", self.store.location,
+                            ", ".join(watch.found.names[len(partitions.names):]), one_line(error))
+                watch.changed = (f"the stream could not start reading the topics found "
+                                 f"({', '.join(watch.found.names[len(partitions.names):])}): "
+                                 f"{one_line(error)}; the next run does")
+                return watch
+            if stop.asked.is_set():  # asked while the new topics were set up: no job starts
+                return watch
+            partitions = watch.found
 
     def _grown(self, plan: PartitionPlan, partitions: StreamPartitions, found: StreamPartitions
                ) -> PartitionPlan:
-        """The plan with the topics ``found`` beside the others, their starts recorded first (each at
-        the group's offset, else at its earliest: a topic made while the stream runs is read from its
-        first record, as Spark's reader reads one)."""
+        """The plan with the topics ``found`` beside the others: recorded in the checkpoint with
+        where they start (``earliest``: a topic made while the stream runs is read from its first
+        record, as Spark's reader reads one), then their partitions' starts (each at the group's
+        offset, else at its earliest), so that a run killed in between starts them there too."""
         added = list(range(len(plan.sources), len(found.pairs)))
+        new_topics = found.names[len(partitions.names):]
+        starting_at = {**self.state.settings.get(STARTING_AT, {}), **dict.fromkeys(new_topics, "earliest")}
+        self.state.settings.update({**found.settings(), STARTING_AT: starting_at, "updated_at": time.time()})
+        self.keeper.save(self.state)
         if self.group is not None:
             self.group.pairs = found.pairs
-        starts = read_starts(self.settings, found.pairs, added, "earliest", self.group)
-        self.state.settings.update({**found.settings(), "updated_at": time.time()})
-        self.keeper.save(self.state)
+        starts = read_starts(self.settings, found.pairs, added, starting_at, self.group)
         record_starts(self.store, found.pairs, starts, plan.store.run_id, self.keeper.claim.number)
         self.store.clear_stop(plan.store.run_id)
-        log.info("%s: %s found: the tasks start again with them", self.store.location,
-                 ", ".join(found.names[len(partitions.names):]))
-        return dataclasses.replace(plan, sources=found.pairs, starts={**plan.starts, **starts})
+        log.info("%s: %s found: the tasks start again with them", self.store.location, ", ".join(new_topics))
+        return dataclasses.replace(plan, sources=found.pairs, starts={**plan.starts, **starts},
+                                   job=plan.job + 1)
 
 
 class JobWatch:
@@ -194,7 +214,7 @@ class JobWatch:
         self.all_started = False
 
     def until_ended(self, stop: StopRequest, progress: Callable[[RealTimeReport], None] | None,
-                    list_partitions: Callable[[], dict[str, int]]) -> None:
+                    list_partitions: Callable[[], tuple[dict[str, int], dict[str, str]]]) -> None:
         next_look = time.monotonic() + PARTITIONS_LOOK_SECONDS
         interval = self.job.plan.commit_interval
         while self.job.thread.is_alive():
@@ -254,7 +274,8 @@ class JobWatch:
                 time.monotonic() - self.job_began < STARTUP_SECONDS:
             return
         started = {partition for partition, view in views.items()
-                   if view.owner.get("run") == self.run_id and view.owner.get("attempt") != DRIVER}
+                   if view.owner.get("run") == self.run_id and view.owner.get("attempt") != DRIVER
+                   and view.owner.get("job", 0) == self.job.plan.job}
         sources = self.job.plan.sources
         missing = [partition for partition in range(len(sources)) if partition not in started]
         self.all_started = not missing
@@ -276,7 +297,7 @@ class JobWatch:
             self.interrupted = True
             self.job.spark.interruptTag(self.job.tag)
 
-    def _look(self, list_partitions: Callable[[], dict[str, int]]) -> None:
+    def _look(self, list_partitions: Callable[[], tuple[dict[str, int], dict[str, str]]]) -> None:
         """Stop the stream if a topic's partitions changed (a key's later records may be in another
         partition, whose offsets do not follow its earlier ones) or a topic it reads is gone; ask the
         tasks to end, to start again with them, if topics that match the subscription were made."""
@@ -286,8 +307,14 @@ class JobWatch:
             log.warning("%s: could not list the partitions of the stream's topics: %s", self.store.location,
                         error)
             return
+        counts, unreadable = now
+        undescribed = [topic for topic in self.partitions.names if topic in unreadable]
+        if undescribed:  # not authorized, no leader for a moment: looked at again next time
+            log.warning("%s: Kafka cannot describe topic %s now: %s", self.store.location, undescribed[0],
+                        unreadable[undescribed[0]])
+            return
         try:
-            found = self.partitions.checked(now, self.subscription, self.store.location)
+            found = self.partitions.checked(counts, self.subscription, self.store.location)
         except (InputError, CheckpointError) as error:
             self.changed = str(error)
             log.info("%s: the topics' partitions changed: the tasks are asked to stop", self.store.location)

@@ -27,8 +27,12 @@ from typing import Any
 
 from segack.spark_adapter.errors import ForeignInputError, InputError, OptionError
 
-__all__ = ["StreamPartitions", "Subscription", "named"]
+__all__ = ["STARTING_AT", "StreamPartitions", "Subscription", "named"]
 
+#: The checkpoint's setting of where each topic's partitions with no progress start (``earliest``
+#: or ``latest``, by topic): ``startingOffsets`` for the topics of its first run, ``earliest`` for
+#: a topic found later, recorded before any of its partitions' starts.
+STARTING_AT = "starting_at"
 #: The prefix of the brokers' own topics (``__consumer_offsets``, ``__transaction_state``), which no
 #: pattern matches.
 INTERNAL_PREFIX = "__"
@@ -122,17 +126,19 @@ class StreamPartitions:
 
     def checked(self, found: Mapping[str, int], subscription: Subscription,
                 location: str) -> StreamPartitions:
-        """These, with the topics of ``found`` (each topic the subscription matches now, and its
-        count of partitions) that they lack, numbered after them in the order of their names. A topic
+        """These, with the topics of ``found`` (topics and their counts of partitions) that the
+        subscription matches and they lack, numbered after them in the order of their names. A topic
         recorded that the subscription no longer names: a
         :class:`~segack.spark_adapter.ForeignInputError`; one whose count of partitions changed, or
         that the brokers lack: an :class:`~segack.spark_adapter.InputError`."""
         for name, count in self.topics:
             if not subscription.matches(name):
+                fix = (f"give a pattern that matches {name} too" if subscription.pattern is not None
+                       else f"subscribe to {name} too")
                 raise ForeignInputError(
                     f"checkpoint {location} is a real-time stream of {_listed(self.names)}, which "
                     f"{subscription} leaves out: a stream of it reads every topic it ever read (its "
-                    f"partitions' progress is kept by topic); subscribe to {name} too, or start a new "
+                    f"partitions' numbers and progress are the checkpoint's); {fix}, or start a new "
                     f"checkpoint")
             if name not in found:
                 raise InputError(f"Kafka topic {name!r}, which this stream reads, does not exist: it was "
@@ -142,7 +148,8 @@ class StreamPartitions:
                 raise InputError(changed_partitions(name, count, found[name]))
         known = set(self.names)
         return StreamPartitions(self.topics + tuple(
-            (name, found[name]) for name in sorted(found) if name not in known))
+            (name, found[name]) for name in sorted(found)
+            if name not in known and subscription.matches(name)))
 
 
 def changed_partitions(topic: str, was: int, now: int) -> str:

@@ -73,7 +73,12 @@ from segack.spark_adapter.worker.kafka_records import (
     check_fields,
     field_parser,
 )
-from segack.spark_adapter.worker.wire_format import REGISTRY_FORMATS, UndecodableValueError, WireFormat
+from segack.spark_adapter.worker.wire_format import (
+    AVRO_SCHEMA,
+    REGISTRY_FORMATS,
+    UndecodableValueError,
+    WireFormat,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -94,7 +99,8 @@ STARTING_OPTIONS = ("startingOffsets", "startingTimestamp", "startingOffsetsByTi
 #: The reader's options segack reads, in Spark's spelling: given in any case, they are spelled so
 #: (:func:`~segack.spark_adapter.sources.reader_options.spelled`).
 KNOWN_OPTIONS = ("subscribe", "subscribePattern", "assign", "maxOffsetsPerTrigger", "minOffsetsPerTrigger",
-                 "failOnDataLoss", "endingOffsets", "minPartitions", "includeHeaders", *STARTING_OPTIONS)
+                 "failOnDataLoss", "endingOffsets", "minPartitions", "includeHeaders", AVRO_SCHEMA,
+                 *STARTING_OPTIONS)
 _MARK = "segack_takes_unparsed"
 
 

@@ -5,7 +5,8 @@
 stream's ``schema.registry.*`` options name
 (:class:`~segack.spark_adapter.worker.wire_format.WireFormat`). When the run starts, the driver
 asks the registry whether it answers and holds the format, and for Avro each known topic's reader
-schema.
+schema, unless the option ``avroSchema`` gives the one reader (as Spark's ``from_avro`` takes it).
+``avro`` with ``avroSchema`` and no registry is plain binary Avro, as Spark's ``to_avro`` writes it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
+from segack.errors import SegackValueError
 from segack.spark_adapter.errors import InputError, OptionError, SchemaRegistryError
 from segack.spark_adapter.worker.schema_registry import (
     RegistrySettings,
@@ -21,9 +23,11 @@ from segack.spark_adapter.worker.schema_registry import (
     shown_url,
 )
 from segack.spark_adapter.worker.wire_format import (
+    AVRO_SCHEMA,
     REGISTRY_FORMATS,
     OtherFormatError,
     WireFormat,
+    avro_schema,
     latest_reader,
 )
 
@@ -78,36 +82,50 @@ _FORMAT_OF = {kind: name for name, kind in REGISTRY_FORMATS.items()}
 
 def value_registry(options: Mapping[str, str],
                    value_format: str) -> tuple[RegistrySettings | None, dict[str, str]]:
-    """The registry settings among ``options`` that ``value_format`` reads through (None for JSON),
-    and the other options; checked with no network.
+    """The registry settings among ``options`` that ``value_format`` reads through (None for JSON,
+    and for plain Avro), and the other options but ``avroSchema``; checked with no network.
 
     Raises :class:`~segack.spark_adapter.OptionError` for a value format that is not one of
-    :data:`VALUE_FORMATS`, a registry format without a
-    registry, registry settings with JSON, a registry setting segack does not take.
+    :data:`VALUE_FORMATS`, a registry format without a registry (Avro: nor ``avroSchema``),
+    registry settings with JSON, a registry setting segack does not take, an ``avroSchema`` with
+    another format than Avro or that is not an Avro record schema.
     """
     if value_format not in VALUE_FORMATS:
         raise OptionError(f"value format must be one of {', '.join(VALUE_FORMATS)}, not {value_format!r}")
     registry, rest = registry_settings(options)
+    reader = rest.pop(AVRO_SCHEMA, None)
+    if reader is not None and value_format != "avro":
+        raise OptionError(f"{AVRO_SCHEMA} is the schema Avro values are read by: give --value-format avro, "
+                          f"or leave it out")
+    if reader is not None:
+        try:
+            avro_schema(reader)
+        except SegackValueError as error:
+            raise OptionError(str(error)) from None
     if value_format == "json" and registry is not None:
         raise OptionError("a Schema Registry is for values in Confluent's wire format: give --value-format "
                           "avro, protobuf or json-schema, or leave out --schema-registry")
-    if value_format != "json" and registry is None:
+    if value_format != "json" and registry is None and reader is None:
+        plain = " (or, for plain binary Avro with no header, its schema: --avro-schema FILE)"
         raise OptionError(f"--value-format {value_format} reads each value's schema from a Schema Registry: "
-                          f"give --schema-registry URL")
+                          f"give --schema-registry URL{plain if value_format == 'avro' else ''}")
     return registry, rest
 
 
 def wire_format(options: Mapping[str, str], value_format: str,
                 topics: Sequence[str]) -> tuple[WireFormat | None, dict[str, str]]:
-    """The decoder of ``value_format`` that ``options``' registry settings make (None for JSON), its
-    Avro reader schemas asked of the registry for ``topics`` (:func:`reader_schemas`), and the
-    options without the registry's.
+    """The decoder of ``value_format`` that ``options``' registry settings and ``avroSchema`` make
+    (None for JSON), its Avro reader schemas asked of the registry for ``topics``
+    (:func:`reader_schemas`) unless ``avroSchema`` gives the one, and the options without the
+    registry's and ``avroSchema``.
 
     Raises :class:`~segack.spark_adapter.OptionError` as :func:`value_registry` does, and
     :class:`~segack.spark_adapter.InputError` when the registry does not answer or refuses
     segack's credentials.
     """
     registry, rest = value_registry(options, value_format)
+    reader = options.get(AVRO_SCHEMA)
     if registry is None:
-        return None, rest
-    return WireFormat(value_format, registry, reader_schemas(registry, value_format, topics)), rest
+        return (None if reader is None else WireFormat(value_format, None, reader=reader)), rest
+    readers = reader_schemas(registry, value_format, [] if reader is not None else topics)
+    return WireFormat(value_format, registry, readers, reader), rest

@@ -51,6 +51,7 @@ from segack.spark_adapter.store.dead_letter_files import (
     DEAD_LETTERS_DIR,
     dead_letter_keys_of,
     dead_letter_paths,
+    dead_letter_places_of,
     read_dead_letter_file,
 )
 from segack.spark_adapter.store.driver_watch import DriverProcess
@@ -565,6 +566,11 @@ class TaskStore:
         """The keys that have dead letters now: a retried attempt's (its run may have set some
         aside since its start)."""
         return dead_letter_keys_of(self.files, key)
+
+    def dead_letter_places(self, key: str) -> frozenset[tuple[int, Any]]:
+        """``(key group, key)`` of each key that has dead letters now, as :meth:`dead_letter_keys`
+        reads them."""
+        return dead_letter_places_of(self.files, key, DEAD_KEY_GROUP)
 
     def read_dead_letter_file(self, path: str) -> pa.Table | None:
         """One dead-letter file, to handle its events again; ``None`` if it has gone."""

@@ -85,3 +85,16 @@ def dead_letter_keys_of(files: Files, key: str) -> frozenset[Any]:
         if table is not None:
             keys.update(table.column(key).to_pylist())
     return frozenset(keys)
+
+
+def dead_letter_places_of(files: Files, key: str, key_group: str) -> frozenset[tuple[int, Any]]:
+    """``(key group, key)`` (columns ``key_group`` and ``key``) over every dead-letter file: the
+    keys they park, each in its key group (a real-time stream's partition, where a key of two topics
+    is two keys)."""
+    places: set[tuple[int, Any]] = set()
+    for path in dead_letter_paths(files):
+        table = read_dead_letter_file(files, path, [key_group, key])
+        if table is not None:
+            places.update(zip(table.column(key_group).to_pylist(), table.column(key).to_pylist(),
+                              strict=True))
+    return frozenset(places)

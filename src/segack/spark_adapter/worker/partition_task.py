@@ -118,6 +118,8 @@ class PartitionPlan:
     group: str | None = None
     #: The dead letters' columns (the events' own, then the dead-letter columns).
     dead_letter_schema: pa.Schema = field(default_factory=lambda: pa.schema([]))
+    #: The run's job these tasks are of (a run starts another when it finds topics to read).
+    job: int = 0
 
 
 class OffsetRuns:
@@ -279,7 +281,7 @@ class PartitionsTask:
         #: This attempt: a later attempt of the task (Spark's retry) takes the partitions over.
         self.token = uuid.uuid4().hex
         owner = {"run": plan.store.run_id, "claim": plan.store.claim_number, "attempt": self.token,
-                 "task": task}
+                 "task": task, "job": plan.job}
         #: Each partition's epoch (step 1).
         self.leases: dict[int, Lease] = {}
         earlier: dict[int, dict[str, Any]] = {}
@@ -289,15 +291,18 @@ class PartitionsTask:
                                               plan.store.claim_number))
         # Parked: the keys with dead letters once the partitions are held, read after the takeover:
         # an attempt before this one (a retried task's, an older run's still going somewhere) set
-        # keys aside up to its last save, which this one starts from.
-        parked = plan.store.dead_letter_keys("key")
-        #: The keys with dead letters, of earlier attempts and of this one: their positions stay in
-        #: the sink (a retry hands the letters again), whatever the partition's progress.
-        self.set_aside_keys: set[Any] = set(parked)
+        # keys aside up to its last save, which this one starts from. A key parks its own partition
+        # alone: a key of two topics is two keys.
+        parked = plan.store.dead_letter_places("key")
+        #: Each partition's keys with dead letters, of earlier attempts and of this one: their
+        #: positions stay in the sink (a retry hands the letters again), whatever its progress.
+        self.set_aside_keys: dict[int, set[Any]] = {
+            partition: {key for group, key in parked if group == partition} for partition in self.partitions}
         tell_holds(self.handler, self.holds)
         for partition in self.partitions:
             state = earlier[partition]
-            dispatcher = Dispatcher(called, _record_key, plan.handling, parked=parked, start=start)
+            dispatcher = Dispatcher(called, _record_key, plan.handling,
+                                    parked=frozenset(self.set_aside_keys[partition]), start=start)
             self.readers[partition] = PartitionReader(
                 partition, int(state["next"]), list(state.get("done", [])), dispatcher, state)
         # Whether the last look at the consumer took every record it gave (then its position is
@@ -447,7 +452,7 @@ class PartitionsTask:
         for partition, reader in self.readers.items():
             states[partition], taken = reader.state(self._position(consumer, partition, TopicPartition))
             if taken:
-                self.set_aside_keys.update(letter.event["key"] for letter in taken)
+                self.set_aside_keys[partition].update(letter.event["key"] for letter in taken)
                 # A file of the partition's own, named after its epoch: it counts once a save of
                 # this epoch vouches for it (a paused attempt's, landing after a takeover, never).
                 epoch, vouched = self.leases[partition].epoch, self.letter_files[partition]
@@ -474,7 +479,8 @@ class PartitionsTask:
                 self._fenced()
                 return False
             for partition, state in states.items():
-                tell_done_below(self.handler, partition, int(state["next"]), frozenset(self.set_aside_keys))
+                tell_done_below(self.handler, partition, int(state["next"]),
+                                frozenset(self.set_aside_keys[partition]))
         return True
 
     def _failed(self) -> PartitionReader | None:

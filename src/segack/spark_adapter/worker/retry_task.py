@@ -58,6 +58,9 @@ class RetryPlan:
     handling: Handling
     #: The checkpoint's id, part of each event's identity.
     checkpoint_id: str = ""
+    #: The event's columns that, beside ``key``, tell apart two keys of the same value: a
+    #: real-time stream's ``topic`` and ``partition`` (a key of two topics is two keys).
+    places: tuple[str, ...] = ()
 
 
 def retry_file_prefix(run_id: str) -> str:
@@ -84,8 +87,8 @@ class _RetryTask:
         # A letter that fails again stays a dead letter: the retry never stops the run for it.
         handling = dataclasses.replace(plan.handling, on_error=OnError.DEAD_LETTER)
         self.identified = wants_identity(plan.handler)
-        self.dispatcher = Dispatcher(with_identities_passed(plan.handler), operator.itemgetter(plan.key),
-                                     handling)
+        self.dispatcher = Dispatcher(with_identities_passed(plan.handler),
+                                     operator.itemgetter(*plan.places, plan.key), handling)
         self.rows = 0
         self.duplicates = 0
         self.last_place: tuple[int, int] | None = None

@@ -17,6 +17,11 @@ big-endian), then the payload:
   ``google.protobuf.Timestamp`` a moment in UTC), a repeated one a list, an enum its name.
 - **JSON Schema**: the value as JSON text.
 
+A reader schema can be given instead of each subject's latest (Spark's ``from_avro`` option
+``avroSchema``, JSON text): every Avro value is then resolved to it. Given with no registry, it is
+the schema every value was written by, in plain binary Avro with no header (what Spark's
+``to_avro`` writes): :class:`WireFormat` with ``registry`` None reads those.
+
 Each writer's schema is asked of the registry once per process (executors share it between
 tasks) and parsed once. :meth:`WireFormat.decode` gives the value as a dict, the same one a JSON
 object gives, or raises :class:`UndecodableValueError` saying why: not in the wire format (the first byte is
@@ -46,8 +51,11 @@ from segack.spark_adapter.worker.schema_registry import (
     shown_url,
 )
 
-__all__ = ["REGISTRY_FORMATS", "OtherFormatError", "UndecodableValueError", "WireFormat", "latest_reader",
-           "message_indexes"]
+__all__ = ["AVRO_SCHEMA", "REGISTRY_FORMATS", "OtherFormatError", "UndecodableValueError", "WireFormat",
+           "avro_schema", "latest_reader", "message_indexes"]
+
+#: The reader option of a given Avro schema, JSON text, as Spark's ``from_avro`` names it.
+AVRO_SCHEMA = "avroSchema"
 
 #: The value formats whose values are in Confluent's wire format, and the registry's name for each.
 REGISTRY_FORMATS = {"avro": "AVRO", "protobuf": "PROTOBUF", "json-schema": "JSON"}
@@ -252,15 +260,20 @@ class WireFormat:
     """Decodes values of ``value_format`` (a key of :data:`REGISTRY_FORMATS`) written through the
     registry ``registry``. ``readers`` holds, per topic, the Avro schema (JSON text) its values are
     resolved to, or None for a topic read by each writer's own schema; a topic it does not name has
-    its subject's latest version asked once per process."""
+    its subject's latest version asked once per process. ``reader``, when given, is the Avro schema
+    every value is resolved to, whatever the topic; with ``registry`` None, it is the schema of
+    every value, in plain binary Avro."""
 
     value_format: str
-    registry: RegistrySettings
+    registry: RegistrySettings | None
     readers: Mapping[str, str | None] = field(default_factory=dict)
+    reader: str | None = None
 
     def decode(self, topic: str, value: bytes) -> dict[str, Any]:
         """The value of a record of ``topic`` as a dict, or :class:`UndecodableValueError`; a registry that
         does not answer is a :class:`~segack.spark_adapter.SchemaRegistryError`."""
+        if self.registry is None:
+            return self._plain(value)
         if len(value) < _HEADER.size or value[0] != 0:
             first = f"0x{value[0]:02x}" if value else "nothing"
             raise UndecodableValueError(
@@ -277,6 +290,7 @@ class WireFormat:
         return self._json(schema_id, payload)
 
     def _writer(self, schema_id: int) -> RegisteredSchema:
+        assert self.registry is not None  # a value in the wire format names its writer in one
         try:
             schema = SchemaRegistry.of(self.registry).schema(schema_id)
         except UnknownSchemaError:
@@ -313,9 +327,13 @@ class WireFormat:
         return parsed
 
     def _reader(self, topic: str) -> str | None:
-        """The Avro schema ``topic``'s values are resolved to (:attr:`readers`, else asked)."""
+        """The Avro schema ``topic``'s values are resolved to (:attr:`reader`, :attr:`readers`, else
+        asked)."""
+        if self.reader is not None:
+            return self.reader
         if topic in self.readers:
             return self.readers[topic]
+        assert self.registry is not None
         key = (self.registry, topic)
         with _LOCK:
             if key in _READERS:
@@ -348,6 +366,35 @@ class WireFormat:
                 f"decodes by schema id {schema_id} as {type(record).__name__}, not a record")
         return _avro_value(record) if has_bytes else record
 
+    def _plain(self, value: bytes) -> dict[str, Any]:
+        """A value in plain binary Avro, written by :attr:`reader`'s schema (no header, no registry)."""
+        import fastavro
+
+        assert self.reader is not None
+        key = ("plain", self.reader)
+        with _LOCK:
+            parsed = _PARSED.get(key)
+        if parsed is None:
+            has_bytes = any(kind in self.reader for kind in ('"bytes"', '"fixed"'))
+            parsed = (avro_schema(self.reader), has_bytes)
+            with _LOCK:
+                _PARSED[key] = parsed
+        schema, has_bytes = parsed
+        stream = io.BytesIO(value)
+        try:
+            record = fastavro.schemaless_reader(stream, schema, None)
+        except Exception as error:  # fastavro raises what the bytes make it: EOFError, ValueError, ...
+            raise UndecodableValueError(f"does not decode as plain Avro by the schema given "
+                                        f"({AVRO_SCHEMA}): {type(error).__name__}: {error}") from None
+        if stream.tell() != len(value):
+            raise UndecodableValueError(f"has {len(value) - stream.tell()} bytes after its Avro record: it "
+                                        f"was not written by the schema given ({AVRO_SCHEMA}), or not in "
+                                        f"plain Avro (Confluent's wire format needs --schema-registry)")
+        if not isinstance(record, dict):
+            raise UndecodableValueError(f"decodes by the schema given as {type(record).__name__}, "
+                                        f"not a record")
+        return _avro_value(record) if has_bytes else record
+
     def _protobuf(self, schema_id: int, payload: bytes) -> dict[str, Any]:
         from google.protobuf.message import DecodeError
 
@@ -377,6 +424,22 @@ class WireFormat:
             raise UndecodableValueError(
                 f"is JSON {type(value).__name__}, not an object (schema id {schema_id})")
         return value
+
+
+def avro_schema(text: str) -> Any:
+    """The Avro schema of JSON ``text`` (:data:`AVRO_SCHEMA`), parsed; a
+    :class:`~segack.errors.SegackValueError` for text that is not one, or not of a record."""
+    import fastavro
+
+    try:
+        parsed = fastavro.parse_schema(json.loads(text))
+    except Exception as error:  # fastavro's own: UnknownType, SchemaParseException, and JSON's ValueError
+        raise SegackValueError(f"{AVRO_SCHEMA} is not an Avro schema fastavro reads: "
+                               f"{type(error).__name__}: {error}") from None
+    if not isinstance(parsed, dict) or parsed.get("type") != "record":
+        raise SegackValueError(f"{AVRO_SCHEMA} must be an Avro record schema: a value's fields are the "
+                               f"event's")
+    return parsed
 
 
 def latest_reader(registry: RegistrySettings, topic: str) -> str | None:
