@@ -212,3 +212,38 @@ def test_topics_a_stream_cannot_read_are_refused_naming_them(found, options, sai
     with pytest.raises(InputError, match=re.escape(said)):
         _stream_partitions(found, Subscription.from_options(options), Checkpoint(), "ck", "earliest",
                            "b:9092")
+
+
+def test_a_retry_hands_each_partitions_letters_of_a_key_apart_from_anothers(tmp_path):
+    """A real-time stream's retry keys its letters by topic and partition too: a key's letter of one
+    topic that fails again does not keep its letter of another topic back."""
+    import pyarrow as pa
+
+    from segack.spark_adapter.options import Handling
+    from segack.spark_adapter.store.checkpoint import (
+        DEAD_ATTEMPTS,
+        DEAD_ERROR,
+        DEAD_KEY_GROUP,
+        DEAD_POSITION,
+    )
+    from segack.spark_adapter.worker.retry_task import RetryPlan, _RetryTask
+
+    handled = []
+
+    def handler(event):
+        if event["topic"] == "orders":
+            raise ValueError("still failing")
+        handled.append((event["topic"], event["key"]))
+
+    letters = pa.record_batch({
+        "key": ["k", "k"], "topic": ["orders", "refunds"], "partition": pa.array([0, 0], pa.int32()),
+        "offset": [5, 7], DEAD_ERROR: ["e", "e"], DEAD_ATTEMPTS: pa.array([1, 1], pa.int32()),
+        DEAD_KEY_GROUP: pa.array([0, 1], pa.int32()), DEAD_POSITION: [5, 7]})
+    store = CheckpointStore(str(tmp_path / "checkpoint")).for_tasks("run", 1)
+    for places, expected in ((("topic", "partition"), [("refunds", "k")]), ((), [])):
+        handled.clear()
+        task = _RetryTask(RetryPlan(store, handler, "key", ("key", "topic", "partition", "offset"),
+                                    letters.schema, Handling(), places=places), 0, 0)
+        task.handle(letters)
+        assert task.finish() is None
+        assert handled == expected  # by key alone, the refunds letter waits behind the orders one
