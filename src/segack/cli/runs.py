@@ -267,6 +267,7 @@ def _stream_real_time(args: argparse.Namespace, job: _Job) -> int:
     from segack.spark_adapter.coordinator.query import StopRequest
     from segack.spark_adapter.coordinator.realtime import (
         BATCH_ONLY_OPTIONS,
+        check_topics,
         real_time_options,
         stream_real_time,
     )
@@ -293,6 +294,7 @@ def _stream_real_time(args: argparse.Namespace, job: _Job) -> int:
     spark = None
     try:
         with stop_signals(asked) as again:
+            check_topics(dict(args.option), job.store)  # before Spark starts: Kafka and the checkpoint
             spark = start_session(args, job.py_files)
             again()
             if stop.asked.is_set():

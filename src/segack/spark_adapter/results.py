@@ -164,6 +164,10 @@ class PartitionReport:
     handled_total: int
     #: The partition's topic (``None`` where its saved progress does not name it).
     topic: str | None = None
+    #: The partition's number in the stream: its key group, as its dead letters and a sink's positions
+    #: hold it (:mod:`~segack.spark_adapter.coordinator.stream_partitions`; the partition itself in
+    #: a stream of one topic).
+    number: int | None = None
 
     @property
     def lag(self) -> int | None:

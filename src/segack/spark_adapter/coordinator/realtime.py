@@ -101,7 +101,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 
-__all__ = ["BATCH_ONLY_OPTIONS", "DEFAULT_MAX_PENDING", "real_time_options", "stream_real_time"]
+__all__ = ["BATCH_ONLY_OPTIONS", "DEFAULT_MAX_PENDING", "check_topics", "real_time_options",
+           "stream_real_time"]
 
 log = logging.getLogger(__name__)
 #: The driver's Kafka clients' own log lines.
@@ -209,6 +210,19 @@ def _stream_partitions(found: tuple[dict[str, int], dict[str, str]], subscriptio
     known = dict(state.settings.get(STARTING_AT, {}))
     return partitions, {topic: known.get(topic, starting if topic in recorded.names or not recorded.topics
                                          else "earliest") for topic in partitions.names}
+
+
+def check_topics(kafka_options: Mapping[str, str], store: CheckpointStore) -> None:
+    """What :func:`stream_real_time` refuses of its topics against its checkpoint, checked with
+    neither Spark nor a write, so that a command refuses it before Spark starts: an
+    :class:`~segack.spark_adapter.OptionError` as :func:`real_time_options` says, an
+    :class:`~segack.spark_adapter.InputError` for Kafka out of reach or a topic it cannot read
+    (:func:`_stream_partitions`), a :class:`~segack.spark_adapter.CheckpointError` for a checkpoint
+    of another mode or of a topic the subscription leaves out."""
+    _, subscription, starting, settings = real_time_options(kafka_options)
+    found = subscribed_partitions(settings, subscription)
+    _stream_partitions(found, subscription, _check_checkpoint(store.load(), store), store.location, starting,
+                       str(settings.get("bootstrap.servers")))
 
 
 def _check_checkpoint(state: Checkpoint | None, store: CheckpointStore) -> Checkpoint:

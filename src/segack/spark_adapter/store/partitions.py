@@ -215,7 +215,7 @@ class PartitionStates:
         return tuple(PartitionReport(
             int(state.get("partition", number)), int(state["next"]), int(state.get("read", state["next"])),
             state.get("end"), int(state.get("pending", 0)), len(state.get("done", [])),
-            int(state.get("handled_total", 0)), state.get("topic"),
+            int(state.get("handled_total", 0)), state.get("topic"), number,
         ) for number, view in sorted(views.items()) if (state := view.state) is not None)
 
     # ------------------------------------------------------------------ writing
