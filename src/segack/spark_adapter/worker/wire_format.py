@@ -347,29 +347,13 @@ class WireFormat:
         return reader
 
     def _avro(self, topic: str, schema_id: int, payload: memoryview) -> dict[str, Any]:
-        import fastavro
-
         reader_text = self._reader(topic)
         writer, reader, has_bytes = self._parsed((schema_id, reader_text), schema_id,
                                                  lambda schema: _avro_schemas(schema, reader_text))
-        stream = io.BytesIO(payload)
-        try:
-            record = fastavro.schemaless_reader(stream, writer, reader)
-        except Exception as error:  # fastavro raises what the bytes make it: EOFError, ValueError, ...
-            raise UndecodableValueError(f"does not decode as Avro by schema id {schema_id}: "
-                                        f"{type(error).__name__}: {error}") from None
-        if stream.tell() != len(payload):
-            raise UndecodableValueError(f"has {len(payload) - stream.tell()} bytes after its Avro record "
-                                        f"(schema id {schema_id})")
-        if not isinstance(record, dict):
-            raise UndecodableValueError(
-                f"decodes by schema id {schema_id} as {type(record).__name__}, not a record")
-        return _avro_value(record) if has_bytes else record
+        return _avro_record(payload, writer, reader, has_bytes, "Avro", f"schema id {schema_id}")
 
     def _plain(self, value: bytes) -> dict[str, Any]:
         """A value in plain binary Avro, written by :attr:`reader`'s schema (no header, no registry)."""
-        import fastavro
-
         assert self.reader is not None
         key = ("plain", self.reader)
         with _LOCK:
@@ -380,20 +364,9 @@ class WireFormat:
             with _LOCK:
                 _PARSED[key] = parsed
         schema, has_bytes = parsed
-        stream = io.BytesIO(value)
-        try:
-            record = fastavro.schemaless_reader(stream, schema, None)
-        except Exception as error:  # fastavro raises what the bytes make it: EOFError, ValueError, ...
-            raise UndecodableValueError(f"does not decode as plain Avro by the schema given "
-                                        f"({AVRO_SCHEMA}): {type(error).__name__}: {error}") from None
-        if stream.tell() != len(value):
-            raise UndecodableValueError(f"has {len(value) - stream.tell()} bytes after its Avro record: it "
-                                        f"was not written by the schema given ({AVRO_SCHEMA}), or not in "
-                                        f"plain Avro (Confluent's wire format needs --schema-registry)")
-        if not isinstance(record, dict):
-            raise UndecodableValueError(f"decodes by the schema given as {type(record).__name__}, "
-                                        f"not a record")
-        return _avro_value(record) if has_bytes else record
+        return _avro_record(memoryview(value), schema, None, has_bytes, "plain Avro",
+                            f"the schema given ({AVRO_SCHEMA})", ": a value not written by it, or not in "
+                            "plain Avro (Confluent's wire format needs --schema-registry)")
 
     def _protobuf(self, schema_id: int, payload: bytes) -> dict[str, Any]:
         from google.protobuf.message import DecodeError
@@ -424,6 +397,28 @@ class WireFormat:
             raise UndecodableValueError(
                 f"is JSON {type(value).__name__}, not an object (schema id {schema_id})")
         return value
+
+
+def _avro_record(payload: memoryview, writer: Any, reader: Any, has_bytes: bool, kind: str, by: str,
+                 left_over: str = "") -> dict[str, Any]:
+    """The Avro record ``payload`` holds, read by ``writer``'s schema and resolved to ``reader``'s
+    (None: the writer's), its bytes as text if ``has_bytes``; an :class:`UndecodableValueError`
+    saying why there is none, naming ``kind`` (the encoding), ``by`` (the schema) and, for bytes left
+    after the record, ``left_over``."""
+    import fastavro
+
+    stream = io.BytesIO(payload)
+    try:
+        record = fastavro.schemaless_reader(stream, writer, reader)
+    except Exception as error:  # fastavro raises what the bytes make it: EOFError, ValueError, ...
+        raise UndecodableValueError(f"does not decode as {kind} by {by}: {type(error).__name__}: "
+                                    f"{error}") from None
+    if stream.tell() != len(payload):
+        raise UndecodableValueError(f"has {len(payload) - stream.tell()} bytes after its Avro record "
+                                    f"({by}){left_over}")
+    if not isinstance(record, dict):
+        raise UndecodableValueError(f"decodes by {by} as {type(record).__name__}, not a record")
+    return _avro_value(record) if has_bytes else record
 
 
 def avro_schema(text: str) -> Any:
